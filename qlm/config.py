@@ -1,0 +1,169 @@
+"""Validated configuration, one model per component. Files are YAML; errors name file,
+line and field. Nothing here reads the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from qlm.types import DEFAULT_SLO_CLASSES, SloClass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SloClassConfig(_Strict):
+    name: str = Field(min_length=1, description="Class name used in request tags.")
+    ttft_s: float = Field(gt=0, le=7 * 24 * 3600, description="Time-to-first-token target.")
+    completion_s: float | None = Field(
+        default=None, gt=0, description="Optional end-to-end target."
+    )
+    lateness_weight: float = Field(
+        default=1.0, ge=0, description="Planner penalty per request-second past the target."
+    )
+    priority: int = Field(default=0, description="Larger is more urgent (eviction order).")
+
+    def to_slo_class(self) -> SloClass:
+        return SloClass(
+            self.name, self.ttft_s, self.completion_s, self.lateness_weight, self.priority
+        )
+
+
+class GroupingConfig(_Strict):
+    policy: str = Field(default="kmeans", description="Registered grouping policy name.")
+    avg_batch_size: int = Field(default=32, ge=1, description="Typical engine batch size.")
+    delta: float = Field(
+        default=4.0, gt=0, description="Split groups larger than avg_batch_size x delta."
+    )
+    requests_per_cluster: int = Field(
+        default=256, ge=1, description="k = ceil(n / requests_per_cluster) per model."
+    )
+    max_clusters_per_model: int = Field(default=64, ge=1, description="Upper bound on k.")
+    max_kmeans_iter: int = Field(default=50, ge=1, le=1000)
+    recluster_every_inserts: int = Field(
+        default=1000, ge=1, description="Full re-cluster after this many incremental inserts."
+    )
+    seed: int = Field(default=0, description="Seed for k-means initialisation.")
+
+    @property
+    def max_group_size(self) -> int:
+        return max(1, int(self.avg_batch_size * self.delta))
+
+
+class EstimatorConfig(_Strict):
+    policy: str = Field(default="rwt", description="Registered estimator name.")
+    percentile: float = Field(
+        default=0.95, gt=0.5, lt=1.0, description="Quantile reported and used for violations."
+    )
+
+
+PlannerBackend = Literal["pulp-cbc", "pulp-highs", "cpsat"]
+
+
+class PlannerConfig(_Strict):
+    policy: str = Field(default="milp", description="Registered planner: milp, edf or fcfs.")
+    backend: PlannerBackend = Field(default="cpsat", description="MILP backend.")
+    time_limit_s: float = Field(default=0.8, gt=0, le=600, description="Solver wall limit.")
+    max_slots_per_queue: int = Field(
+        default=8, ge=1, le=64, description="Bound on planned groups per virtual queue."
+    )
+    max_planning_groups: int = Field(
+        default=64, ge=1, description="Coarsen to at most this many groups before solving."
+    )
+    threads: int = Field(default=2, ge=1, le=64, description="Solver worker threads.")
+    warm_start: bool = Field(default=True, description="Start the solver from the EDF plan.")
+
+
+class QlmConfig(_Strict):
+    slo_classes: tuple[SloClassConfig, ...] = Field(
+        default_factory=lambda: tuple(
+            SloClassConfig(
+                name=c.name,
+                ttft_s=c.ttft_s,
+                completion_s=c.completion_s,
+                lateness_weight=c.lateness_weight,
+                priority=c.priority,
+            )
+            for c in DEFAULT_SLO_CLASSES
+        )
+    )
+    default_slo_class: str = "interactive"
+    grouping: GroupingConfig = Field(default_factory=GroupingConfig)
+    estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
+    planner: PlannerConfig = Field(default_factory=PlannerConfig)
+
+    @model_validator(mode="after")
+    def _classes_consistent(self) -> QlmConfig:
+        names = [c.name for c in self.slo_classes]
+        if len(names) != len(set(names)):
+            raise ValueError("slo_classes: names must be unique")
+        if self.default_slo_class not in names:
+            raise ValueError(
+                f"default_slo_class {self.default_slo_class!r} is not one of {names}"
+            )
+        return self
+
+    def slo_class_map(self) -> dict[str, SloClass]:
+        return {c.name: c.to_slo_class() for c in self.slo_classes}
+
+
+class ConfigError(ValueError):
+    """A configuration file is invalid; the message names the file, line and field."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_yaml_model(path: Path, model: type[M]) -> M:
+    """Parse a YAML file into a pydantic model, with errors naming file, line and field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    try:
+        return model.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, root, exc)) from exc
+
+
+def _describe(path: Path, root: yaml.Node | None, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        line = _line_of(root, loc)
+        where = f"{path}:{line}" if line else str(path)
+        lines.append(f"{where}: {field}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest YAML node found along a pydantic error location."""
+    found = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            break
+        node = child
+        found = node.start_mark.line + 1
+    return found
+
+
+def _child(node: yaml.Node | None, part: Any) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                return value
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        child: yaml.Node = node.value[part]
+        return child
+    return None

@@ -1,0 +1,234 @@
+"""The shared vocabulary: requests and their lifecycle, SLO classes, instances, fleets.
+
+All types are frozen; a change of state makes a new value through a checked transition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+
+from qlm.engine.profile import GIB, Profile
+
+
+class RequestState(StrEnum):
+    QUEUED = "queued"  # in the global queue, planned or not
+    DISPATCHED = "dispatched"  # pulled into an engine, not yet producing tokens
+    RUNNING = "running"  # producing tokens
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RequestState.COMPLETED, RequestState.CANCELLED, RequestState.FAILED})
+
+# The one transition table. Eviction is RUNNING/DISPATCHED -> QUEUED.
+TRANSITIONS: Mapping[RequestState, frozenset[RequestState]] = MappingProxyType(
+    {
+        RequestState.QUEUED: frozenset(
+            {RequestState.DISPATCHED, RequestState.CANCELLED, RequestState.FAILED}
+        ),
+        RequestState.DISPATCHED: frozenset(
+            {
+                RequestState.RUNNING,
+                RequestState.QUEUED,
+                RequestState.CANCELLED,
+                RequestState.FAILED,
+            }
+        ),
+        RequestState.RUNNING: frozenset(
+            {
+                RequestState.COMPLETED,
+                RequestState.QUEUED,
+                RequestState.CANCELLED,
+                RequestState.FAILED,
+            }
+        ),
+        RequestState.COMPLETED: frozenset(),
+        RequestState.CANCELLED: frozenset(),
+        RequestState.FAILED: frozenset(),
+    }
+)
+
+
+class IllegalTransitionError(ValueError):
+    def __init__(self, request_id: str, src: RequestState, dst: RequestState) -> None:
+        allowed = ", ".join(sorted(TRANSITIONS[src])) or "none (terminal)"
+        super().__init__(
+            f"request {request_id}: illegal transition {src} -> {dst}; allowed from {src}: {allowed}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    """A named latency target. ttft_s is relative to arrival; completion_s is optional."""
+
+    name: str
+    ttft_s: float
+    completion_s: float | None = None
+    lateness_weight: float = 1.0  # planner penalty per request-second late
+    priority: int = 0  # larger is more urgent; eviction picks lower priorities first
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("SLO class name must not be empty")
+        if not (0 < self.ttft_s < math.inf):
+            raise ValueError(f"SLO class {self.name}: ttft_s must be a positive finite number")
+        if self.completion_s is not None and self.completion_s < self.ttft_s:
+            raise ValueError(f"SLO class {self.name}: completion_s must be >= ttft_s")
+        if self.lateness_weight < 0:
+            raise ValueError(f"SLO class {self.name}: lateness_weight must be >= 0")
+
+
+# Defaults as in the QLM paper (TTFT targets).
+DEFAULT_SLO_CLASSES: tuple[SloClass, ...] = (
+    SloClass("interactive", ttft_s=20.0, lateness_weight=100.0, priority=2),
+    SloClass("batch-1", ttft_s=60.0, lateness_weight=10.0, priority=1),
+    SloClass("batch-2", ttft_s=3600.0, lateness_weight=1.0, priority=0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One generation request. Times are absolute seconds on the control plane's clock."""
+
+    id: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    slo_class: str
+    arrival_at_s: float
+    ttft_deadline_at_s: float
+    completion_deadline_at_s: float | None = None
+    tenant: str = "default"
+    prompt: str | None = None
+    state: RequestState = RequestState.QUEUED
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"request {self.id}: prompt_tokens must be >= 1")
+        if self.max_output_tokens < 1:
+            raise ValueError(f"request {self.id}: max_output_tokens must be >= 1")
+        if self.ttft_deadline_at_s < self.arrival_at_s:
+            raise ValueError(f"request {self.id}: ttft deadline before arrival")
+        if (
+            self.completion_deadline_at_s is not None
+            and self.completion_deadline_at_s < self.ttft_deadline_at_s
+        ):
+            raise ValueError(f"request {self.id}: completion deadline before ttft deadline")
+
+    @classmethod
+    def create(
+        cls,
+        id: str,
+        model: str,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        slo: SloClass,
+        arrival_at_s: float,
+        tenant: str = "default",
+        prompt: str | None = None,
+    ) -> Request:
+        """A queued request whose deadlines follow from its SLO class."""
+        completion_at_s = None if slo.completion_s is None else arrival_at_s + slo.completion_s
+        return cls(
+            id=id,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            max_output_tokens=max_output_tokens,
+            slo_class=slo.name,
+            arrival_at_s=arrival_at_s,
+            ttft_deadline_at_s=arrival_at_s + slo.ttft_s,
+            completion_deadline_at_s=completion_at_s,
+            tenant=tenant,
+            prompt=prompt,
+        )
+
+    @property
+    def ttft_slo_s(self) -> float:
+        return self.ttft_deadline_at_s - self.arrival_at_s
+
+    def transition(self, to: RequestState) -> Request:
+        if to not in TRANSITIONS[self.state]:
+            raise IllegalTransitionError(self.id, self.state, to)
+        return replace(self, state=to)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    name: str
+    memory_bytes: int  # per GPU
+    cost_per_hour: float = 0.0
+
+
+DEFAULT_GPU_TYPES: Mapping[str, GpuType] = MappingProxyType(
+    {
+        "A10": GpuType("A10", 24 * GIB, 1.0),
+        "A100": GpuType("A100", 80 * GIB, 3.7),
+        "H100": GpuType("H100", 80 * GIB, 6.9),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One engine: one model loaded at a time, on gpu_count GPUs of one type."""
+
+    id: str
+    gpu_type: str
+    gpu_count: int
+    gpu_memory_bytes: int  # per GPU
+    loaded_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpu_count < 1:
+            raise ValueError(f"instance {self.id}: gpu_count must be >= 1")
+        if self.gpu_memory_bytes <= 0:
+            raise ValueError(f"instance {self.id}: gpu_memory_bytes must be > 0")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The instances and the profiles that say what each can serve and how fast."""
+
+    instances: tuple[Instance, ...]
+    profiles: Mapping[tuple[str, str], Profile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ids = [i.id for i in self.instances]
+        if len(ids) != len(set(ids)):
+            raise ValueError("instance ids must be unique")
+        object.__setattr__(self, "profiles", MappingProxyType(dict(self.profiles)))
+
+    @classmethod
+    def of(cls, instances: Iterable[Instance], profiles: Iterable[Profile]) -> Fleet:
+        return cls(tuple(instances), {p.key: p for p in profiles})
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(sorted({model for model, _ in self.profiles}))
+
+    def profile(self, model: str, instance: Instance) -> Profile | None:
+        return self.profiles.get((model, instance.gpu_type))
+
+    def can_serve(self, instance: Instance, model: str) -> bool:
+        """True when a profile exists and weights plus minimum KV fit the instance."""
+        profile = self.profile(model, instance)
+        return (
+            profile is not None
+            and instance.gpu_count >= profile.gpu_count
+            and profile.fits(instance.gpu_memory_bytes)
+        )
+
+    def instance(self, instance_id: str) -> Instance:
+        for inst in self.instances:
+            if inst.id == instance_id:
+                return inst
+        raise KeyError(f"unknown instance {instance_id!r}")
