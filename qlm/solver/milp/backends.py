@@ -1,0 +1,214 @@
+"""MILP backends: each translates a Formulation for one solver and reads the answer back."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from qlm.registry import Registry
+from qlm.solver.milp.formulation import Constraint, Formulation, Sense
+
+
+class SolveStatus(StrEnum):
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    TIMEOUT = "timeout"  # stopped by the time limit with a solution
+    FAILED = "failed"  # no solution (infeasible, error, or time limit with nothing found)
+
+
+@dataclass(frozen=True, slots=True)
+class SolveOutcome:
+    status: SolveStatus
+    values: tuple[float, ...] | None
+    wall_s: float
+    detail: str = ""
+
+
+class MilpBackend(Protocol):
+    def solve(
+        self,
+        formulation: Formulation,
+        time_limit_s: float,
+        threads: int,
+        warm_start: Sequence[float] | None,
+    ) -> SolveOutcome: ...
+
+
+MILP_BACKENDS: Registry[MilpBackend] = Registry("MILP backend")
+
+# Time limits are enforced by the solvers; a run that used this share of its limit without
+# proving optimality is reported as a timeout.
+_TIMEOUT_SHARE = 0.95
+
+
+@MILP_BACKENDS.register("cpsat")
+class CpSatBackend:
+    """OR-Tools CP-SAT. Times become integer milliseconds; enforcement is native (indicator
+    constraints, no big-M); the warm start becomes solution hints."""
+
+    SCALE = 1000.0  # seconds -> milliseconds
+    OBJECTIVE_SCALE = 100.0  # keeps two decimals of fractional lateness weights
+
+    def solve(
+        self,
+        formulation: Formulation,
+        time_limit_s: float,
+        threads: int,
+        warm_start: Sequence[float] | None,
+    ) -> SolveOutcome:
+        from ortools.sat.python import cp_model
+
+        started = time.perf_counter()
+        model = cp_model.CpModel()
+        variables = [self._var(model, v.binary, v.lb, v.ub, v.name) for v in formulation.vars]
+        binary = [v.binary for v in formulation.vars]
+        for con in formulation.constraints:
+            self._add(model, variables, binary, con)
+        model.Minimize(
+            sum(
+                int(round(c * self.OBJECTIVE_SCALE)) * variables[i]
+                for i, c in formulation.objective.items()
+            )
+        )
+        if warm_start is not None:
+            for var, value, is_bin in zip(variables, warm_start, binary, strict=True):
+                model.AddHint(var, round(value) if is_bin else round(value * self.SCALE))
+        solver = cp_model.CpSolver()
+        limit_s = max(0.01, time_limit_s - (time.perf_counter() - started))
+        solver.parameters.max_time_in_seconds = limit_s
+        solver.parameters.num_workers = threads
+        code = solver.Solve(model)
+        wall_s = time.perf_counter() - started
+        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return SolveOutcome(SolveStatus.FAILED, None, wall_s, solver.StatusName(code))
+        values = tuple(
+            float(solver.Value(var)) / (1.0 if fv.binary else self.SCALE)
+            for var, fv in zip(variables, formulation.vars, strict=True)
+        )
+        status = _classify(code == cp_model.OPTIMAL, solver.WallTime(), limit_s)
+        return SolveOutcome(status, values, wall_s, solver.StatusName(code))
+
+    def _var(self, model: Any, binary: bool, lb: float, ub: float, name: str) -> Any:
+        if binary:
+            var = model.NewBoolVar(name)
+            if lb >= 1.0:
+                model.Add(var == 1)
+            return var
+        return model.NewIntVar(
+            math.floor(lb * self.SCALE), math.ceil(ub * self.SCALE) + 1, name
+        )
+
+    def _add(self, model: Any, variables: list[Any], binary: list[bool], con: Constraint) -> None:
+        """Constraints over times are in seconds: binaries' coefficients and the right-hand
+        side scale to milliseconds (integer variables already count milliseconds)."""
+        timed = not all(binary[i] for i, _ in con.terms)
+        scale = self.SCALE if timed else 1.0
+        expr = sum(
+            int(round(c * scale if binary[i] else c)) * variables[i] for i, c in con.terms
+        )
+        ct = model.Add(_bound(expr, con.sense, con.rhs * scale))
+        if con.enforce is not None:
+            ct.OnlyEnforceIf(variables[con.enforce])
+
+
+def _bound(expr: Any, sense: Sense, rhs: float) -> Any:
+    if sense is Sense.LE:
+        return expr <= math.floor(rhs + 1e-9)
+    if sense is Sense.GE:
+        return expr >= math.ceil(rhs - 1e-9)
+    return expr == round(rhs)
+
+
+def _classify(optimal: bool, wall_s: float, limit_s: float) -> SolveStatus:
+    if optimal:
+        return SolveStatus.OPTIMAL
+    if wall_s >= _TIMEOUT_SHARE * limit_s:
+        return SolveStatus.TIMEOUT
+    return SolveStatus.FEASIBLE
+
+
+class _PulpBackend:
+    """PuLP with CBC or HiGHS. Enforced constraints become big-M rows."""
+
+    solver_name = ""
+
+    def solve(
+        self,
+        formulation: Formulation,
+        time_limit_s: float,
+        threads: int,
+        warm_start: Sequence[float] | None,
+    ) -> SolveOutcome:
+        import pulp
+
+        started = time.perf_counter()
+        prob = pulp.LpProblem("qlm_plan", pulp.LpMinimize)
+        variables = [
+            pulp.LpVariable(
+                f"v{i}",
+                lowBound=v.lb,
+                upBound=v.ub,
+                cat=pulp.LpBinary if v.binary else pulp.LpContinuous,
+            )
+            for i, v in enumerate(formulation.vars)
+        ]
+        prob += pulp.LpAffineExpression([(variables[i], c) for i, c in formulation.objective.items()])
+        for k, con in enumerate(formulation.constraints):
+            prob += _pulp_row(pulp, variables, con, f"{con.label}_{k}")
+        if warm_start is not None:
+            for var, value in zip(variables, warm_start, strict=True):
+                var.setInitialValue(value)
+        remaining = max(0.05, time_limit_s - (time.perf_counter() - started))
+        solver = self._solver(pulp, remaining, threads, warm_start is not None)
+        solve_started = time.perf_counter()
+        try:
+            prob.solve(solver)
+        except pulp.PulpSolverError as exc:
+            return SolveOutcome(SolveStatus.FAILED, None, time.perf_counter() - started, str(exc))
+        wall_s = time.perf_counter() - started
+        if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+            detail = pulp.LpStatus.get(prob.status, str(prob.status))
+            return SolveOutcome(SolveStatus.FAILED, None, wall_s, detail)
+        values = tuple(float(v.varValue or 0.0) for v in variables)
+        solve_s = wall_s - (solve_started - started)
+        optimal = prob.sol_status == pulp.LpSolutionOptimal and solve_s < _TIMEOUT_SHARE * remaining
+        return SolveOutcome(_classify(optimal, solve_s, remaining), values, wall_s, "")
+
+    def _solver(self, pulp: Any, time_limit_s: float, threads: int, warm: bool) -> Any:
+        raise NotImplementedError
+
+
+def _pulp_row(pulp: Any, variables: list[Any], con: Constraint, name: str) -> Any:
+    terms = [(variables[i], c) for i, c in con.terms]
+    rhs = con.rhs
+    if con.enforce is not None:
+        # holds when enforce = 1: sum >= rhs - M (1 - x)  <=>  sum - M x >= rhs - M (GE rows)
+        sign = 1.0 if con.sense is Sense.GE else -1.0
+        terms.append((variables[con.enforce], -sign * con.big_m))
+        rhs -= sign * con.big_m
+    expr = pulp.LpAffineExpression(terms)
+    if con.sense is Sense.LE:
+        return pulp.LpConstraint(expr, pulp.LpConstraintLE, name, rhs)
+    if con.sense is Sense.GE:
+        return pulp.LpConstraint(expr, pulp.LpConstraintGE, name, rhs)
+    return pulp.LpConstraint(expr, pulp.LpConstraintEQ, name, rhs)
+
+
+@MILP_BACKENDS.register("pulp-cbc")
+class PulpCbcBackend(_PulpBackend):
+    def _solver(self, pulp: Any, time_limit_s: float, threads: int, warm: bool) -> Any:
+        return pulp.PULP_CBC_CMD(
+            msg=False, timeLimit=time_limit_s, threads=threads, warmStart=warm
+        )
+
+
+@MILP_BACKENDS.register("pulp-highs")
+class PulpHighsBackend(_PulpBackend):
+    """HiGHS through its Python API. PuLP passes no warm start to it (see README)."""
+
+    def _solver(self, pulp: Any, time_limit_s: float, threads: int, warm: bool) -> Any:
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=threads)
