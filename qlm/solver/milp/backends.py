@@ -148,11 +148,8 @@ class _PulpBackend:
         started = time.perf_counter()
         prob = pulp.LpProblem("qlm_plan", pulp.LpMinimize)
         variables = [
-            pulp.LpVariable(
-                f"v{i}",
-                lowBound=v.lb,
-                upBound=v.ub,
-                cat=pulp.LpBinary if v.binary else pulp.LpContinuous,
+            prob.add_variable(
+                f"v{i}", v.lb, v.ub, cat=pulp.LpBinary if v.binary else pulp.LpContinuous
             )
             for i, v in enumerate(formulation.vars)
         ]
