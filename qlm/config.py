@@ -27,6 +27,12 @@ class SloClassConfig(_Strict):
     )
     priority: int = Field(default=0, description="Larger is more urgent (eviction order).")
 
+    @model_validator(mode="after")
+    def _completion_after_ttft(self) -> SloClassConfig:
+        if self.completion_s is not None and self.completion_s < self.ttft_s:
+            raise ValueError("completion_s must be >= ttft_s")
+        return self
+
     def to_slo_class(self) -> SloClass:
         return SloClass(
             self.name, self.ttft_s, self.completion_s, self.lateness_weight, self.priority
@@ -102,9 +108,7 @@ class QlmConfig(_Strict):
         if len(names) != len(set(names)):
             raise ValueError("slo_classes: names must be unique")
         if self.default_slo_class not in names:
-            raise ValueError(
-                f"default_slo_class {self.default_slo_class!r} is not one of {names}"
-            )
+            raise ValueError(f"default_slo_class {self.default_slo_class!r} is not one of {names}")
         return self
 
     def slo_class_map(self) -> dict[str, SloClass]:
@@ -126,7 +130,7 @@ def load_yaml_model(path: Path, model: type[M]) -> M:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
     try:
         data = yaml.safe_load(text)
-        root = yaml.compose(text)
+        root: yaml.Node | None = yaml.compose(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     try:
@@ -162,7 +166,8 @@ def _child(node: yaml.Node | None, part: Any) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                return value
+                found: yaml.Node = value
+                return found
     if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
         child: yaml.Node = node.value[part]
         return child

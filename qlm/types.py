@@ -62,7 +62,8 @@ class IllegalTransitionError(ValueError):
     def __init__(self, request_id: str, src: RequestState, dst: RequestState) -> None:
         allowed = ", ".join(sorted(TRANSITIONS[src])) or "none (terminal)"
         super().__init__(
-            f"request {request_id}: illegal transition {src} -> {dst}; allowed from {src}: {allowed}"
+            f"request {request_id}: illegal transition {src} -> {dst}; "
+            f"allowed from {src}: {allowed}"
         )
 
 

@@ -54,6 +54,10 @@ class Profile:
         )
         _require(min(self.decode_batch_sizes) >= 1, "decode batch sizes must be >= 1")
         _require(min(self.decode_step_s) > 0, "decode step times must be > 0")
+        _require(
+            all(a <= b for a, b in zip(self.decode_step_s, self.decode_step_s[1:], strict=False)),
+            "decode_step_s must not decrease with batch size",
+        )
         _require(self.prefill_tokens_per_s > 0, "prefill_tokens_per_s must be > 0")
         _require(self.output_tokens_mean > 0, "output_tokens_mean must be > 0")
         _require(self.output_tokens_std >= 0, "output_tokens_std must be >= 0")

@@ -183,12 +183,16 @@ class RwtEstimator:
             ttft_at = now_s + est.ttft_p_s
             if ttft_at > group.ttft_deadline_at_s:
                 found.append(
-                    Violation(group.id, estimate.instance_id, "ttft", ttft_at, group.ttft_deadline_at_s)
+                    Violation(
+                        group.id, estimate.instance_id, "ttft", ttft_at, group.ttft_deadline_at_s
+                    )
                 )
             done_at = now_s + est.completion_p_s
             deadline = group.completion_deadline_at_s
             if deadline is not None and done_at > deadline:
-                found.append(Violation(group.id, estimate.instance_id, "completion", done_at, deadline))
+                found.append(
+                    Violation(group.id, estimate.instance_id, "completion", done_at, deadline)
+                )
         return tuple(found)
 
 

@@ -81,5 +81,7 @@ def _dominant_class(requests: Sequence[Request]) -> str:
     earliest: dict[str, float] = {}
     for r in requests:
         counts[r.slo_class] = counts.get(r.slo_class, 0) + 1
-        earliest[r.slo_class] = min(earliest.get(r.slo_class, r.ttft_deadline_at_s), r.ttft_deadline_at_s)
+        earliest[r.slo_class] = min(
+            earliest.get(r.slo_class, r.ttft_deadline_at_s), r.ttft_deadline_at_s
+        )
     return min(counts, key=lambda c: (-counts[c], earliest[c]))

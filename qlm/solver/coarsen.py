@@ -1,9 +1,11 @@
-"""Group coarsening: keep the MILP small by merging similar groups before solving.
+"""Group coarsening: keep the MILP small by merging groups before solving.
 
-Within one model and SLO class, groups are ordered by TTFT deadline and the adjacent pair with
-the fewest requests together is merged, until the count fits the target. Pinned groups are
-never merged. The plan is expanded back to the original groups afterwards (members of a merged
-unit run consecutively, in deadline order)."""
+Only groups that the EDF plan runs back to back on the same instance, with the same model,
+are merged: the pair with the fewest requests together first, until the count fits the
+target. The EDF plan is therefore expressible over the merged units, and it is the MILP's
+warm start, so coarsening never costs the MILP its EDF starting point. Pinned groups are never
+merged. Plans are expanded back to the original groups (a unit's members run consecutively, in
+their EDF order)."""
 
 from __future__ import annotations
 
@@ -17,47 +19,55 @@ from qlm.queue.group import RequestGroup
 class Coarsened:
     units: tuple[RequestGroup, ...]
     members: Mapping[str, tuple[str, ...]]  # unit id -> original group ids, in run order
+    edf_units: tuple[tuple[str, ...], ...]  # the EDF queues over units, per instance
 
     def expand(self, unit_ids: Sequence[str]) -> tuple[str, ...]:
         return tuple(gid for uid in unit_ids for gid in self.members[uid])
 
 
 def coarsen(
-    groups: Sequence[RequestGroup], target: int, keep: frozenset[str] = frozenset()
+    edf_queues: Sequence[Sequence[RequestGroup]], target: int, keep: frozenset[str] = frozenset()
 ) -> Coarsened:
-    """Merge groups until at most `target` remain (or nothing more can be merged)."""
-    runs: dict[tuple[str, str], list[list[RequestGroup]]] = {}
-    fixed: list[RequestGroup] = []
-    for g in sorted(groups, key=lambda g: (g.ttft_deadline_at_s, g.first_arrival_at_s, g.id)):
-        if g.id in keep:
-            fixed.append(g)
-        else:
-            runs.setdefault((g.model, g.slo_class), []).append([g])
-    count = len(fixed) + sum(len(r) for r in runs.values())
-    while count > target and _merge_smallest_pair(runs):
+    """Merge EDF-adjacent groups of one model until at most `target` units remain."""
+    queues = [[[g] for g in queue] for queue in edf_queues]
+    count = sum(len(q) for q in queues)
+    while count > target and _merge_smallest_pair(queues, keep):
         count -= 1
-    units = [g for g in fixed]
-    members: dict[str, tuple[str, ...]] = {g.id: (g.id,) for g in fixed}
-    for parts_list in runs.values():
-        for parts in parts_list:
-            unit = parts[0] if len(parts) == 1 else RequestGroup.merged(
-                "+".join(p.id for p in parts), parts
-            )
+    members: dict[str, tuple[str, ...]] = {}
+    units: list[RequestGroup] = []
+    edf_units: list[tuple[str, ...]] = []
+    for queue in queues:
+        ids = []
+        for parts in queue:
+            unit = parts[0] if len(parts) == 1 else RequestGroup.merged(_unit_id(parts), parts)
             units.append(unit)
             members[unit.id] = tuple(p.id for p in parts)
-    return Coarsened(tuple(units), members)
+            ids.append(unit.id)
+        edf_units.append(tuple(ids))
+    return Coarsened(tuple(units), members, tuple(edf_units))
 
 
-def _merge_smallest_pair(runs: dict[tuple[str, str], list[list[RequestGroup]]]) -> bool:
-    best: tuple[int, tuple[str, str], int] | None = None
-    for key, seq in runs.items():
-        for i in range(len(seq) - 1):
-            size = sum(g.size for g in seq[i]) + sum(g.size for g in seq[i + 1])
+def _unit_id(parts: Sequence[RequestGroup]) -> str:
+    return f"{parts[0].id}+{len(parts) - 1}"
+
+
+def _mergeable(a: list[RequestGroup], b: list[RequestGroup], keep: frozenset[str]) -> bool:
+    if a[0].model != b[0].model:
+        return False
+    return not any(g.id in keep for g in (*a, *b))
+
+
+def _merge_smallest_pair(queues: list[list[list[RequestGroup]]], keep: frozenset[str]) -> bool:
+    best: tuple[int, int, int] | None = None
+    for q, queue in enumerate(queues):
+        for i in range(len(queue) - 1):
+            if not _mergeable(queue[i], queue[i + 1], keep):
+                continue
+            size = sum(g.size for g in queue[i]) + sum(g.size for g in queue[i + 1])
             if best is None or size < best[0]:
-                best = (size, key, i)
+                best = (size, q, i)
     if best is None:
         return False
-    _, key, i = best
-    seq = runs[key]
-    seq[i : i + 2] = [seq[i] + seq[i + 1]]
+    _, q, i = best
+    queues[q][i : i + 2] = [queues[q][i] + queues[q][i + 1]]
     return True

@@ -70,7 +70,9 @@ def build_cost_table(inp: PlanInput, estimator: WaitEstimator) -> CostTable:
         base_s=tuple(inp.busy_s.get(inst.id, 0.0) for inst in instances),
         deadline_s=tuple(grp.ttft_deadline_at_s - inp.now_s for grp in groups),
         completion_deadline_s=tuple(
-            None if grp.completion_deadline_at_s is None else grp.completion_deadline_at_s - inp.now_s
+            None
+            if grp.completion_deadline_at_s is None
+            else grp.completion_deadline_at_s - inp.now_s
             for grp in groups
         ),
         weight=tuple(inp.slo_classes[grp.slo_class].lateness_weight for grp in groups),

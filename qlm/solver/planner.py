@@ -6,7 +6,6 @@ coarsens, warm-starts from EDF, honours a wall-time limit and falls back to EDF;
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -14,8 +13,9 @@ from typing import Protocol
 from qlm.clock import Clock, WallClock
 from qlm.config import PlannerConfig
 from qlm.estimator.base import WaitEstimator
+from qlm.queue.group import RequestGroup
 from qlm.registry import Registry
-from qlm.solver.coarsen import coarsen
+from qlm.solver.coarsen import Coarsened, coarsen
 from qlm.solver.costs import CostTable, build_cost_table, evaluate
 from qlm.solver.heuristics import edf_queues, fcfs_queues
 from qlm.solver.milp.backends import MILP_BACKENDS, SolveStatus
@@ -39,7 +39,8 @@ def make_planner(
 def _split_unplaceable(inp: PlanInput) -> tuple[PlanInput, tuple[str, ...]]:
     """Drop groups that no instance can hold (weights + minimum KV > memory)."""
     fleet = inp.fleet
-    ok, dropped = [], []
+    ok: list[RequestGroup] = []
+    dropped: list[RequestGroup] = []
     for g in inp.groups:
         (ok if any(fleet.can_serve(i, g.model) for i in fleet.instances) else dropped).append(g)
     for inst_id, gids in inp.pinned.items():
@@ -123,13 +124,15 @@ class MilpPlanner(_HeuristicPlanner):
         placeable, unplaced = _split_unplaceable(inp)
         full = build_cost_table(placeable, self.estimator)
         if full.num_groups == 0:
-            return _plan_of(full, [[] for _ in full.instances], PlanStatus.OPTIMAL, self.name,
-                            0.0, unplaced)
+            return _plan_of(
+                full, [[] for _ in full.instances], PlanStatus.OPTIMAL, self.name, 0.0, unplaced
+            )
         edf = edf_queues(full)
         edf_objective = evaluate(full, edf).objective
-        units = self._coarsened(placeable)
-        table = build_cost_table(units[0], self.estimator)
-        edf_units = edf_queues(table)
+        coarse = self._coarsened(full, edf)
+        table = build_cost_table(replace(placeable, groups=coarse.units), self.estimator)
+        index = {g.id: i for i, g in enumerate(table.groups)}
+        edf_units = [[index[u] for u in queue] for queue in coarse.edf_units]
         formulation = formulate(table, self._slots(table, edf_units))
         warm = formulation.values_for(edf_units) if self.config.warm_start else None
         backend = MILP_BACKENDS.create(self.config.backend)
@@ -138,21 +141,47 @@ class MilpPlanner(_HeuristicPlanner):
         elapsed = self.clock.monotonic_s() - started
         extra = {"backend": self.config.backend, "baseline_objective": edf_objective}
         if outcome.values is None:
-            return _plan_of(full, edf, PlanStatus.FALLBACK, self.name, elapsed, unplaced,
-                            detail=f"solver failed: {outcome.detail}", **extra)
-        queues = self._expand(full, table, formulation.queues_from(outcome.values), units[1])
+            return _plan_of(
+                full,
+                edf,
+                PlanStatus.FALLBACK,
+                self.name,
+                elapsed,
+                unplaced,
+                detail=f"solver failed: {outcome.detail}",
+                **extra,
+            )
+        queues = self._expand(full, table, formulation.queues_from(outcome.values), coarse)
         if evaluate(full, queues).objective > edf_objective * (1 + 1e-9):
-            return _plan_of(full, edf, PlanStatus.FALLBACK, self.name, elapsed, unplaced,
-                            detail=f"solver ({outcome.status}) did worse than EDF", **extra)
-        return _plan_of(full, queues, _STATUS[outcome.status], self.name, elapsed, unplaced,
-                        detail=outcome.detail, **extra)
+            return _plan_of(
+                full,
+                edf,
+                PlanStatus.FALLBACK,
+                self.name,
+                elapsed,
+                unplaced,
+                detail=f"solver ({outcome.status}) did worse than EDF",
+                **extra,
+            )
+        return _plan_of(
+            full,
+            queues,
+            _STATUS[outcome.status],
+            self.name,
+            elapsed,
+            unplaced,
+            detail=outcome.detail,
+            **extra,
+        )
 
-    def _coarsened(self, inp: PlanInput) -> tuple[PlanInput, dict[str, tuple[str, ...]]]:
-        pinned = frozenset(g for gids in inp.pinned.values() for g in gids)
-        target = min(self.config.max_planning_groups,
-                     self.config.max_slots_per_queue * len(inp.fleet.instances))
-        result = coarsen(inp.groups, target, pinned)
-        return replace(inp, groups=result.units), dict(result.members)
+    def _coarsened(self, full: CostTable, edf: Sequence[Sequence[int]]) -> Coarsened:
+        pinned = frozenset(full.groups[g].id for gs in full.pinned.values() for g in gs)
+        target = min(
+            self.config.max_planning_groups,
+            self.config.max_slots_per_queue * full.num_instances,
+        )
+        runs = [[full.groups[g] for g in queue] for queue in edf]
+        return coarsen(runs, target, pinned)
 
     def _slots(self, table: CostTable, warm: Sequence[Sequence[int]]) -> int:
         """Slots per queue: the configured bound, raised to the longest queue of the EDF plan
@@ -165,11 +194,10 @@ class MilpPlanner(_HeuristicPlanner):
         full: CostTable,
         table: CostTable,
         queues: Sequence[Sequence[int]],
-        members: dict[str, tuple[str, ...]],
+        coarse: Coarsened,
     ) -> list[list[int]]:
         index = {g.id: i for i, g in enumerate(full.groups)}
-        expanded: list[list[int]] = []
-        for queue in queues:
-            ids = [gid for u in queue for gid in members[table.groups[u].id]]
-            expanded.append([index[gid] for gid in ids])
-        return expanded
+        return [
+            [index[gid] for gid in coarse.expand([table.groups[u].id for u in queue])]
+            for queue in queues
+        ]

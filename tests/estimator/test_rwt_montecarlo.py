@@ -78,7 +78,9 @@ def test_mean_and_p95_match_monte_carlo(
     prefill_s = 500.0 / prefill_tokens_per_s
     runs = np.stack(
         [
-            simulate_ttft(gamma_outputs(rng, group.size, 200.0, output_std), batch, step_s, prefill_s)
+            simulate_ttft(
+                gamma_outputs(rng, group.size, 200.0, output_std), batch, step_s, prefill_s
+            )
             for _ in range(400)
         ]
     )

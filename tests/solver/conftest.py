@@ -33,7 +33,9 @@ def mixed_fleet(num_instances: int) -> Fleet:
     return Fleet.of(instances, profiles)
 
 
-def random_input(seed: int, num_groups: int, num_instances: int, horizon_s: float = 300.0) -> PlanInput:
+def random_input(
+    seed: int, num_groups: int, num_instances: int, horizon_s: float = 300.0
+) -> PlanInput:
     rng = random.Random(seed)
     groups = tuple(
         make_group(

@@ -25,7 +25,9 @@ def plan_with(inp: PlanInput, policy: str = "milp", **config: object) -> Plan:
     return make_planner(planner_config, estimator_for(inp)).plan(inp)
 
 
-def all_assignments(num_groups: int, compatible: Sequence[Sequence[int]]) -> Iterator[list[list[int]]]:
+def all_assignments(
+    num_groups: int, compatible: Sequence[Sequence[int]]
+) -> Iterator[list[list[int]]]:
     """Every placement of groups on compatible instances, in every order per instance."""
     for choice in itertools.product(*compatible):
         queues: list[list[int]] = [[] for _ in range(2)]
@@ -38,7 +40,9 @@ def all_assignments(num_groups: int, compatible: Sequence[Sequence[int]]) -> Ite
 def brute_force_objective(inp: PlanInput) -> float:
     table = build_cost_table(inp, estimator_for(inp))
     compatible = [table.compatible(g) for g in range(table.num_groups)]
-    return min(evaluate(table, qs).objective for qs in all_assignments(table.num_groups, compatible))
+    return min(
+        evaluate(table, qs).objective for qs in all_assignments(table.num_groups, compatible)
+    )
 
 
 @pytest.mark.solver
@@ -83,8 +87,10 @@ def test_milp_improves_on_edf_by_avoiding_a_swap() -> None:
     inp = PlanInput(groups, fleet, now_s=0.0)
     edf = plan_with(inp, policy="edf")
     milp = plan_with(inp, backend="cpsat", time_limit_s=5.0)
-    assert edf.queues["i0"] == ("a1", "b1", "a2") and edf.swaps == 2
-    assert set(milp.queues["i0"][:2]) == {"a1", "a2"} and milp.queues["i0"][2] == "b1"
+    assert edf.queues["i0"] == ("a1", "b1", "a2")
+    assert edf.swaps == 2
+    assert set(milp.queues["i0"][:2]) == {"a1", "a2"}
+    assert milp.queues["i0"][2] == "b1"
     assert milp.swaps == 1
     assert milp.objective < edf.objective
     assert not milp.late_groups
@@ -106,7 +112,9 @@ def test_overloaded_case_still_gets_a_plan(backend: str) -> None:
     )
     plan = plan_with(late, backend=backend, time_limit_s=1.0)
     assert plan.status is not PlanStatus.FALLBACK or "failed" not in plan.detail
-    assert sorted(gid for q in plan.queues.values() for gid in q) == sorted(g.id for g in late.groups)
+    assert sorted(gid for q in plan.queues.values() for gid in q) == sorted(
+        g.id for g in late.groups
+    )
     assert len(plan.late_groups) == len(late.groups)  # all late: deadlines were in the past
 
 
@@ -152,10 +160,13 @@ def test_model_that_does_not_fit_never_goes_to_small_gpus(policy: str) -> None:
 
 
 def test_group_no_instance_can_hold_is_reported_unplaced() -> None:
-    fleet = Fleet.of([make_instance("i0", "A10", memory_gib=24.0)], [
-        make_profile("a", "A10"),
-        make_profile("huge", "A10", weight_gib=140.0),
-    ])
+    fleet = Fleet.of(
+        [make_instance("i0", "A10", memory_gib=24.0)],
+        [
+            make_profile("a", "A10"),
+            make_profile("huge", "A10", weight_gib=140.0),
+        ],
+    )
     groups = (make_group("ok", model="a"), make_group("nope", model="huge"))
     plan = plan_with(PlanInput(groups, fleet, now_s=0.0), time_limit_s=1.0)
     assert plan.unplaced == ("nope",)

@@ -43,12 +43,31 @@ MILP_BACKENDS: Registry[MilpBackend] = Registry("MILP backend")
 # Time limits are enforced by the solvers; a run that used this share of its limit without
 # proving optimality is reported as a timeout.
 _TIMEOUT_SHARE = 0.95
+# The solver gets this share of what is left of the limit after building the model; the rest
+# covers reading the solution back and expanding the plan.
+_SOLVE_SHARE = 0.85
+_MIN_SOLVE_S = 0.05
+
+
+def _no_time_left(started: float) -> SolveOutcome:
+    wall_s = time.perf_counter() - started
+    return SolveOutcome(
+        SolveStatus.FAILED, None, wall_s, f"time limit spent building the model ({wall_s:.2f} s)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _IntRow:
+    terms: tuple[tuple[int, int], ...]
+    sense: Sense
+    rhs: int
+    enforce: int | None
 
 
 @MILP_BACKENDS.register("cpsat")
 class CpSatBackend:
     """OR-Tools CP-SAT. Times become integer milliseconds; enforcement is native (indicator
-    constraints, no big-M); the warm start becomes solution hints."""
+    constraints, no big-M); the warm start becomes a complete solution hint."""
 
     SCALE = 1000.0  # seconds -> milliseconds
     OBJECTIVE_SCALE = 100.0  # keeps two decimals of fractional lateness weights
@@ -63,64 +82,99 @@ class CpSatBackend:
         from ortools.sat.python import cp_model
 
         started = time.perf_counter()
+        binary = [v.binary for v in formulation.vars]
+        rows = [self._int_row(binary, con) for con in formulation.constraints]
         model = cp_model.CpModel()
         variables = [self._var(model, v.binary, v.lb, v.ub, v.name) for v in formulation.vars]
-        binary = [v.binary for v in formulation.vars]
-        for con in formulation.constraints:
-            self._add(model, variables, binary, con)
-        model.Minimize(
+        for row in rows:
+            ct = model.add(_bound(sum(c * variables[i] for i, c in row.terms), row.sense, row.rhs))
+            if row.enforce is not None:
+                ct.only_enforce_if(variables[row.enforce])
+        model.minimize(
             sum(
-                int(round(c * self.OBJECTIVE_SCALE)) * variables[i]
+                round(c * self.OBJECTIVE_SCALE) * variables[i]
                 for i, c in formulation.objective.items()
             )
         )
         if warm_start is not None:
-            for var, value, is_bin in zip(variables, warm_start, binary, strict=True):
-                model.AddHint(var, round(value) if is_bin else round(value * self.SCALE))
+            lows = [self._low(v.binary, v.lb) for v in formulation.vars]
+            for var, value in zip(
+                variables, _complete_hint(rows, binary, warm_start, lows), strict=True
+            ):
+                model.add_hint(var, value)
         solver = cp_model.CpSolver()
-        limit_s = max(0.01, time_limit_s - (time.perf_counter() - started))
+        limit_s = _SOLVE_SHARE * (time_limit_s - (time.perf_counter() - started))
+        if limit_s < _MIN_SOLVE_S:
+            return _no_time_left(started)
         solver.parameters.max_time_in_seconds = limit_s
         solver.parameters.num_workers = threads
-        code = solver.Solve(model)
+        # Presolve can use a whole sub-second budget on plans of realistic size before the
+        # hint is even tried; without it the warm start is an incumbent at once.
+        solver.parameters.cp_model_presolve = False
+        code = solver.solve(model)
         wall_s = time.perf_counter() - started
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return SolveOutcome(SolveStatus.FAILED, None, wall_s, solver.StatusName(code))
+            return SolveOutcome(SolveStatus.FAILED, None, wall_s, solver.status_name(code))
         values = tuple(
-            float(solver.Value(var)) / (1.0 if fv.binary else self.SCALE)
+            float(solver.value(var)) / (1.0 if fv.binary else self.SCALE)
             for var, fv in zip(variables, formulation.vars, strict=True)
         )
-        status = _classify(code == cp_model.OPTIMAL, solver.WallTime(), limit_s)
-        return SolveOutcome(status, values, wall_s, solver.StatusName(code))
+        status = _classify(code == cp_model.OPTIMAL, solver.wall_time, limit_s)
+        return SolveOutcome(status, values, wall_s, solver.status_name(code))
+
+    def _low(self, binary: bool, lb: float) -> int:
+        return round(lb) if binary else math.floor(lb * self.SCALE)
 
     def _var(self, model: Any, binary: bool, lb: float, ub: float, name: str) -> Any:
         if binary:
-            var = model.NewBoolVar(name)
+            var = model.new_bool_var(name)
             if lb >= 1.0:
-                model.Add(var == 1)
+                model.add(var == 1)
             return var
-        return model.NewIntVar(
-            math.floor(lb * self.SCALE), math.ceil(ub * self.SCALE) + 1, name
-        )
+        return model.new_int_var(self._low(False, lb), math.ceil(ub * self.SCALE) + 1, name)
 
-    def _add(self, model: Any, variables: list[Any], binary: list[bool], con: Constraint) -> None:
+    def _int_row(self, binary: list[bool], con: Constraint) -> _IntRow:
         """Constraints over times are in seconds: binaries' coefficients and the right-hand
         side scale to milliseconds (integer variables already count milliseconds)."""
         timed = not all(binary[i] for i, _ in con.terms)
         scale = self.SCALE if timed else 1.0
-        expr = sum(
-            int(round(c * scale if binary[i] else c)) * variables[i] for i, c in con.terms
-        )
-        ct = model.Add(_bound(expr, con.sense, con.rhs * scale))
-        if con.enforce is not None:
-            ct.OnlyEnforceIf(variables[con.enforce])
+        terms = tuple((i, round(c * scale if binary[i] else c)) for i, c in con.terms)
+        return _IntRow(terms, con.sense, _int_rhs(con.rhs * scale, con.sense), con.enforce)
 
 
-def _bound(expr: Any, sense: Sense, rhs: float) -> Any:
+def _int_rhs(rhs: float, sense: Sense) -> int:
     if sense is Sense.LE:
-        return expr <= math.floor(rhs + 1e-9)
+        return math.floor(rhs + 1e-9)
     if sense is Sense.GE:
-        return expr >= math.ceil(rhs - 1e-9)
-    return expr == round(rhs)
+        return math.ceil(rhs - 1e-9)
+    return round(rhs)
+
+
+def _complete_hint(
+    rows: Sequence[_IntRow], binary: Sequence[bool], warm: Sequence[float], lows: Sequence[int]
+) -> list[int]:
+    """The warm start's binaries, with every integer variable at the least value its rows
+    allow. Rows come in dependency order (a start before later starts, starts before group
+    times, group times before lateness), so one pass settles every value."""
+    values = [round(w) if b else low for w, b, low in zip(warm, binary, lows, strict=True)]
+    for row in rows:
+        if row.sense is not Sense.GE or (row.enforce is not None and values[row.enforce] == 0):
+            continue
+        free = [(i, c) for i, c in row.terms if not binary[i] and c == 1]
+        if len(free) != 1:
+            continue
+        target = free[0][0]
+        rest = sum(c * values[i] for i, c in row.terms if i != target)
+        values[target] = max(values[target], row.rhs - rest)
+    return values
+
+
+def _bound(expr: Any, sense: Sense, rhs: int) -> Any:
+    if sense is Sense.LE:
+        return expr <= rhs
+    if sense is Sense.GE:
+        return expr >= rhs
+    return expr == rhs
 
 
 def _classify(optimal: bool, wall_s: float, limit_s: float) -> SolveStatus:
@@ -153,13 +207,17 @@ class _PulpBackend:
             )
             for i, v in enumerate(formulation.vars)
         ]
-        prob += pulp.LpAffineExpression([(variables[i], c) for i, c in formulation.objective.items()])
+        prob += pulp.LpAffineExpression(
+            [(variables[i], c) for i, c in formulation.objective.items()]
+        )
         for k, con in enumerate(formulation.constraints):
             prob += _pulp_row(pulp, variables, con, f"{con.label}_{k}")
         if warm_start is not None:
             for var, value in zip(variables, warm_start, strict=True):
                 var.setInitialValue(value)
-        remaining = max(0.05, time_limit_s - (time.perf_counter() - started))
+        remaining = _SOLVE_SHARE * (time_limit_s - (time.perf_counter() - started))
+        if remaining < _MIN_SOLVE_S:
+            return _no_time_left(started)
         solver = self._solver(pulp, remaining, threads, warm_start is not None)
         solve_started = time.perf_counter()
         try:
@@ -198,9 +256,7 @@ def _pulp_row(pulp: Any, variables: list[Any], con: Constraint, name: str) -> An
 @MILP_BACKENDS.register("pulp-cbc")
 class PulpCbcBackend(_PulpBackend):
     def _solver(self, pulp: Any, time_limit_s: float, threads: int, warm: bool) -> Any:
-        return pulp.PULP_CBC_CMD(
-            msg=False, timeLimit=time_limit_s, threads=threads, warmStart=warm
-        )
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, threads=threads, warmStart=warm)
 
 
 @MILP_BACKENDS.register("pulp-highs")

@@ -138,7 +138,7 @@ def _allowed_slots(table: CostTable, g: int, q: int, num_slots: int) -> range:
 
 def _assignment_vars(f: Formulation) -> None:
     table = f.table
-    for (g, q) in sorted(table.costs):
+    for g, q in sorted(table.costs):
         pinned = table.pinned_on(g) == q
         for s in _allowed_slots(table, g, q, f.num_slots):
             v = f.add_var(f"x_{q}_{g}_{s}", binary=True, lb=1.0 if pinned else 0.0)
@@ -167,9 +167,7 @@ def _transition_vars(f: Formulation) -> None:
 
 def _slot_terms(f: Formulation, q: int, s: int, model: str | None = None) -> list[int]:
     groups = f.table.groups
-    return [
-        v for g, v in f.by_slot.get((q, s), []) if model is None or groups[g].model == model
-    ]
+    return [v for g, v in f.by_slot.get((q, s), []) if model is None or groups[g].model == model]
 
 
 def _slot_constraints(f: Formulation, q: int) -> None:
@@ -203,9 +201,7 @@ def _max_start_s(f: Formulation, q: int) -> float:
 
 def _horizon(f: Formulation, q: int) -> float:
     table = f.table
-    occ = sorted(
-        (c.occupancy_s for (g, qq), c in table.costs.items() if qq == q), reverse=True
-    )
+    occ = sorted((c.occupancy_s for (g, qq), c in table.costs.items() if qq == q), reverse=True)
     swaps = [s for (m, qq), s in table.swap_s.items() if qq == q]
     return table.base_s[q] + sum(occ[: f.num_slots]) + f.num_slots * max(swaps, default=0.0)
 
@@ -216,29 +212,29 @@ def _start_times(f: Formulation, q: int) -> None:
     for s in range(f.num_slots):
         f.w[(q, s)] = f.add_var(f"W_{q}_{s}", binary=False, lb=0.0, ub=horizon)
     for s in range(f.num_slots):
-        swap = [
-            (f.t[(q, s, m)], -table.swap_s[(m, q)])
-            for m in f.models[q]
-            if (q, s, m) in f.t
-        ]
+        swap = [(f.t[(q, s, m)], -table.swap_s[(m, q)]) for m in f.models[q] if (q, s, m) in f.t]
         if s == 0:
             terms = ((f.w[(q, 0)], 1.0), *swap)
-            f.add(Constraint("C5", terms, Sense.EQ, table.base_s[q]))  # C5: head start
+            f.add(Constraint("C5", terms, Sense.GE, table.base_s[q]))  # C5: head start
             continue
         occ = [(v, -table.costs[(g, q)].occupancy_s) for g, v in f.by_slot.get((q, s - 1), [])]
         terms = ((f.w[(q, s)], 1.0), (f.w[(q, s - 1)], -1.0), *occ, *swap)
-        f.add(Constraint("C5", terms, Sense.EQ, 0.0))  # C5: start = previous + its work + swap
+        # C5: start >= previous start + its work + swap (equality at any optimum: W only
+        # bounds C and Lc from below, and both are minimised)
+        f.add(Constraint("C5", terms, Sense.GE, 0.0))
 
 
 def _group_constraints(f: Formulation, g: int) -> None:
     table = f.table
     group = table.groups[g]
     horizon = max(_max_start_s(f, q) for q in table.compatible(g))
-    f.c[g] = f.add_var(f"C_{g}", binary=False, lb=0.0, ub=horizon + _max_lag(table, g))
-    f.late[g] = f.add_var(f"L_{g}", binary=False, lb=0.0, ub=max(0.0, f.vars[f.c[g]].ub))
+    c_ub = horizon + _max_lag(table, g, "ttft_lag_s")
+    f.c[g] = f.add_var(f"C_{g}", binary=False, lb=0.0, ub=c_ub)
+    f.late[g] = f.add_var(f"L_{g}", binary=False, lb=0.0, ub=max(0.0, c_ub - table.deadline_s[g]))
     completion_deadline = table.completion_deadline_s[g]
     if completion_deadline is not None:
-        f.late_completion[g] = f.add_var(f"Lc_{g}", binary=False, lb=0.0, ub=f.vars[f.c[g]].ub)
+        ub = max(0.0, horizon + _max_lag(table, g, "completion_lag_s") - completion_deadline)
+        f.late_completion[g] = f.add_var(f"Lc_{g}", binary=False, lb=0.0, ub=ub)
     for q, s, xv in f.by_group.get(g, []):
         cost = table.costs[(g, q)]
         big_m = _max_start_s(f, q) + cost.ttft_lag_s
@@ -286,5 +282,5 @@ def _position_bounds(f: Formulation, g: int) -> None:
         f.add(Constraint("C9", terms, Sense.GE, 0.0))
 
 
-def _max_lag(table: CostTable, g: int) -> float:
-    return max(table.costs[(g, q)].ttft_lag_s for q in table.compatible(g))
+def _max_lag(table: CostTable, g: int, which: str) -> float:
+    return max(float(getattr(table.costs[(g, q)], which)) for q in table.compatible(g))
