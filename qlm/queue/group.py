@@ -40,7 +40,9 @@ class RequestGroup:
         if len(models) != 1:
             raise ValueError(f"group {group_id}: mixes models {sorted(models)}")
         n = len(requests)
-        completion = [r.completion_deadline_at_s for r in requests if r.completion_deadline_at_s]
+        completion = [
+            r.completion_deadline_at_s for r in requests if r.completion_deadline_at_s is not None
+        ]
         return cls(
             id=group_id,
             model=requests[0].model,
@@ -61,7 +63,9 @@ class RequestGroup:
         if len({g.model for g in parts}) != 1:
             raise ValueError("merged() takes groups of one model")
         n = sum(g.size for g in parts)
-        completion = [g.completion_deadline_at_s for g in parts if g.completion_deadline_at_s]
+        completion = [
+            g.completion_deadline_at_s for g in parts if g.completion_deadline_at_s is not None
+        ]
         urgent = min(parts, key=lambda g: g.ttft_deadline_at_s)
         return cls(
             id=group_id,

@@ -18,6 +18,10 @@ class GroupingPolicy(Protocol):
     request without re-clustering; `remove` forgets a request (pulled, cancelled). `groups`
     returns the current partition: every request added and not removed is in exactly one
     group, and no group mixes models.
+
+    `regroup`'s now_s is the reference for deadline slack until the next regroup. Errors:
+    `remove` of an unknown id raises KeyError; `add` of an id already grouped, and `regroup`
+    with duplicate ids, raise ValueError.
     """
 
     def regroup(self, requests: Sequence[Request], now_s: float) -> tuple[RequestGroup, ...]: ...
