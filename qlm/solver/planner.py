@@ -137,7 +137,9 @@ class MilpPlanner(_HeuristicPlanner):
         warm = formulation.values_for(edf_units) if self.config.warm_start else None
         backend = MILP_BACKENDS.create(self.config.backend)
         budget_s = self.config.time_limit_s - (self.clock.monotonic_s() - started)
-        outcome = backend.solve(formulation, max(0.05, budget_s), self.config.threads, warm)
+        outcome = backend.solve(
+            formulation, max(0.05, budget_s), self.config.threads, warm, self.clock
+        )
         elapsed = self.clock.monotonic_s() - started
         extra = {"backend": self.config.backend, "baseline_objective": edf_objective}
         if outcome.values is None:

@@ -131,7 +131,12 @@ def test_time_limit_is_honoured_on_a_large_case() -> None:
 
 class _FailingBackend:
     def solve(
-        self, formulation: Formulation, time_limit_s: float, threads: int, warm_start: object
+        self,
+        formulation: Formulation,
+        time_limit_s: float,
+        threads: int,
+        warm_start: object,
+        clock: object,
     ) -> SolveOutcome:
         return SolveOutcome(SolveStatus.FAILED, None, 0.0, "infeasible (test)")
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from qlm.clock import Clock
 from qlm.registry import Registry
 from qlm.solver.milp.formulation import Constraint, Formulation, Sense
 
@@ -35,6 +35,7 @@ class MilpBackend(Protocol):
         time_limit_s: float,
         threads: int,
         warm_start: Sequence[float] | None,
+        clock: Clock,
     ) -> SolveOutcome: ...
 
 
@@ -49,8 +50,8 @@ _SOLVE_SHARE = 0.85
 _MIN_SOLVE_S = 0.05
 
 
-def _no_time_left(started: float) -> SolveOutcome:
-    wall_s = time.perf_counter() - started
+def _no_time_left(started: float, clock: Clock) -> SolveOutcome:
+    wall_s = clock.monotonic_s() - started
     return SolveOutcome(
         SolveStatus.FAILED, None, wall_s, f"time limit spent building the model ({wall_s:.2f} s)"
     )
@@ -78,10 +79,11 @@ class CpSatBackend:
         time_limit_s: float,
         threads: int,
         warm_start: Sequence[float] | None,
+        clock: Clock,
     ) -> SolveOutcome:
         from ortools.sat.python import cp_model
 
-        started = time.perf_counter()
+        started = clock.monotonic_s()
         binary = [v.binary for v in formulation.vars]
         rows = [self._int_row(binary, con) for con in formulation.constraints]
         model = cp_model.CpModel()
@@ -103,16 +105,16 @@ class CpSatBackend:
             ):
                 model.add_hint(var, value)
         solver = cp_model.CpSolver()
-        limit_s = _SOLVE_SHARE * (time_limit_s - (time.perf_counter() - started))
+        limit_s = _SOLVE_SHARE * (time_limit_s - (clock.monotonic_s() - started))
         if limit_s < _MIN_SOLVE_S:
-            return _no_time_left(started)
+            return _no_time_left(started, clock)
         solver.parameters.max_time_in_seconds = limit_s
         solver.parameters.num_workers = threads
         # Presolve can use a whole sub-second budget on plans of realistic size before the
         # hint is even tried; without it the warm start is an incumbent at once.
         solver.parameters.cp_model_presolve = False
         code = solver.solve(model)
-        wall_s = time.perf_counter() - started
+        wall_s = clock.monotonic_s() - started
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return SolveOutcome(SolveStatus.FAILED, None, wall_s, solver.status_name(code))
         values = tuple(
@@ -196,10 +198,11 @@ class _PulpBackend:
         time_limit_s: float,
         threads: int,
         warm_start: Sequence[float] | None,
+        clock: Clock,
     ) -> SolveOutcome:
         import pulp
 
-        started = time.perf_counter()
+        started = clock.monotonic_s()
         prob = pulp.LpProblem("qlm_plan", pulp.LpMinimize)
         variables = [
             prob.add_variable(
@@ -215,16 +218,16 @@ class _PulpBackend:
         if warm_start is not None:
             for var, value in zip(variables, warm_start, strict=True):
                 var.setInitialValue(value)
-        remaining = _SOLVE_SHARE * (time_limit_s - (time.perf_counter() - started))
+        remaining = _SOLVE_SHARE * (time_limit_s - (clock.monotonic_s() - started))
         if remaining < _MIN_SOLVE_S:
-            return _no_time_left(started)
+            return _no_time_left(started, clock)
         solver = self._solver(pulp, remaining, threads, warm_start is not None)
-        solve_started = time.perf_counter()
+        solve_started = clock.monotonic_s()
         try:
             prob.solve(solver)
         except pulp.PulpSolverError as exc:
-            return SolveOutcome(SolveStatus.FAILED, None, time.perf_counter() - started, str(exc))
-        wall_s = time.perf_counter() - started
+            return SolveOutcome(SolveStatus.FAILED, None, clock.monotonic_s() - started, str(exc))
+        wall_s = clock.monotonic_s() - started
         if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             detail = pulp.LpStatus.get(prob.status, str(prob.status))
             return SolveOutcome(SolveStatus.FAILED, None, wall_s, detail)
