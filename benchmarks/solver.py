@@ -361,9 +361,11 @@ def run_grouping(num_requests: int) -> list[dict[str, Any]] | str:
 # --- output ---------------------------------------------------------------------------------
 
 
-def _fmt(value: object) -> str:
+def _fmt(value: object, column: str = "") -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and column.startswith("ratio"):
+        return f"{value:.4f}"  # 0.99995 is an improvement, not "1"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
@@ -373,7 +375,7 @@ def _fmt(value: object) -> str:
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_fmt(r.get(c), c) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 

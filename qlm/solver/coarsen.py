@@ -1,11 +1,12 @@
 """Group coarsening: keep the MILP small by merging groups before solving.
 
-Only groups that the EDF plan runs back to back on the same instance, with the same model,
-are merged: the pair with the fewest requests together first, until the count fits the
-target. The EDF plan is therefore expressible over the merged units, and it is the MILP's
-warm start, so coarsening never costs the MILP its EDF starting point. Pinned groups are never
-merged. Plans are expanded back to the original groups (a unit's members run consecutively, in
-their EDF order)."""
+Only groups that the EDF plan runs back to back on the same instance, with the same model and
+SLO class, are merged (so a unit's lateness weight is its members'), the pair with the fewest
+requests together first, until the count fits the target; only if that is not enough, pairs
+of different classes are merged too. The EDF plan is therefore
+expressible over the merged units, and it is the MILP's warm start, so coarsening never costs
+the MILP its EDF starting point. Pinned groups are never merged. Plans are expanded back to the
+original groups (a unit's members run consecutively, in their EDF order)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def coarsen(
     """Merge EDF-adjacent groups of one model until at most `target` units remain."""
     queues = [[[g] for g in queue] for queue in edf_queues]
     count = sum(len(q) for q in queues)
-    while count > target and _merge_smallest_pair(queues, keep):
-        count -= 1
+    for same_class in (True, False):  # like with like first; then across classes if needed
+        while count > target and _merge_smallest_pair(queues, keep, same_class):
+            count -= 1
     members: dict[str, tuple[str, ...]] = {}
     units: list[RequestGroup] = []
     edf_units: list[tuple[str, ...]] = []
@@ -51,17 +53,21 @@ def _unit_id(parts: Sequence[RequestGroup]) -> str:
     return f"{parts[0].id}+{len(parts) - 1}"
 
 
-def _mergeable(a: list[RequestGroup], b: list[RequestGroup], keep: frozenset[str]) -> bool:
-    if a[0].model != b[0].model:
+def _mergeable(
+    a: list[RequestGroup], b: list[RequestGroup], keep: frozenset[str], same_class: bool
+) -> bool:
+    if a[0].model != b[0].model or (same_class and a[0].slo_class != b[0].slo_class):
         return False
     return not any(g.id in keep for g in (*a, *b))
 
 
-def _merge_smallest_pair(queues: list[list[list[RequestGroup]]], keep: frozenset[str]) -> bool:
+def _merge_smallest_pair(
+    queues: list[list[list[RequestGroup]]], keep: frozenset[str], same_class: bool
+) -> bool:
     best: tuple[int, int, int] | None = None
     for q, queue in enumerate(queues):
         for i in range(len(queue) - 1):
-            if not _mergeable(queue[i], queue[i + 1], keep):
+            if not _mergeable(queue[i], queue[i + 1], keep, same_class):
                 continue
             size = sum(g.size for g in queue[i]) + sum(g.size for g in queue[i + 1])
             if best is None or size < best[0]:

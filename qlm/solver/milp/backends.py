@@ -232,9 +232,12 @@ class _PulpBackend:
             detail = pulp.LpStatus.get(prob.status, str(prob.status))
             return SolveOutcome(SolveStatus.FAILED, None, wall_s, detail)
         values = tuple(float(v.varValue or 0.0) for v in variables)
+        # CBC and HiGHS stop early only when optimal; PuLP reports a solution found before the
+        # time limit as "optimal" too, so a run that used its budget counts as a timeout.
         solve_s = wall_s - (solve_started - started)
         optimal = prob.sol_status == pulp.LpSolutionOptimal and solve_s < _TIMEOUT_SHARE * remaining
-        return SolveOutcome(_classify(optimal, solve_s, remaining), values, wall_s, "")
+        status = SolveStatus.OPTIMAL if optimal else SolveStatus.TIMEOUT
+        return SolveOutcome(status, values, wall_s, "")
 
     def _solver(self, pulp: Any, time_limit_s: float, threads: int, warm: bool) -> Any:
         raise NotImplementedError
