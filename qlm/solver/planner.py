@@ -142,29 +142,17 @@ class MilpPlanner(_HeuristicPlanner):
         )
         elapsed = self.clock.monotonic_s() - started
         extra = {"backend": self.config.backend, "baseline_objective": edf_objective}
-        if outcome.values is None:
+
+        def fallback(reason: str) -> Plan:
             return _plan_of(
-                full,
-                edf,
-                PlanStatus.FALLBACK,
-                self.name,
-                elapsed,
-                unplaced,
-                detail=f"solver failed: {outcome.detail}",
-                **extra,
+                full, edf, PlanStatus.FALLBACK, self.name, elapsed, unplaced, detail=reason, **extra
             )
+
+        if outcome.values is None:
+            return fallback(f"solver failed: {outcome.detail}")
         queues = self._expand(full, table, formulation.queues_from(outcome.values), coarse)
         if evaluate(full, queues).objective > edf_objective * (1 + 1e-9):
-            return _plan_of(
-                full,
-                edf,
-                PlanStatus.FALLBACK,
-                self.name,
-                elapsed,
-                unplaced,
-                detail=f"solver ({outcome.status}) did worse than EDF",
-                **extra,
-            )
+            return fallback(f"solver ({outcome.status}) did worse than EDF")
         return _plan_of(
             full,
             queues,
