@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 from qlm.config import GroupingConfig
 from qlm.queue.group import RequestGroup
 from qlm.queue.grouping.base import GROUPING_POLICIES
-from qlm.queue.grouping.exact_key import KeyedPartition, KeyRun, RequestColumns
+from qlm.queue.grouping.partition import KeyRun, PartitionedGrouping, RequestColumns
 from qlm.types import Request
 
 Features = NDArray[np.float64]  # rows of (log1p slack_s, log1p prompt_tokens, log1p output cap)
@@ -95,26 +95,22 @@ def cluster_key(model: str, cluster: int) -> tuple[str, str]:
 
 
 @GROUPING_POLICIES.register("kmeans")
-class KMeansGrouping:
+class KMeansGrouping(PartitionedGrouping):
     """k-means per model, big clusters halved by ttft deadline; inserts join the nearest
     centroid of their model until `needs_regroup` asks for a re-cluster."""
 
     def __init__(self, config: GroupingConfig) -> None:
-        self._config = config
-        self._partition = KeyedPartition(config.max_group_size)
+        super().__init__(config)
         self._centroids: dict[str, Features] = {}
         self._reference_s = 0.0  # `now_s` of the last regroup; slack is measured from it
-        self._inserts_since_regroup = 0
 
     def regroup(self, requests: Sequence[Request], now_s: float) -> tuple[RequestGroup, ...]:
         columns = RequestColumns.of(requests)
         order = columns.order(columns.model_codes)
         runs, centroids = self._cluster_models(columns, request_features(columns, now_s), order)
-        self._partition.load(requests, columns, order, runs)
         self._centroids = centroids
         self._reference_s = now_s
-        self._inserts_since_regroup = 0
-        return self._partition.groups()
+        return self._load(requests, columns, order, runs)
 
     def _cluster_models(
         self, columns: RequestColumns, features: Features, order: NDArray[np.intp]
@@ -144,18 +140,7 @@ class KMeansGrouping:
         row = features_of(request, self._reference_s)
         centroids = self._centroids.get(request.model)
         cluster = 0 if centroids is None else nearest_cluster(centroids, row)
-        group_id = self._partition.add(request, cluster_key(request.model, cluster))
+        group_id = self._add(request, cluster_key(request.model, cluster))
         if centroids is None:
             self._centroids[request.model] = row[np.newaxis, :]
-        self._inserts_since_regroup += 1
         return group_id
-
-    def remove(self, request_id: str) -> None:
-        self._partition.remove(request_id)
-
-    def groups(self) -> tuple[RequestGroup, ...]:
-        return self._partition.groups()
-
-    @property
-    def needs_regroup(self) -> bool:
-        return self._inserts_since_regroup >= self._config.recluster_every_inserts
