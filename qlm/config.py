@@ -82,6 +82,15 @@ class PlannerConfig(_Strict):
     )
     threads: int = Field(default=2, ge=1, le=64, description="Solver worker threads.")
     warm_start: bool = Field(default=True, description="Start the solver from the EDF plan.")
+    deterministic_work: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="CP-SAT only: stop after this much deterministic work (CP-SAT's "
+        "'deterministic seconds', on one worker) instead of wall time, so the same input gives "
+        "the same plan on any machine; the wall limit stays as a safety net (x10). The "
+        "simulator turns this on for reproducible runs.",
+    )
 
 
 class QlmConfig(_Strict):

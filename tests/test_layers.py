@@ -10,7 +10,29 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "qlm"
 IO_LIBRARIES = {"redis", "fastapi", "httpx", "requests", "aiohttp", "socket", "vllm", "kubernetes"}
-CORE = ["types.py", "config.py", "registry.py", "engine", "queue", "estimator", "solver", "agents"]
+CORE = [
+    "types.py",
+    "config.py",
+    "registry.py",
+    "engine",
+    "queue",
+    "estimator",
+    "solver",
+    "agents",
+    "control/controller.py",
+]
+# Adapters inside core folders, with the I/O libraries each may use.
+ADAPTERS: dict[str, set[str]] = {
+    "queue/redis_queue.py": {"redis"},
+    "engine/vllm.py": {"httpx"},
+    "engine/tiny_models.py": set(),
+}
+# Where each I/O library may be imported at all (STYLE.md: only the queue's Redis adapter
+# imports redis, only the api imports fastapi).
+ONLY_IN: dict[str, tuple[str, ...]] = {
+    "redis": ("queue/redis_queue.py",),
+    "fastapi": ("api",),
+}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -29,7 +51,17 @@ def core_files() -> list[Path]:
     for part in CORE:
         target = PACKAGE / part
         files += sorted(target.rglob("*.py")) if target.is_dir() else [target]
-    return files
+    return [f for f in files if str(f.relative_to(PACKAGE)) not in ADAPTERS]
+
+
+@pytest.mark.parametrize(
+    "path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_io_libraries_stay_in_their_adapters(path: Path) -> None:
+    rel = str(path.relative_to(PACKAGE))
+    for library, places in ONLY_IN.items():
+        if library in imported_roots(path):
+            assert rel.startswith(places), f"{rel} imports {library}; only {places} may"
 
 
 @pytest.mark.parametrize("path", core_files(), ids=lambda p: str(p.relative_to(PACKAGE)))

@@ -1,8 +1,11 @@
 """The engine performance model: one Profile per (model, GPU type).
 
 The estimator, the simulated engine and the emulated engine all read these numbers, so
-there is one answer to "how fast is model M on GPU G". Step times are linear interpolations
-over a measured or derived table of decode step time by batch size.
+there is one answer to "how fast is model M on GPU G". The estimator interpolates a table of
+decode step time by batch size; the engines time each iteration with the optional linear
+step-time model (`StepTime`, step.py) and fall back to the table when a profile has none.
+Packaged profiles derive their table from their step-time model at a stated typical context
+length, so both views agree.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+
+from qlm.engine.step import DecodeRun, StepTime
 
 GIB = 1024**3
 
@@ -20,7 +25,9 @@ class Profile:
 
     decode_batch_sizes and decode_step_s are parallel, increasing in batch size:
     decode_step_s[i] is the time of one decode iteration that advances decode_batch_sizes[i]
-    sequences by one token each.
+    sequences by one token each. step_time, when present, times any iteration (prefill chunks,
+    decodes, context; see step.py) and is what the engines use; the table is then its value at
+    a typical context length (see library.py).
     """
 
     model: str
@@ -38,6 +45,7 @@ class Profile:
     min_kv_tokens: int = 4096
     gpu_memory_utilization: float = 0.9
     provenance: str = ""
+    step_time: StepTime | None = None
 
     def __post_init__(self) -> None:
         _require(self.gpu_count >= 1, "gpu_count must be >= 1")
@@ -87,6 +95,23 @@ class Profile:
 
     def prefill_s(self, prompt_tokens: float) -> float:
         return prompt_tokens / self.prefill_tokens_per_s
+
+    def iteration_s(
+        self, prefill_tokens: float, decode_seqs: float, context_tokens: float
+    ) -> float:
+        """Time of one engine iteration (step.py). Without a step-time model: the decode step
+        at this batch size (the first table row when nothing decodes) plus the prefill at
+        prefill_tokens_per_s; context_tokens is then ignored."""
+        if self.step_time is not None:
+            return self.step_time.iteration_s(prefill_tokens, decode_seqs, context_tokens)
+        return self.decode_step_s_at(decode_seqs) + prefill_tokens / self.prefill_tokens_per_s
+
+    def decode_run(self, decode_seqs: int, context_tokens: int) -> DecodeRun:
+        """A run of decode-only iterations of decode_seqs sequences that hold context_tokens
+        tokens in all at its start; each step adds decode_seqs tokens of context."""
+        first_s = self.iteration_s(0, decode_seqs, context_tokens)
+        growth_s = 0.0 if self.step_time is None else self.step_time.per_context_token_s
+        return DecodeRun(first_s, growth_s * decode_seqs)
 
     def kv_capacity_tokens(self, gpu_memory_bytes: int) -> int:
         """KV-cache tokens that fit beside the weights on gpu_count GPUs of this memory."""

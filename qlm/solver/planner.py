@@ -138,7 +138,12 @@ class MilpPlanner(_HeuristicPlanner):
         backend = MILP_BACKENDS.create(self.config.backend)
         budget_s = self.config.time_limit_s - (self.clock.monotonic_s() - started)
         outcome = backend.solve(
-            formulation, max(0.05, budget_s), self.config.threads, warm, self.clock
+            formulation,
+            max(0.05, budget_s),
+            self.config.threads,
+            warm,
+            self.clock,
+            deterministic_work=self.config.deterministic_work,
         )
         elapsed = self.clock.monotonic_s() - started
         extra = {"backend": self.config.backend, "baseline_objective": edf_objective}

@@ -137,6 +137,7 @@ class _FailingBackend:
         threads: int,
         warm_start: object,
         clock: object,
+        deterministic_work: float | None = None,
     ) -> SolveOutcome:
         return SolveOutcome(SolveStatus.FAILED, None, 0.0, "infeasible (test)")
 

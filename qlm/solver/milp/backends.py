@@ -36,6 +36,7 @@ class MilpBackend(Protocol):
         threads: int,
         warm_start: Sequence[float] | None,
         clock: Clock,
+        deterministic_work: float | None = None,
     ) -> SolveOutcome: ...
 
 
@@ -80,6 +81,7 @@ class CpSatBackend:
         threads: int,
         warm_start: Sequence[float] | None,
         clock: Clock,
+        deterministic_work: float | None = None,
     ) -> SolveOutcome:
         from ortools.sat.python import cp_model
 
@@ -106,10 +108,17 @@ class CpSatBackend:
                 model.add_hint(var, value)
         solver = cp_model.CpSolver()
         limit_s = _SOLVE_SHARE * (time_limit_s - (clock.monotonic_s() - started))
-        if limit_s < _MIN_SOLVE_S:
+        if deterministic_work is not None:
+            # Reproducible: a work budget on one worker; the wall limit only as a safety net.
+            limit_s = 10.0 * time_limit_s
+            solver.parameters.max_deterministic_time = deterministic_work
+            solver.parameters.num_workers = 1
+            solver.parameters.random_seed = 0
+        elif limit_s < _MIN_SOLVE_S:
             return _no_time_left(started, clock)
+        else:
+            solver.parameters.num_workers = threads
         solver.parameters.max_time_in_seconds = limit_s
-        solver.parameters.num_workers = threads
         # Presolve can use a whole sub-second budget on plans of realistic size before the
         # hint is even tried; without it the warm start is an incumbent at once.
         solver.parameters.cp_model_presolve = False
@@ -199,6 +208,7 @@ class _PulpBackend:
         threads: int,
         warm_start: Sequence[float] | None,
         clock: Clock,
+        deterministic_work: float | None = None,
     ) -> SolveOutcome:
         import pulp
 

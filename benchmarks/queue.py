@@ -1,0 +1,173 @@
+"""GlobalQueue benchmark: throughput and per-call latency of the hot operations, for the memory
+and the Redis queue, at several client concurrencies.
+
+For each implementation and concurrency C, N requests are enqueued by C concurrent tasks, then
+pulled one per call (an agent's smallest pull) by C tasks, then completed by C tasks; last, the
+control loop's snapshot (`queued()` of N requests) is timed. The Redis queue runs against a
+throwaway redis-server on a free port (tests/redis_server.py) unless --redis-url is given; on
+this machine client and server share the same cores.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/queue.py            # table + results/queue.json
+    PYTHONPATH=. .venv/bin/python benchmarks/queue.py --requests 2000 --concurrency 1 8
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file shares its name with the standard library's `queue`, which redis-py imports: take
+# the script's own folder off the import path before importing anything else.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from qlm.queue.base import GlobalQueue
+from qlm.queue.factory import make_queue
+from qlm.queue.records import RequestResult
+from qlm.types import DEFAULT_SLO_CLASSES, Request, RequestState
+from tests.redis_server import RedisServer
+
+RESULTS_PATH = Path(__file__).parent / "results" / "queue.json"
+Op = Callable[[str], Awaitable[object]]
+
+
+def make_requests(num_requests: int, run: str) -> list[Request]:
+    slo = DEFAULT_SLO_CLASSES[0]
+    return [
+        Request.create(f"{run}-{i}", "llama-8b", 500 + i % 700, 256, slo, arrival_at_s=i * 1e-3)
+        for i in range(num_requests)
+    ]
+
+
+async def timed(ids: list[str], concurrency: int, op: Op) -> dict[str, float]:
+    """Runs op over ids with `concurrency` tasks; throughput and latency percentiles."""
+    latencies_s: list[float] = []
+    source: Iterator[str] = iter(ids)
+
+    async def worker() -> None:
+        for rid in source:  # tasks share one iterator: each id is used once
+            start = time.perf_counter()
+            await op(rid)
+            latencies_s.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed_s = time.perf_counter() - start
+    latencies_s.sort()
+    return {
+        "ops_per_s": len(ids) / elapsed_s,
+        "p50_ms": 1e3 * statistics.median(latencies_s),
+        "p99_ms": 1e3 * latencies_s[int(0.99 * (len(latencies_s) - 1))],
+    }
+
+
+async def measure(
+    queue: GlobalQueue, num_requests: int, concurrency: int, run: str
+) -> list[dict[str, Any]]:
+    requests = make_requests(num_requests, run)
+    by_id = {r.id: r for r in requests}
+    ids = list(by_id)
+    rows: list[dict[str, Any]] = []
+
+    async def pull(rid: str) -> None:
+        assert await queue.pull("i0", [rid], lease_s=60.0, now_s=1.0), rid
+
+    async def complete(rid: str) -> None:
+        assert await queue.complete(RequestResult(rid, RequestState.COMPLETED, "i0")), rid
+
+    for name, op in (
+        ("enqueue", lambda rid: queue.enqueue(by_id[rid])),
+        ("pull", pull),
+        ("complete", complete),
+    ):
+        rows.append({"op": name, "concurrency": concurrency, **await timed(ids, concurrency, op)})
+    return rows
+
+
+async def snapshot_ms(queue: GlobalQueue, num_requests: int, run: str) -> float:
+    for request in make_requests(num_requests, run):
+        await queue.enqueue(request)
+    start = time.perf_counter()
+    snapshot = await queue.queued()
+    elapsed_ms = 1e3 * (time.perf_counter() - start)
+    assert len(snapshot) == num_requests
+    return elapsed_ms
+
+
+async def bench(name: str, url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    options = {"key_prefix": f"bench:{name}:"} if url.startswith("redis") else {}
+    rows: list[dict[str, Any]] = []
+    for concurrency in args.concurrency:
+        queue = make_queue(url, **options, **_unbounded(url))
+        for row in await measure(queue, args.requests, concurrency, f"c{concurrency}"):
+            rows.append({"queue": name, **row})
+        await queue.close()
+    queue = make_queue(url, **options, **_unbounded(url))
+    rows.append(
+        {
+            "queue": name,
+            "op": f"queued() of {args.requests}",
+            "concurrency": 1,
+            "p50_ms": await snapshot_ms(queue, args.requests, "snap"),
+        }
+    )
+    await queue.close()
+    return rows
+
+
+def _unbounded(url: str) -> dict[str, Any]:
+    return {} if url.startswith("redis") else {"max_finished_records": None}
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = f"{'queue':<7} {'op':<22} {'conc':>4} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ops = f"{r['ops_per_s']:>10.0f}" if "ops_per_s" in r else f"{'':>10}"
+        p99 = f"{r['p99_ms']:>8.3f}" if "p99_ms" in r else f"{'':>8}"
+        print(
+            f"{r['queue']:<7} {r['op']:<22} {r['concurrency']:>4} {ops} {r['p50_ms']:>8.3f} {p99}"
+        )
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = await bench("memory", "memory://", args)
+    if args.redis_url:
+        return rows + await bench("redis", args.redis_url, args)
+    with RedisServer() as server:
+        return rows + await bench("redis", server.url, args)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--redis-url", default=None, help="use this Redis (keys under bench:)")
+    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args()
+    rows = asyncio.run(main_async(args))
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"requests": args.requests, "machine": platform.platform(), "cpus": _cpus()}
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+def _cpus() -> int | None:
+    import os
+
+    return os.cpu_count()
+
+
+if __name__ == "__main__":
+    main()

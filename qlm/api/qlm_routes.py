@@ -1,0 +1,84 @@
+"""QLM's own routes: asynchronous submission for batch work, request state, queue counts,
+liveness and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI
+from pydantic import ValidationError
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+
+from qlm.api.admission import parse, read_body
+from qlm.api.context import REQUEST_ID_HEADER, ApiContext, json_response
+from qlm.api.errors import SERVER_ERROR, ApiError, from_pydantic
+from qlm.api.schemas import SUBMISSION, SUBMISSION_KINDS, ChatSubmission, CompletionSubmission
+from qlm.api.views import accepted, queue_counts, record_view
+from qlm.queue.records import RequestRecord
+
+REQUESTS = "/v1/qlm/requests"
+
+
+def parse_submission(raw: str) -> ChatSubmission | CompletionSubmission:
+    """A completions or chat body chosen by its `kind`; errors name fields without the tag."""
+    try:
+        return SUBMISSION.validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if str(errors[0]["type"]).startswith("union_tag"):
+            known = ", ".join(repr(k) for k in SUBMISSION_KINDS)
+            raise ApiError(400, f"'kind' must be one of {known}.", param="kind") from None
+        loc = errors[0]["loc"]
+        raise from_pydantic(exc, skip=1 if loc and loc[0] in SUBMISSION_KINDS else 0) from None
+
+
+def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """Register the routes on `app` itself (an included router costs a second match)."""
+
+    async def submit(http: HttpRequest) -> Response:
+        body = parse(parse_submission, await read_body(http, ctx.settings.max_body_bytes))
+        if body.stream:
+            raise ApiError(400, "Asynchronous requests do not stream.", param="stream")
+        request = await ctx.admit(body, http, "req-")
+        headers = {REQUEST_ID_HEADER: request.id, "location": f"{REQUESTS}/{request.id}"}
+        return json_response(accepted(request, body.kind), 202, headers)
+
+    app.add_route(REQUESTS, submit, methods=["POST"])  # a plain route: see openai_routes.py
+
+    @app.get(REQUESTS + "/{request_id}")
+    async def get_request(request_id: str) -> Response:
+        return json_response(record_view(await _record(ctx, request_id)))
+
+    @app.delete(REQUESTS + "/{request_id}")
+    async def cancel_request(request_id: str) -> Response:
+        record = await _record(ctx, request_id)
+        if not record.state.is_terminal and await ctx.cancel(request_id):
+            return json_response(record_view(await _record(ctx, request_id)))
+        state = (await _record(ctx, request_id)).state
+        raise ApiError(409, f"Request {request_id} is already {state}.", code="request_terminal")
+
+    @app.get("/v1/qlm/queue")
+    async def counts() -> Response:
+        return json_response(queue_counts(await ctx.queue.counts()))
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        try:
+            await asyncio.wait_for(ctx.queue.counts(), ctx.settings.ready_timeout_s)
+        except Exception as exc:
+            raise ApiError(
+                503, f"The queue is not reachable: {exc!r}", type=SERVER_ERROR, code="not_ready"
+            ) from None
+        return json_response({"status": "ready"})
+
+
+async def _record(ctx: ApiContext, request_id: str) -> RequestRecord:
+    record = await ctx.queue.get(request_id)
+    if record is None:
+        raise ApiError(404, f"No request {request_id!r}.", code="request_not_found")
+    return record

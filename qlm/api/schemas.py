@@ -1,0 +1,115 @@
+"""Request bodies: OpenAI's completions and chat bodies plus QLM's SLO fields, and the
+asynchronous submission body that carries either under `kind`.
+
+Models are defined once and validated straight from the JSON bytes (strict types, so "5" is
+not a number). Fields OpenAI defines that QLM does not use are ignored; sampling fields are
+range-checked and not yet forwarded to engines (the queue's Request has no place for them).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from qlm.api.slo import SloTags
+from qlm.api.tokens import flatten_chat
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Role
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _Common(_Body):
+    """Fields shared by both bodies: the model, output cap, streaming, sampling, SLO tags."""
+
+    model: str = Field(min_length=1, max_length=512)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = Field(default=None, max_length=256)
+    # QLM's SLO tags (see qlm/api/README.md).
+    slo_class: str | None = Field(default=None, min_length=1, max_length=128)
+    slo_ttft_s: float | None = Field(default=None, gt=0)
+    deadline_s: float | None = Field(default=None, gt=0)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def output_cap(self) -> int | None:
+        return self.max_tokens
+
+    def cap_param(self) -> str:
+        return "max_tokens"
+
+    def tags(self) -> SloTags:
+        return SloTags(self.slo_class, self.slo_ttft_s, self.deadline_s)
+
+
+class CompletionBody(_Common):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+
+    prompt_param: ClassVar[str] = "prompt"
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class ChatBody(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    prompt_param: ClassVar[str] = "messages"
+
+    def output_cap(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def cap_param(self) -> str:
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
+    def prompt_text(self) -> str:
+        return flatten_chat((m.role, m.text()) for m in self.messages)
+
+
+class ChatSubmission(ChatBody):
+    kind: Literal["chat"]
+
+
+class CompletionSubmission(CompletionBody):
+    kind: Literal["completion"]
+
+
+Body = ChatBody | CompletionBody
+Submission = Annotated[ChatSubmission | CompletionSubmission, Field(discriminator="kind")]
+SUBMISSION: TypeAdapter[ChatSubmission | CompletionSubmission] = TypeAdapter(Submission)
+SUBMISSION_KINDS = ("chat", "completion")

@@ -1,0 +1,237 @@
+"""The control loop's pure step: queued requests + instance views -> a published plan.
+
+The live control loop (qlm/control/loop.py) and the simulator's `qlm` policy both drive this
+object, so they run the same grouping, estimator and planner. It owns no I/O and reads time only
+through the now_s it is given.
+
+When to re-plan follows the paper: a full re-plan (regroup + solve) when there is no plan yet,
+when queued requests are not covered by the plan and could not be inserted into a planned
+group, when grouping asks for a rebalance, or when the estimator's violation check finds a
+group predicted to miss its deadline that the last plan did not already expect to miss.
+New arrivals otherwise join their nearest planned group (`on_arrival`) without solving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from qlm.clock import Clock
+from qlm.config import QlmConfig
+from qlm.estimator import make_estimator
+from qlm.queue.group import RequestGroup
+from qlm.queue.grouping import make_grouping
+from qlm.queue.records import PlannedGroup, PublishedPlan
+from qlm.solver import Plan, PlanInput, make_planner
+from qlm.types import Fleet, Request
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """An instance as the controller sees it: its model (the one loading, while loading) and
+    how long the work already in its engine will take to drain."""
+
+    instance_id: str
+    loaded_model: str | None
+    busy_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanReason:
+    needed: bool
+    why: str
+
+
+class Controller:
+    def __init__(
+        self,
+        config: QlmConfig,
+        fleet: Fleet,
+        clock: Clock,
+        planner_policy: str | None = None,
+    ) -> None:
+        planner_config = config.planner
+        if planner_policy is not None:
+            planner_config = planner_config.model_copy(update={"policy": planner_policy})
+        self.config = config
+        self.fleet = fleet
+        self._slo = config.slo_class_map()
+        self._grouping = make_grouping(config.grouping)
+        self._estimator = make_estimator(config.estimator, fleet)
+        self._planner = make_planner(planner_config, self._estimator, clock)
+        self._published: PublishedPlan | None = None
+        self._solved: Plan | None = None
+        self._late_at_plan: frozenset[str] = frozenset()
+        self._member_of: dict[str, str] = {}
+        self._placed: frozenset[str] = frozenset()
+        self._epoch = 0
+
+    @property
+    def plan(self) -> PublishedPlan | None:
+        """The latest published plan."""
+        return self._published
+
+    @property
+    def last_solve(self) -> Plan | None:
+        """The planner's result behind the latest full re-plan."""
+        return self._solved
+
+    def replan(
+        self, queued: Sequence[Request], instances: Sequence[InstanceView], now_s: float
+    ) -> PublishedPlan:
+        """Regroup every queued request and solve from scratch."""
+        fleet = self._fleet_now(instances)
+        busy = {v.instance_id: v.busy_s for v in instances}
+        groups = self._grouping.regroup(queued, now_s)
+        requests = {r.id: r for r in queued}
+        solved = self._planner.plan(
+            PlanInput(groups, fleet, now_s, busy_s=busy, slo_classes=self._slo)
+        )
+        waits = self._predicted_waits(solved, groups, fleet, busy)
+        self._solved = solved
+        self._late_at_plan = frozenset(solved.late_groups)
+        self._member_of = {rid: g.id for g in groups for rid in g.request_ids}
+        self._placed = frozenset(g for q in solved.queues.values() for g in q)
+        return self._publish(
+            PublishedPlan(
+                epoch=0,
+                created_at_s=now_s,
+                queues=solved.queues,
+                groups={g.id: _planned(g, requests) for g in groups},
+                policy=solved.policy,
+                status=str(solved.status),
+                predicted_wait_s=waits,
+            )
+        )
+
+    def on_arrival(self, request: Request, now_s: float) -> PublishedPlan | None:
+        """Insert a new request into its nearest planned group. Returns the updated plan, or
+        None when the request fits no planned group (a re-plan is needed)."""
+        plan = self._published
+        if plan is None:
+            return None
+        group_id = self._planned_home(self._grouping.add(request), plan)
+        if group_id is None:
+            return None
+        group = plan.groups[group_id]
+        self._member_of[request.id] = group_id
+        grown = group.with_request(
+            request.id, request.prompt_tokens, request.max_output_tokens, request.slo_class
+        )
+        return self._publish(
+            replace(plan, created_at_s=now_s, groups={**plan.groups, group_id: grown})
+        )
+
+    def _planned_home(self, group_id: str, plan: PublishedPlan) -> str | None:
+        """The placed group a new member joins: its own group if placed, else the last placed
+        part of the same cluster (grouping splits a key's requests in deadline order into
+        `{key}.{part}`, and a new arrival has the latest deadline)."""
+        if group_id in self._placed:
+            return group_id
+        key = group_id.rpartition(".")[0]
+        siblings = [g for g in self._placed if g.rpartition(".")[0] == key]
+        return max(siblings, key=_part_index) if siblings else None
+
+    def forget_dequeued(self, queued: Sequence[Request]) -> None:
+        """Drop requests that left the queue (pulled, cancelled) from grouping, so groups
+        shrink as they are served and do not split on every arrival."""
+        queued_ids = {r.id for r in queued}
+        for request_id in [rid for rid in self._member_of if rid not in queued_ids]:
+            del self._member_of[request_id]
+            with contextlib.suppress(KeyError):
+                self._grouping.remove(request_id)
+
+    def needs_replan(
+        self, queued: Sequence[Request], instances: Sequence[InstanceView], now_s: float
+    ) -> ReplanReason:
+        """The estimator's violation check over the current plan, as in the paper. Also
+        forgets requests that left the queue since the last call."""
+        self.forget_dequeued(queued)
+        if self._published is None:
+            return ReplanReason(bool(queued), "no plan yet")
+        uncovered = sum(r.id not in self._member_of for r in queued)
+        if uncovered:
+            return ReplanReason(True, f"{uncovered} queued requests outside the plan")
+        if self._grouping.needs_regroup:
+            return ReplanReason(True, "grouping rebalance due")
+        late = self._newly_late(queued, instances, now_s)
+        if late:
+            return ReplanReason(True, f"groups newly predicted late: {sorted(late)[:5]}")
+        return ReplanReason(False, "plan holds")
+
+    def _newly_late(
+        self, queued: Sequence[Request], instances: Sequence[InstanceView], now_s: float
+    ) -> set[str]:
+        plan = self._published
+        assert plan is not None
+        by_group: dict[str, list[Request]] = {}
+        for r in queued:
+            by_group.setdefault(self._member_of[r.id], []).append(r)
+        fleet = self._fleet_now(instances)
+        busy = {v.instance_id: v.busy_s for v in instances}
+        late: set[str] = set()
+        for instance_id, group_ids in plan.queues.items():
+            queue = [
+                RequestGroup.of(g, by_group[g]) for g in group_ids if g in by_group
+            ]  # members still queued
+            if not queue:
+                continue
+            instance = fleet.instance(instance_id)
+            estimate = self._estimator.estimate_queue(queue, instance, busy.get(instance_id, 0.0))
+            for v in self._estimator.violations(queue, estimate, now_s):
+                if v.group_id not in self._late_at_plan:
+                    late.add(v.group_id)
+        return late
+
+    def _publish(self, plan: PublishedPlan) -> PublishedPlan:
+        self._epoch += 1
+        self._published = plan.with_epoch(self._epoch)
+        return self._published
+
+    def _fleet_now(self, instances: Sequence[InstanceView]) -> Fleet:
+        models = {v.instance_id: v.loaded_model for v in instances}
+        return Fleet(
+            tuple(
+                replace(i, loaded_model=models.get(i.id, i.loaded_model))
+                for i in self.fleet.instances
+            ),
+            self.fleet.profiles,
+        )
+
+    def _predicted_waits(
+        self,
+        plan: Plan,
+        groups: Sequence[RequestGroup],
+        fleet: Fleet,
+        busy: Mapping[str, float],
+    ) -> dict[str, float]:
+        """Each planned request's predicted mean time to first token, from now."""
+        by_id = {g.id: g for g in groups}
+        waits: dict[str, float] = {}
+        for instance_id, group_ids in plan.queues.items():
+            if not group_ids:
+                continue
+            queue = [by_id[g] for g in group_ids]
+            est = self._estimator.estimate_queue(
+                queue, fleet.instance(instance_id), busy.get(instance_id, 0.0)
+            )
+            waits.update(zip(est.request_ids, (float(t) for t in est.ttft_mean_s), strict=True))
+        return waits
+
+
+def _part_index(group_id: str) -> int:
+    tail = group_id.rpartition(".")[2]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
+    return PlannedGroup(
+        group.id,
+        group.model,
+        group.slo_class,
+        group.request_ids,
+        tuple(by_id[rid].prompt_tokens for rid in group.request_ids),
+        tuple(by_id[rid].max_output_tokens for rid in group.request_ids),
+        tuple(by_id[rid].slo_class for rid in group.request_ids),
+    )

@@ -1,0 +1,98 @@
+"""Fitting the step-time model to measured iteration times.
+
+`fit_step_time` takes measured iterations (batch composition -> seconds) and returns the
+non-negative least-squares StepTime that minimises the relative error, with its residuals.
+`splitwise_samples` turns rows of the Splitwise performance table (prompt time and time per
+output token by prompt size and batch size) into such samples. `qlm profile` (a later issue)
+will fit measurements of a live engine the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from qlm.engine.step import StepTime
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured iteration (or the mean of identical ones)."""
+
+    prefill_tokens: float
+    decode_seqs: float
+    context_tokens: float
+    iteration_s: float
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeFit:
+    step_time: StepTime
+    samples: int
+    rms_relative_error: float
+    max_relative_error: float
+
+
+def fit_step_time(samples: Sequence[StepSample]) -> StepTimeFit:
+    """Non-negative least squares on relative error (each row divided by its measurement)."""
+    if len(samples) < 4:
+        raise ValueError("fitting four coefficients needs at least four samples")
+    x = np.array(
+        [[1.0, s.prefill_tokens, s.decode_seqs, s.context_tokens] for s in samples], dtype=float
+    )
+    y = np.array([s.iteration_s for s in samples], dtype=float)
+    if np.any(y <= 0):
+        raise ValueError("measured iteration times must be > 0")
+    coef, _ = nnls(x / y[:, None], np.ones_like(y))
+    step = StepTime(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
+    rel = (x @ coef - y) / y
+    return StepTimeFit(
+        step_time=step,
+        samples=len(samples),
+        rms_relative_error=float(np.sqrt(np.mean(rel**2))),
+        max_relative_error=float(np.max(np.abs(rel))),
+    )
+
+
+def splitwise_samples(
+    rows: Iterable[Mapping[str, str]],
+    model: str,
+    hardware: str,
+    tensor_parallel: int,
+    max_prefill_tokens: int = 4096,
+) -> list[StepSample]:
+    """Median prompt and token times of one (model, hardware, TP) in the Splitwise table.
+
+    A prompt row (batch b of prompts of p tokens) is one iteration that prefills b*p tokens
+    with b*p tokens of context; rows above max_prefill_tokens are left out (chunked prefill
+    never runs larger iterations). A token row is a decode step of b sequences whose context
+    averages p + token_size / 2 tokens over the generation.
+    """
+    prompt: dict[tuple[int, int], list[float]] = defaultdict(list)
+    token: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    for row in rows:
+        if (row["model"], row["hardware"], int(row["tensor_parallel"])) != (
+            model,
+            hardware,
+            tensor_parallel,
+        ):
+            continue
+        p, b, t = int(row["prompt_size"]), int(row["batch_size"]), int(row["token_size"])
+        prompt[(p, b)].append(float(row["prompt_time"]) / 1000.0)
+        token[(p, b, t)].append(float(row["token_time"]) / 1000.0)
+    samples = [
+        StepSample(b * p, 0, b * p, statistics.median(v), f"prefill {b}x{p}")
+        for (p, b), v in sorted(prompt.items())
+        if b * p <= max_prefill_tokens
+    ]
+    samples += [
+        StepSample(0, b, b * (p + t / 2.0), statistics.median(v), f"decode b={b} p={p} t={t}")
+        for (p, b, t), v in sorted(token.items())
+    ]
+    return samples

@@ -1,0 +1,86 @@
+"""SimulatedEngine: the engine model behind the EngineClient protocol, on a virtual clock.
+
+The simulator owns the clock. It asks `next_event_at_s()` when the engine next changes on its
+own, moves the clock there (or to an earlier event of its own), calls `advance_to(now_s)` and
+reads what happened with `poll()` (which also advances to the clock's time). Operations
+(submit, abort, swap, load) act at the clock's current time. No text is produced: Finished
+carries the token count only. `profiles` may be a Fleet; only those of the instance's GPU type
+that fit it are used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from qlm.clock import VirtualClock
+from qlm.engine.client import EngineEvent, EngineObservation
+from qlm.engine.model import EngineConfig, EngineModel, EngineStats
+from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
+from qlm.engine.profile import Profile
+from qlm.types import Fleet, Instance, Request
+
+
+class SimulatedEngine:
+    """One engine instance in simulated time (EngineClient)."""
+
+    def __init__(
+        self,
+        instance: Instance,
+        profiles: Fleet | Iterable[Profile],
+        clock: VirtualClock,
+        config: EngineConfig | None = None,
+        output_length: str | OutputLengthPolicy = "cap",
+        seed: int = 0,
+    ) -> None:
+        self.clock = clock
+        self.model = EngineModel(instance, profiles, config, start_s=clock.now_s())
+        self._lengths = (
+            OUTPUT_LENGTHS.create(output_length, seed=seed)
+            if isinstance(output_length, str)
+            else output_length
+        )
+        self._events: list[EngineEvent] = []
+
+    @property
+    def instance_id(self) -> str:
+        return self.model.instance.id
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.model.stats
+
+    def next_event_at_s(self) -> float | None:
+        """When the engine next changes on its own; None when idle (see EngineModel)."""
+        return self.model.next_event_at_s()
+
+    def advance_to(self, now_s: float) -> None:
+        """Run the engine up to now_s; the events wait for poll()."""
+        self._events.extend(self.model.advance_to(now_s))
+
+    advance = advance_to
+
+    def observe(self) -> EngineObservation:
+        return self.model.observe(self.clock.now_s())
+
+    def submit(self, request: Request) -> None:
+        profile = self.model.profile
+        length = None if profile is None else self._lengths.output_tokens(request, profile)
+        self.model.add(request, self.clock.now_s(), output_tokens=length)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self.model.abort(request_ids, self.clock.now_s())
+
+    def swap_out(self, request_ids: Sequence[str]) -> None:
+        self.model.swap_out(request_ids, self.clock.now_s())
+
+    def swap_in(self, request_ids: Sequence[str]) -> None:
+        self.model.swap_in(request_ids, self.clock.now_s())
+
+    def load_model(self, model: str) -> None:
+        self.model.load(model, self.clock.now_s())
+
+    def poll(self) -> list[EngineEvent]:
+        """Events up to the clock's current time, in the order they happened."""
+        self.advance_to(self.clock.now_s())
+        events, self._events = self._events, []
+        return events

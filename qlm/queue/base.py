@@ -1,0 +1,137 @@
+"""The GlobalQueue protocol: one queue for the whole fleet, in memory or in Redis.
+
+Every state change is atomic in the implementation (a lock in memory, a Lua script in Redis), so
+a request is never lost or held by two instances. Times come from the caller's Clock, never from
+the queue's host. Implementations: `memory` (the embedded default) and `redis`; one contract
+suite (tests/queue/test_contract.py) runs against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Protocol
+
+from qlm.queue.records import (
+    InstanceStatus,
+    PublishedPlan,
+    RequestRecord,
+    RequestResult,
+    StreamEvent,
+)
+from qlm.types import Request, RequestState
+
+
+class QueueError(RuntimeError):
+    """A queue operation was refused."""
+
+
+class DuplicateRequestError(QueueError):
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request {request_id!r} already exists")
+
+
+class QueueFullError(QueueError):
+    """The queue holds its configured maximum; retry later."""
+
+
+class UnknownRequestError(QueueError, KeyError):
+    """No request with this id (never enqueued, or its finished record has expired)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"unknown request {request_id!r}")
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class GlobalQueue(Protocol):
+    async def enqueue(self, request: Request) -> None:
+        """Store a QUEUED request. DuplicateRequestError if the id exists."""
+        ...
+
+    async def get(self, request_id: str) -> RequestRecord | None: ...
+
+    async def queued(self) -> tuple[Request, ...]:
+        """Every QUEUED request, in arrival order (the control loop's snapshot)."""
+        ...
+
+    async def in_flight(self) -> tuple[RequestRecord, ...]:
+        """Every DISPATCHED or RUNNING request with its holder and lease."""
+        ...
+
+    async def counts(self) -> Mapping[RequestState, int]: ...
+
+    async def pull(
+        self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
+    ) -> tuple[Request, ...]:
+        """Atomically move the listed requests that are still QUEUED to DISPATCHED, held by
+        instance_id with a lease; returns those moved (the rest were taken or cancelled)."""
+        ...
+
+    async def mark_running(self, request_id: str, instance_id: str) -> bool:
+        """DISPATCHED -> RUNNING on the first token, if instance_id holds it."""
+        ...
+
+    async def renew_leases(
+        self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
+    ) -> None: ...
+
+    async def requeue(
+        self, instance_id: str, request_ids: Sequence[str], evicted: bool, now_s: float
+    ) -> tuple[str, ...]:
+        """Return requests held by instance_id to QUEUED (an eviction counts when evicted);
+        emits a REQUEUED stream event for each; returns those moved."""
+        ...
+
+    async def expire_leases(self, now_s: float) -> tuple[str, ...]:
+        """Requeue every DISPATCHED or RUNNING request whose lease ran out."""
+        ...
+
+    async def complete(self, result: RequestResult) -> bool:
+        """Record the final result if result.instance_id holds the request and it is not
+        terminal; emits the DONE stream event. False (and no change) otherwise: a result is
+        recorded exactly once."""
+        ...
+
+    async def cancel(self, request_id: str, now_s: float) -> bool:
+        """Cancel a request that is not terminal; emits DONE with a CANCELLED result."""
+        ...
+
+    async def annotate(self, plan: PublishedPlan) -> None:
+        """Record each queued request's group and predicted wait from a plan."""
+        ...
+
+    async def publish_plan(self, plan: PublishedPlan) -> PublishedPlan:
+        """Store the plan under the next epoch and return it with that epoch."""
+        ...
+
+    async def current_plan(self) -> PublishedPlan | None: ...
+
+    async def emit(self, event: StreamEvent) -> None:
+        """Append to a request's output stream."""
+        ...
+
+    def stream(self, request_id: str, timeout_s: float | None = None) -> AsyncIterator[StreamEvent]:
+        """Every event of a request's output stream from its start; ends after DONE. Raises
+        TimeoutError when nothing arrives for timeout_s."""
+        ...
+
+    async def wait_for_change(self, timeout_s: float) -> bool:
+        """Block until something was enqueued, requeued, cancelled or completed since the
+        last call (True), or timeout_s passed (False). For the control loop."""
+        ...
+
+    async def report_instance(self, status: InstanceStatus) -> None:
+        """Store an agent's latest status of its instance (replaces the previous one)."""
+        ...
+
+    async def instances(self) -> tuple[InstanceStatus, ...]:
+        """The latest status of every instance that reported, by instance id."""
+        ...
+
+    async def try_lead(self, node_id: str, lease_s: float) -> bool:
+        """Take or renew the leader lease; True while node_id leads."""
+        ...
+
+    async def close(self) -> None: ...

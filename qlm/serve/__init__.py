@@ -1,0 +1,1 @@
+"""The live control plane's processes: API, controller and agents, together or apart."""

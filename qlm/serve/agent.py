@@ -1,0 +1,255 @@
+"""The live agent: one per instance. Each round it turns engine events into queue updates,
+reconciles the published plan against the engine (the pure step in qlm/agents/reconcile.py)
+and applies the resulting LSOs. All decisions are the reconcile step's; this file is I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
+from qlm.agents.drain import drain_estimate_s
+from qlm.agents.reconcile import QueuedItem, QueueHead, ReconcileInput, reconcile
+from qlm.clock import Clock
+from qlm.engine.client import (
+    Aborted,
+    EngineClient,
+    EngineEvent,
+    EngineFailed,
+    Finished,
+    FirstToken,
+    ModelLoaded,
+    TokenChunk,
+)
+from qlm.queue.base import GlobalQueue
+from qlm.queue.records import (
+    InstanceStatus,
+    PublishedPlan,
+    RequestResult,
+    StreamEvent,
+    StreamKind,
+)
+from qlm.serve.config import AgentSettings
+from qlm.types import Fleet, Instance, Request, RequestState
+
+log = logging.getLogger("qlm.agent")
+
+
+@dataclass
+class _Held:
+    """A request this agent pulled and its engine runs."""
+
+    request: Request
+    dispatched_at_s: float
+    attempt: int
+    sent_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AgentCounters:
+    pulled: int = 0
+    completed: int = 0
+    evictions: int = 0
+    swaps: int = 0
+    requeued: int = 0
+
+
+class Agent:
+    def __init__(
+        self,
+        instance: Instance,
+        engine: EngineClient,
+        queue: GlobalQueue,
+        fleet: Fleet,
+        clock: Clock,
+        settings: AgentSettings,
+        priority: Mapping[str, int],
+    ) -> None:
+        self.instance = instance
+        self.engine = engine
+        self.queue = queue
+        self.fleet = fleet
+        self.clock = clock
+        self.settings = settings
+        self.priority = dict(priority)
+        self.counters = AgentCounters()
+        self._held: dict[str, _Held] = {}
+        self._evicting: set[str] = set()
+        self._taken: set[str] = set()  # planned ids that another instance got first
+        self._epoch = -1
+        self._last_renew_s = 0.0
+        self._last_status_s = -1e18
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:  # a failed round must not kill the agent
+                log.exception("agent %s: round failed", self.instance.id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.poll_s)
+
+    async def step(self) -> tuple[Action, ...]:
+        """One round: events, reconcile, apply, leases, status."""
+        await self._handle(self.engine.poll())
+        plan = await self.queue.current_plan()
+        actions: tuple[Action, ...] = ()
+        if plan is not None:
+            if plan.epoch != self._epoch:
+                self._epoch, self._taken = plan.epoch, set()
+            actions = reconcile(
+                ReconcileInput(self.engine.observe(), self._heads(plan), self.priority),
+                self.settings.reconcile_options(),
+            )
+            await self._apply(actions)
+        await self._housekeeping()
+        return actions
+
+    def _heads(self, plan: PublishedPlan) -> tuple[QueueHead, ...]:
+        heads = []
+        for group in plan.queue_of(self.instance.id):
+            n = len(group.request_ids)
+            prompts = group.prompt_tokens or (1,) * n
+            outputs = group.max_output_tokens or (1,) * n
+            classes = group.slo_classes or (group.slo_class,) * n
+            items = tuple(
+                QueuedItem(rid, p, o, c)
+                for rid, p, o, c in zip(group.request_ids, prompts, outputs, classes, strict=True)
+                if rid not in self._taken and rid not in self._held
+            )
+            heads.append(QueueHead(group.group_id, group.model, group.slo_class, items))
+        return tuple(heads)
+
+    async def _apply(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Pull):
+                await self._pull(action.request_ids)
+            elif isinstance(action, Evict):
+                self._evict(action.request_ids)
+            elif isinstance(action, LoadModel):
+                self._evict(tuple(self._held))
+                self.engine.load_model(action.model)
+                self.counters.swaps += 1
+            elif isinstance(action, SwapKv):
+                if action.direction is KvDirection.TO_CPU:
+                    self.engine.swap_out(action.request_ids)
+                    self.counters.evictions += len(action.request_ids)
+                else:
+                    self.engine.swap_in(action.request_ids)
+
+    async def _pull(self, request_ids: Sequence[str]) -> None:
+        now_s = self.clock.now_s()
+        got = await self.queue.pull(self.instance.id, request_ids, self.settings.lease_s, now_s)
+        got_ids = {r.id for r in got}
+        self._taken.update(rid for rid in request_ids if rid not in got_ids)
+        records = await asyncio.gather(*(self.queue.get(r.id) for r in got))
+        for request, record in zip(got, records, strict=True):
+            attempt = record.dispatches if record is not None else 1
+            self._held[request.id] = _Held(request, now_s, attempt)
+            self.engine.submit(request)
+        self.counters.pulled += len(got)
+
+    def _evict(self, request_ids: Sequence[str]) -> None:
+        ids = [rid for rid in request_ids if rid in self._held and rid not in self._evicting]
+        if ids:
+            self._evicting.update(ids)
+            self.engine.abort(ids)
+
+    async def _handle(self, events: Sequence[EngineEvent]) -> None:
+        for event in events:
+            if isinstance(event, FirstToken):
+                if event.request_id in self._held:
+                    await self.queue.mark_running(event.request_id, self.instance.id)
+            elif isinstance(event, TokenChunk):
+                await self._chunk(event)
+            elif isinstance(event, Finished):
+                await self._finished(event)
+            elif isinstance(event, Aborted):
+                await self._aborted(event)
+            elif isinstance(event, EngineFailed):
+                await self._requeue(list(self._held), evicted=False)
+            elif isinstance(event, ModelLoaded):
+                log.info(
+                    "agent %s: %s loaded in %.1f s", self.instance.id, event.model, event.load_s
+                )
+
+    async def _chunk(self, event: TokenChunk) -> None:
+        held = self._held.get(event.request_id)
+        if held is None:
+            return
+        await self.queue.emit(
+            StreamEvent(
+                event.request_id,
+                StreamKind.TOKENS,
+                held.attempt,
+                event.at_s,
+                text=event.text,
+                num_tokens=event.num_tokens,
+                offset_tokens=held.sent_tokens,
+            )
+        )
+        held.sent_tokens += event.num_tokens
+        held.text.append(event.text)
+
+    async def _finished(self, event: Finished) -> None:
+        held = self._held.pop(event.request_id, None)
+        if held is None:
+            return
+        result = RequestResult(
+            request_id=event.request_id,
+            state=RequestState.COMPLETED,
+            instance_id=self.instance.id,
+            text=event.text or "".join(held.text),
+            output_tokens=event.output_tokens,
+            finish_reason=event.finish_reason,
+            dispatched_at_s=held.dispatched_at_s,
+            first_token_at_s=event.first_token_at_s,
+            finished_at_s=event.at_s,
+        )
+        if await self.queue.complete(result):
+            self.counters.completed += 1
+
+    async def _aborted(self, event: Aborted) -> None:
+        evicted = event.request_id in self._evicting
+        self._evicting.discard(event.request_id)
+        if event.request_id in self._held:
+            await self._requeue([event.request_id], evicted=evicted)
+
+    async def _requeue(self, request_ids: Sequence[str], *, evicted: bool) -> None:
+        for rid in request_ids:
+            self._held.pop(rid, None)
+        moved = await self.queue.requeue(self.instance.id, request_ids, evicted, self.clock.now_s())
+        self.counters.requeued += len(moved)
+        if evicted:
+            self.counters.evictions += len(moved)
+
+    async def _housekeeping(self) -> None:
+        now_s = self.clock.now_s()
+        if self._held and now_s - self._last_renew_s >= self.settings.lease_s / 3:
+            await self.queue.renew_leases(
+                self.instance.id, list(self._held), self.settings.lease_s, now_s
+            )
+            self._last_renew_s = now_s
+        if now_s - self._last_status_s >= self.settings.status_every_s:
+            await self.queue.report_instance(self.status(now_s))
+            self._last_status_s = now_s
+
+    def status(self, now_s: float) -> InstanceStatus:
+        obs = self.engine.observe()
+        profile = self.fleet.profile(obs.model, self.instance) if obs.model else None
+        return InstanceStatus(
+            instance_id=self.instance.id,
+            state=str(obs.state),
+            model=obs.model,
+            busy_s=drain_estimate_s(obs, profile),
+            running=len(obs.active),
+            kv_used_tokens=obs.kv_used_tokens,
+            kv_capacity_tokens=obs.kv_capacity_tokens,
+            at_s=now_s,
+            swaps=self.counters.swaps,
+            evictions=self.counters.evictions,
+        )

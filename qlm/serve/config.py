@@ -1,0 +1,163 @@
+"""The fleet file (`qlm serve --config FLEET.yaml`): one validated model for the whole live
+control plane. Errors name file, line and field (qlm.config.load_yaml_model). Nothing here
+reads the environment; secrets such as a Redis password travel in the queue URL, which the
+command line may take from an environment variable named in the file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from qlm.agents.reconcile import ReconcileOptions
+from qlm.config import QlmConfig
+from qlm.engine.profile import GIB, Profile
+from qlm.snapshot import ProfileSpec
+from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QueueSettings(_Strict):
+    url: str | None = Field(
+        default=None,
+        description="redis://[:password@]host:port/db, rediss:// for TLS; none = in-memory.",
+    )
+    url_env: str | None = Field(
+        default=None, description="Name of an environment variable holding the URL (secrets)."
+    )
+    key_prefix: str = Field(default="qlm", min_length=1, description="Redis key namespace.")
+
+
+class ApiServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port.")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    completion_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class ControllerSettings(_Strict):
+    tick_s: float = Field(default=1.0, gt=0, description="Re-check the plan at least this often.")
+    leader_lease_s: float = Field(default=5.0, gt=0, description="Leader lease in Redis.")
+    node_id: str | None = Field(default=None, description="Leader-election id; default random.")
+
+
+class AgentSettings(_Strict):
+    poll_s: float = Field(default=0.02, gt=0, description="Agent loop period.")
+    lease_s: float = Field(
+        default=30.0, gt=0, description="A pulled request returns to the queue if not renewed."
+    )
+    status_every_s: float = Field(default=0.5, gt=0, description="Instance status report period.")
+    allow_evict: bool = True
+    allow_model_swap: bool = True
+    allow_kv_swap: bool = True
+
+    def reconcile_options(self) -> ReconcileOptions:
+        return ReconcileOptions(
+            allow_evict=self.allow_evict,
+            allow_model_swap=self.allow_model_swap,
+            allow_kv_swap=self.allow_kv_swap,
+        )
+
+
+class EngineSettings(_Strict):
+    kind: Literal["emulated", "vllm"] = "emulated"
+    speedup: float = Field(default=1.0, gt=0, le=1000, description="Emulated engines only.")
+    seed: int = 0
+    output_length: Literal["profile", "cap"] = Field(
+        default="profile",
+        description="Emulated engines: draw output lengths from the profile (capped by "
+        "max_tokens) or always generate max_tokens.",
+    )
+    vllm: dict[str, object] = Field(
+        default_factory=dict, description="VllmEngineConfig fields (vllm engines only)."
+    )
+
+
+class ModelSettings(_Strict):
+    name: str = Field(min_length=1)
+    max_context_tokens: int = Field(default=8192, ge=16)
+
+
+class InstanceSettings(_Strict):
+    id: str = Field(min_length=1, description="Id; with count > 1, -0, -1, ... are appended.")
+    gpu_type: str = Field(min_length=1)
+    gpu_count: int = Field(default=1, ge=1)
+    model: str | None = Field(default=None, description="Model loaded at start.")
+    count: int = Field(default=1, ge=1, le=10_000)
+
+
+class ServeConfig(_Strict):
+    qlm: QlmConfig = Field(default_factory=QlmConfig)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    api: ApiServerSettings = Field(default_factory=ApiServerSettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    gpu_memory_gib: dict[str, float] = Field(
+        default_factory=dict, description="Extra or overridden GPU types: name -> GiB per GPU."
+    )
+    packaged_profiles: bool = Field(
+        default=True, description="Start from the profiles shipped in qlm/engine/profiles."
+    )
+    profiles: tuple[ProfileSpec, ...] = Field(
+        default=(), description="Inline profiles; they override packaged ones."
+    )
+    models: tuple[ModelSettings, ...] = Field(min_length=1)
+    instances: tuple[InstanceSettings, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> ServeConfig:
+        names = [m.name for m in self.models]
+        if len(names) != len(set(names)):
+            raise ValueError("models: names must be unique")
+        for i, inst in enumerate(self.instances):
+            if inst.gpu_type not in self._gpu_memory():
+                raise ValueError(
+                    f"instances.{i}.gpu_type: {inst.gpu_type!r} unknown; "
+                    f"known: {sorted(self._gpu_memory())} (add it under gpu_memory_gib)"
+                )
+            if inst.model is not None and inst.model not in names:
+                raise ValueError(f"instances.{i}.model: {inst.model!r} is not in models")
+        ids = [i.id for i in self.instance_list()]
+        if len(ids) != len(set(ids)):
+            raise ValueError("instances: ids must be unique")
+        return self
+
+    def _gpu_memory(self) -> dict[str, int]:
+        memory = {name: g.memory_bytes for name, g in DEFAULT_GPU_TYPES.items()}
+        memory.update({name: int(gib * GIB) for name, gib in self.gpu_memory_gib.items()})
+        return memory
+
+    def instance_list(self) -> list[Instance]:
+        return list(self._instances())
+
+    def _instances(self) -> Iterator[Instance]:
+        memory = self._gpu_memory()
+        for spec in self.instances:
+            for k in range(spec.count):
+                inst_id = spec.id if spec.count == 1 else f"{spec.id}-{k}"
+                yield Instance(
+                    inst_id, spec.gpu_type, spec.gpu_count, memory[spec.gpu_type], spec.model
+                )
+
+    def profile_list(self) -> list[Profile]:
+        models = {m.name for m in self.models}
+        found: dict[tuple[str, str], Profile] = {}
+        if self.packaged_profiles:
+            from qlm.engine.library import packaged_profiles
+
+            found.update({p.key: p for p in packaged_profiles() if p.model in models})
+        found.update(
+            {(p.model, p.gpu_type): p.to_profile() for p in self.profiles if p.model in models}
+        )
+        return list(found.values())
+
+    def fleet(self) -> Fleet:
+        return Fleet.of(self.instance_list(), self.profile_list())
+
+    def max_context_tokens(self) -> dict[str, int]:
+        return {m.name: m.max_context_tokens for m in self.models}

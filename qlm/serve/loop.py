@@ -1,0 +1,147 @@
+"""The live control loop: on arrivals and on a tick, snapshot the queue, let the Controller
+(qlm/control/controller.py, the same step the simulator runs) decide whether to re-plan, and
+publish. Only the leader plans (a lease in the queue); a failed solve keeps the last good plan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from qlm.clock import Clock
+from qlm.config import QlmConfig
+from qlm.control import Controller, InstanceView
+from qlm.queue.base import GlobalQueue
+from qlm.queue.records import InstanceStatus, PublishedPlan
+from qlm.serve.config import ControllerSettings
+from qlm.types import Fleet, Request
+
+log = logging.getLogger("qlm.controller")
+
+
+@dataclass
+class LoopCounters:
+    rounds: int = 0
+    replans: int = 0
+    inserts: int = 0
+    failures: int = 0
+    expired: int = 0
+    leading: bool = False
+    last_solve_s: float = 0.0
+    last_status: str = ""
+
+
+class ControlLoop:
+    def __init__(
+        self,
+        config: QlmConfig,
+        fleet: Fleet,
+        queue: GlobalQueue,
+        clock: Clock,
+        settings: ControllerSettings,
+    ) -> None:
+        self.controller = Controller(config, fleet, clock)
+        self.fleet = fleet
+        self.queue = queue
+        self.clock = clock
+        self.settings = settings
+        self.node_id = settings.node_id or f"controller-{uuid.uuid4().hex[:8]}"
+        self.counters = LoopCounters()
+        self._planned_ids: set[str] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:
+                self.counters.failures += 1
+                log.exception("control loop round failed; the last plan stays")
+            await self.queue.wait_for_change(self.settings.tick_s)
+
+    async def step(self) -> PublishedPlan | None:
+        self.counters.rounds += 1
+        leading = await self.queue.try_lead(self.node_id, self.settings.leader_lease_s)
+        self.counters.leading = leading
+        if not leading:
+            return None
+        now_s = self.clock.now_s()
+        self.counters.expired += len(await self.queue.expire_leases(now_s))
+        queued = await self.queue.queued()
+        views = self._views(await self.queue.instances())
+        plan = self._insert_arrivals(queued, now_s)
+        reason = self.controller.needs_replan(queued, views, now_s)
+        if reason.needed:
+            plan = self._replan(queued, views, now_s, reason.why)
+        if plan is None:
+            return None
+        published = await self.queue.publish_plan(_still_queued(plan, queued))
+        await self.queue.annotate(published)
+        return published
+
+    def _insert_arrivals(self, queued: Sequence[Request], now_s: float) -> PublishedPlan | None:
+        plan = None
+        if self.controller.plan is None:
+            return None
+        for request in queued:
+            if request.id in self._planned_ids:
+                continue
+            updated = self.controller.on_arrival(request, now_s)
+            if updated is None:
+                break  # not insertable: needs_replan will ask for a full re-plan
+            self._planned_ids.add(request.id)
+            self.counters.inserts += 1
+            plan = updated
+        return plan
+
+    def _replan(
+        self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float, why: str
+    ) -> PublishedPlan | None:
+        try:
+            plan = self.controller.replan(queued, views, now_s)
+        except Exception:
+            self.counters.failures += 1
+            log.exception("re-plan failed (%s); keeping the last good plan", why)
+            return None
+        self.counters.replans += 1
+        solve = self.controller.last_solve
+        if solve is not None:
+            self.counters.last_solve_s = solve.solve_wall_s
+            self.counters.last_status = str(solve.status)
+        self._planned_ids = {r.id for r in queued}
+        log.debug("re-planned (%s): epoch %d", why, plan.epoch)
+        return plan
+
+    def _views(self, statuses: Sequence[InstanceStatus]) -> list[InstanceView]:
+        by_id = {s.instance_id: s for s in statuses}
+        views = []
+        for instance in self.fleet.instances:
+            status = by_id.get(instance.id)
+            if status is None:
+                views.append(InstanceView(instance.id, instance.loaded_model, 0.0))
+            else:
+                views.append(InstanceView(instance.id, status.model, status.busy_s))
+        return views
+
+
+def _still_queued(plan: PublishedPlan, queued: Sequence[Request]) -> PublishedPlan:
+    """The plan without members that already left the queue, so agents do not walk (and try
+    to pull) requests that other instances took or that finished."""
+    queued_ids = {r.id for r in queued}
+    groups = {}
+    for gid, group in plan.groups.items():
+        keep = [i for i, rid in enumerate(group.request_ids) if rid in queued_ids]
+        if len(keep) == len(group.request_ids):
+            groups[gid] = group
+            continue
+        groups[gid] = replace(
+            group,
+            request_ids=tuple(group.request_ids[i] for i in keep),
+            prompt_tokens=tuple(group.prompt_tokens[i] for i in keep if group.prompt_tokens),
+            max_output_tokens=tuple(
+                group.max_output_tokens[i] for i in keep if group.max_output_tokens
+            ),
+            slo_classes=tuple(group.slo_classes[i] for i in keep if group.slo_classes),
+        )
+    return replace(plan, groups=groups)

@@ -1,0 +1,187 @@
+"""Wiring for the live processes: queue, engines, agents, control loop and API, together
+(`qlm serve`) or one at a time (`qlm api`, `qlm controller`, `qlm agent`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import uvicorn
+
+from qlm.api.app import create_app
+from qlm.api.settings import ApiSettings, ModelInfo
+from qlm.clock import Clock, WallClock
+from qlm.engine.client import EngineClient
+from qlm.queue.base import GlobalQueue
+from qlm.queue.factory import make_queue
+from qlm.registry import Registry
+from qlm.serve.agent import Agent
+from qlm.serve.config import ServeConfig
+from qlm.serve.loop import ControlLoop
+from qlm.types import Fleet, Instance
+
+log = logging.getLogger("qlm.serve")
+
+
+class LiveEngine(EngineClient, Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+EngineFactory = Callable[[ServeConfig, Instance, Fleet, Clock], LiveEngine]
+ENGINE_KINDS: Registry[LiveEngine] = Registry("engine")
+
+
+@ENGINE_KINDS.register("emulated")
+def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
+    from qlm.engine.emulated import EmulatedEngine
+
+    engine: LiveEngine = EmulatedEngine(
+        instance,
+        fleet.profiles.values(),
+        clock,
+        speedup=config.engine.speedup,
+        seed=config.engine.seed,
+        output_length=config.engine.output_length,
+    )
+    return engine
+
+
+@ENGINE_KINDS.register("vllm")
+def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
+    from qlm.engine.vllm import VllmEngine, VllmEngineConfig
+
+    engine: LiveEngine = VllmEngine(
+        instance, VllmEngineConfig.model_validate(config.engine.vllm), clock
+    )
+    return engine
+
+
+def queue_url(config: ServeConfig) -> str | None:
+    """The queue URL: from the environment variable the file names, else from the file."""
+    if config.queue.url_env:
+        return os.environ.get(config.queue.url_env) or config.queue.url
+    return config.queue.url
+
+
+def open_queue(config: ServeConfig) -> GlobalQueue:
+    return make_queue(queue_url(config), key_prefix=config.queue.key_prefix)
+
+
+def api_settings(config: ServeConfig) -> ApiSettings:
+    models = {
+        name: ModelInfo(max_context_tokens=n) for name, n in config.max_context_tokens().items()
+    }
+    return ApiSettings.from_config(
+        config.qlm,
+        models,
+        max_body_bytes=config.api.max_body_bytes,
+        completion_timeout_s=config.api.completion_timeout_s,
+    )
+
+
+@dataclass
+class Plane:
+    """A running control plane (or a part of one) and how to stop it."""
+
+    queue: GlobalQueue
+    fleet: Fleet
+    agents: list[Agent] = field(default_factory=list)
+    engines: list[LiveEngine] = field(default_factory=list)
+    loop: ControlLoop | None = None
+    server: uvicorn.Server | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def port(self) -> int | None:
+        if self.server is None or not self.server.servers:
+            return None
+        sockets = self.server.servers[0].sockets
+        return int(sockets[0].getsockname()[1]) if sockets else None
+
+
+async def _start_api(plane: Plane, config: ServeConfig, clock: Clock) -> None:
+    app = create_app(api_settings(config), plane.queue, clock)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.api.host,
+            port=config.api.port,
+            log_level="warning",
+            lifespan="on",
+            http="httptools",
+            access_log=False,
+        )
+    )
+    plane.server = server
+    plane.tasks.append(asyncio.create_task(server.serve()))
+    while not server.started:
+        if plane.tasks[-1].done():
+            plane.tasks[-1].result()  # raises the server's startup error
+        await asyncio.sleep(0.01)
+
+
+async def _start_agents(
+    plane: Plane, config: ServeConfig, clock: Clock, only: Sequence[str] | None
+) -> None:
+    priority = {c.name: c.priority for c in config.qlm.slo_classes}
+    for instance in plane.fleet.instances:
+        if only is not None and instance.id not in only:
+            continue
+        engine = ENGINE_KINDS.create(config.engine.kind, config, instance, plane.fleet, clock)
+        plane.engines.append(engine)
+        agent = Agent(instance, engine, plane.queue, plane.fleet, clock, config.agent, priority)
+        plane.agents.append(agent)
+    await asyncio.gather(*(e.start() for e in plane.engines))
+    for agent in plane.agents:
+        plane.tasks.append(asyncio.create_task(agent.run(plane.stop)))
+
+
+@contextlib.asynccontextmanager
+async def running_plane(
+    config: ServeConfig,
+    *,
+    clock: Clock | None = None,
+    api: bool = True,
+    controller: bool = True,
+    agents: bool | Sequence[str] = True,
+) -> AsyncIterator[Plane]:
+    """Start the chosen parts; stop them all on exit (engines closed, server shut down)."""
+    clock = clock or WallClock()
+    plane = Plane(open_queue(config), config.fleet())
+    try:
+        if agents:
+            only = None if agents is True else list(agents)
+            await _start_agents(plane, config, clock, only)
+        if controller:
+            plane.loop = ControlLoop(config.qlm, plane.fleet, plane.queue, clock, config.controller)
+            plane.tasks.append(asyncio.create_task(plane.loop.run(plane.stop)))
+        if api:
+            await _start_api(plane, config, clock)
+        yield plane
+    finally:
+        await _shutdown(plane)
+
+
+async def _shutdown(plane: Plane) -> None:
+    plane.stop.set()
+    if plane.server is not None:
+        plane.server.should_exit = True
+    for task in plane.tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, 10.0)
+    await asyncio.gather(*(e.close() for e in plane.engines), return_exceptions=True)
+    await plane.queue.close()
+
+
+async def serve_forever(config: ServeConfig, **parts: bool) -> None:
+    async with running_plane(config, **parts) as plane:  # type: ignore[arg-type]
+        log.info("qlm running; api port %s", plane.port)
+        await plane.stop.wait()

@@ -1,0 +1,1 @@
+"""The discrete-event simulator: the production policy code on a virtual clock."""

@@ -1,0 +1,17 @@
+"""Scheduling policies for the simulator, registered by name in SIM_POLICIES (README.md)."""
+
+from qlm.sim.policies import edf, fcfs, llmd, qlm, shepherd
+from qlm.sim.policies.base import SIM_POLICIES, BasePolicy, SimContext, SimPolicy, make_policy
+
+__all__ = [
+    "SIM_POLICIES",
+    "BasePolicy",
+    "SimContext",
+    "SimPolicy",
+    "edf",
+    "fcfs",
+    "llmd",
+    "make_policy",
+    "qlm",
+    "shepherd",
+]

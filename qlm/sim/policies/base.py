@@ -1,0 +1,234 @@
+"""The simulator's policy extension point: who serves which request, when, on which instance?
+
+A policy sees the simulation through a `SimContext` and answers each happening (an arrival, a
+batch of engine events, requests returned to the global queue, one of its own timers) with
+LSOs (`qlm.agents.actions`: Pull, Evict, SwapKv, LoadModel) that the runner applies to the
+engines. Policies are registered by name in `SIM_POLICIES`; see README.md for each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from qlm.agents.actions import Action
+from qlm.clock import Clock
+from qlm.config import QlmConfig
+from qlm.engine.client import (
+    Aborted,
+    EngineEvent,
+    EngineObservation,
+    Finished,
+    FirstToken,
+    ModelLoaded,
+    TokenChunk,
+)
+from qlm.engine.profile import Profile
+from qlm.registry import Registry
+from qlm.types import Fleet, Instance, Request
+
+Actions = Sequence[Action]
+NO_ACTIONS: tuple[Action, ...] = ()
+
+
+class SimContext(Protocol):
+    """What a policy may read and ask for. The runner implements it; state changes only
+    through the actions a policy returns."""
+
+    @property
+    def fleet(self) -> Fleet: ...
+
+    @property
+    def config(self) -> QlmConfig: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def queued(self) -> Mapping[str, Request]:
+        """The global queue: arrived requests in no engine, in the order they (re)joined it."""
+        ...
+
+    def observe(self, instance_id: str) -> EngineObservation:
+        """The engine's state now (brought up to the current virtual time first)."""
+        ...
+
+    def held(self, instance_id: str) -> int:
+        """Requests admitted to the instance's engine that have not ended there."""
+        ...
+
+    def model_of(self, instance_id: str) -> str | None:
+        """The instance's model: the one loaded, or the one it is loading."""
+        ...
+
+    def loading(self, instance_id: str) -> bool: ...
+
+    def max_num_seqs(self, instance_id: str) -> int:
+        """Sequences the instance's engine runs at once with its current model."""
+        ...
+
+    def rng(self, component: str) -> np.random.Generator:
+        """This run's seeded stream for a named component."""
+        ...
+
+    def call_at(self, at_s: float, tag: str) -> None:
+        """Call the policy's on_timer(tag) at virtual time at_s."""
+        ...
+
+
+class SimPolicy(Protocol):
+    """One scheduling policy. Every hook returns the actions to apply now, in order."""
+
+    name: str
+
+    def start(self, ctx: SimContext) -> Actions: ...
+
+    def on_arrival(self, request: Request) -> Actions: ...
+
+    def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions: ...
+
+    def on_requeued(self, requests: Sequence[Request]) -> Actions:
+        """Requests evicted or dropped by an engine are back in the global queue."""
+        ...
+
+    def on_timer(self, tag: str) -> Actions: ...
+
+    def stats(self) -> Mapping[str, float]:
+        """Deterministic counters for SimResult.policy_stats (replans, ...)."""
+        ...
+
+    def wall_s(self) -> float:
+        """Wall time the policy spent planning (not part of the deterministic result)."""
+        ...
+
+
+SIM_POLICIES: Registry[SimPolicy] = Registry("simulator")
+
+
+def make_policy(name: str, **options: object) -> SimPolicy:
+    """The registered policy `name` (options go to its constructor); an unknown name lists
+    the known ones."""
+    return SIM_POLICIES.create(name, **options)
+
+
+class BasePolicy:
+    """No-op hooks and the context, so a policy overrides only what it decides."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self._ctx: SimContext | None = None
+
+    @property
+    def ctx(self) -> SimContext:
+        if self._ctx is None:
+            raise RuntimeError(f"policy {self.name!r} used before start()")
+        return self._ctx
+
+    def start(self, ctx: SimContext) -> Actions:
+        self._ctx = ctx
+        return NO_ACTIONS
+
+    def on_arrival(self, request: Request) -> Actions:
+        return NO_ACTIONS
+
+    def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
+        return NO_ACTIONS
+
+    def on_requeued(self, requests: Sequence[Request]) -> Actions:
+        return NO_ACTIONS
+
+    def on_timer(self, tag: str) -> Actions:
+        return NO_ACTIONS
+
+    def stats(self) -> Mapping[str, float]:
+        return {}
+
+    def wall_s(self) -> float:
+        return 0.0
+
+    # Helpers shared by the baselines.
+
+    def now_s(self) -> float:
+        return self.ctx.clock.now_s()
+
+    def instances_of(self, model: str) -> tuple[Instance, ...]:
+        """Instances whose model (loaded or loading) is `model`, in fleet order."""
+        ctx = self.ctx
+        return tuple(i for i in ctx.fleet.instances if ctx.model_of(i.id) == model)
+
+    def ready_with_room(self, instance: Instance) -> bool:
+        """Loaded, not loading, and fewer requests held than the engine runs at once."""
+        ctx = self.ctx
+        return (
+            ctx.model_of(instance.id) is not None
+            and not ctx.loading(instance.id)
+            and ctx.held(instance.id) < ctx.max_num_seqs(instance.id)
+        )
+
+    def profile_on(self, instance_id: str) -> Profile | None:
+        ctx = self.ctx
+        model = ctx.model_of(instance_id)
+        if model is None:
+            return None
+        return ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
+
+
+def frees_capacity(events: Sequence[EngineEvent]) -> bool:
+    """True when an event batch may have freed room in the engine (anything but first
+    tokens and streamed chunks)."""
+    return any(not isinstance(e, FirstToken | TokenChunk) for e in events)
+
+
+def kv_need_tokens(request: Request) -> int:
+    """KV a request reserves at admission: its prompt plus its whole output cap (the budget
+    QLM's agents use by default, so no policy with a global queue has an unfair one)."""
+    return request.prompt_tokens + request.max_output_tokens
+
+
+class AdmissionBook:
+    """What a policy has admitted to each engine and the KV it reserved there.
+
+    An engine admits a request while it has a free sequence slot and KV room for
+    `kv_need_tokens` (an empty engine always takes one). Kept from the policy's own pulls and
+    the engines' Finished/Aborted events, so no engine needs observing per decision.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, dict[str, int]] = {}  # instance -> request id -> KV reserved
+        self._reserved: dict[str, int] = {}
+        self._capacity: dict[str, tuple[int, int]] = {}  # instance -> (seqs, KV tokens)
+
+    def refresh(self, ctx: SimContext, instance_id: str) -> None:
+        """Read the engine's limits (at start and after a model load)."""
+        obs = ctx.observe(instance_id)
+        self._capacity[instance_id] = (obs.max_num_seqs, obs.kv_capacity_tokens)
+        self._held.setdefault(instance_id, {})
+        self._reserved.setdefault(instance_id, 0)
+
+    def held(self, instance_id: str) -> int:
+        return len(self._held[instance_id])
+
+    def free_kv_tokens(self, instance_id: str) -> int:
+        return self._capacity[instance_id][1] - self._reserved[instance_id]
+
+    def fits(self, instance_id: str, request: Request) -> bool:
+        held = self._held[instance_id]
+        max_seqs, _ = self._capacity[instance_id]
+        if len(held) >= max_seqs:
+            return False
+        return not held or kv_need_tokens(request) <= self.free_kv_tokens(instance_id)
+
+    def admit(self, instance_id: str, request: Request) -> None:
+        need = kv_need_tokens(request)
+        self._held[instance_id][request.id] = need
+        self._reserved[instance_id] += need
+
+    def on_events(self, ctx: SimContext, instance_id: str, events: Sequence[EngineEvent]) -> None:
+        held = self._held[instance_id]
+        for event in events:
+            if isinstance(event, Finished | Aborted):
+                self._reserved[instance_id] -= held.pop(event.request_id, 0)
+            elif isinstance(event, ModelLoaded):
+                self.refresh(ctx, instance_id)

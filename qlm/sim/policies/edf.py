@@ -1,0 +1,138 @@
+"""`edf`: one global queue in earliest-TTFT-deadline order.
+
+Requests wait in the global queue, one deadline-ordered heap per model. An instance takes the
+earliest-deadline request of its model while it has a free sequence slot and KV room for the
+request's prompt plus output cap (`AdmissionBook`, the same admission budget QLM's agents use),
+so engines never queue or preempt internally and the global order holds. Among instances with
+room, the one with the most free KV takes it (ties: fleet order). Strict order: a head that fits
+nowhere blocks the requests behind it.
+
+Model swaps, kept simple: an instance that is idle (holds nothing) and has no queued request of
+its own model switches to the model of the earliest-deadline queued request that it can hold,
+when that model's queue is longer than the free sequence slots of its instances (those loading
+it count with all their slots). No eviction.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+
+from qlm.agents.actions import Action, LoadModel, Pull
+from qlm.engine.client import EngineEvent
+from qlm.sim.policies.base import (
+    NO_ACTIONS,
+    SIM_POLICIES,
+    Actions,
+    AdmissionBook,
+    BasePolicy,
+    SimContext,
+    frees_capacity,
+)
+from qlm.types import Instance, Request
+
+_Entry = tuple[float, float, int, Request]
+
+
+@SIM_POLICIES.register("edf")
+class EdfPolicy(BasePolicy):
+    name = "edf"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heaps: dict[str, list[_Entry]] = {}  # model -> deadline heap
+        self._book = AdmissionBook()
+        self._sequence = itertools.count()
+        self._swaps = 0
+
+    def start(self, ctx: SimContext) -> Actions:
+        super().start(ctx)
+        for instance in ctx.fleet.instances:
+            self._book.refresh(ctx, instance.id)
+        return NO_ACTIONS
+
+    def on_arrival(self, request: Request) -> Actions:
+        self._push(request)
+        heap = self._heaps[request.model]
+        ready = [i for i in self.instances_of(request.model) if not self.ctx.loading(i.id)]
+        book = self._book
+        head = heap[0][3]
+        room = [i for i in ready if book.fits(i.id, head)]
+        if not room:
+            return self._swap_idle()
+        best = max(room, key=lambda i: book.free_kv_tokens(i.id))  # the first of equals
+        return self._fill(best)
+
+    def on_requeued(self, requests: Sequence[Request]) -> Actions:
+        for request in requests:
+            self._push(request)
+        return NO_ACTIONS
+
+    def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
+        self._book.on_events(self.ctx, instance_id, events)
+        if not frees_capacity(events):
+            return NO_ACTIONS
+        pulled = self._fill(self.ctx.fleet.instance(instance_id))
+        return pulled or self._swap_idle()
+
+    def stats(self) -> dict[str, float]:
+        return {"swaps_started": self._swaps}
+
+    def _push(self, request: Request) -> None:
+        entry = (request.ttft_deadline_at_s, request.arrival_at_s, next(self._sequence), request)
+        heapq.heappush(self._heaps.setdefault(request.model, []), entry)
+
+    def _fill(self, instance: Instance) -> Actions:
+        """Pull earliest-deadline requests of the instance's model while they fit."""
+        ctx = self.ctx
+        model = ctx.model_of(instance.id)
+        heap = self._heaps.get(model or "")
+        if not heap or ctx.loading(instance.id):
+            return NO_ACTIONS
+        ids: list[str] = []
+        while heap and self._book.fits(instance.id, heap[0][3]):
+            request = heapq.heappop(heap)[3]
+            self._book.admit(instance.id, request)
+            ids.append(request.id)
+        return (Pull(instance.id, tuple(ids)),) if ids else NO_ACTIONS
+
+    def _swap_idle(self) -> Actions:
+        """Idle instances whose model has nothing queued switch to the most urgent model whose
+        queue is longer than the free room of its instances."""
+        ctx = self.ctx
+        actions: list[Action] = []
+        for instance in ctx.fleet.instances:
+            model = ctx.model_of(instance.id)
+            if ctx.held(instance.id) or ctx.loading(instance.id) or self._heaps.get(model or ""):
+                continue
+            target = self._urgent_model_short_of_room(instance, actions)
+            if target is not None:
+                actions.append(LoadModel(instance.id, target))
+                self._swaps += 1
+        return tuple(actions)
+
+    def _urgent_model_short_of_room(
+        self, instance: Instance, planned: Sequence[Action]
+    ) -> str | None:
+        fleet = self.ctx.fleet
+        heads = sorted((heap[0][:3], model) for model, heap in self._heaps.items() if heap)
+        for _, model in heads:
+            if not fleet.can_serve(instance, model):
+                continue
+            if len(self._heaps[model]) > self._room(model, planned):
+                return model
+        return None
+
+    def _room(self, model: str, planned: Sequence[Action]) -> int:
+        """Free sequence slots of the instances of `model`, all slots of those loading it
+        (including swaps decided in this round)."""
+        ctx = self.ctx
+        room = 0
+        for i in self.instances_of(model):
+            held = 0 if ctx.loading(i.id) else ctx.held(i.id)
+            room += max(0, ctx.max_num_seqs(i.id) - held)
+        for action in planned:
+            if isinstance(action, LoadModel) and action.model == model:
+                room += ctx.max_num_seqs(action.instance_id)
+        return room

@@ -1,0 +1,118 @@
+"""The control loop's pure step: full re-plans, incremental inserts, the violation check."""
+
+from __future__ import annotations
+
+from qlm.clock import VirtualClock
+from qlm.config import QlmConfig
+from qlm.control import Controller, InstanceView
+from qlm.types import Fleet
+from tests.factories import make_instance, make_profile, make_request
+
+
+def setup(planner: str = "edf") -> tuple[Controller, Fleet]:
+    fleet = Fleet.of(
+        [make_instance("i0", loaded_model="m7b"), make_instance("i1", loaded_model="m13b")],
+        [make_profile("m7b"), make_profile("m13b", weight_gib=26.0)],
+    )
+    return Controller(QlmConfig(), fleet, VirtualClock(), planner_policy=planner), fleet
+
+
+def views(**busy: float) -> list[InstanceView]:
+    return [
+        InstanceView("i0", "m7b", busy.get("i0", 0.0)),
+        InstanceView("i1", "m13b", busy.get("i1", 0.0)),
+    ]
+
+
+def test_replan_covers_every_queued_request_once_and_epochs_grow() -> None:
+    ctl, _ = setup()
+    queued = [make_request(model=m, slo_class="batch-2", ttft_s=3600) for m in ["m7b", "m13b"] * 5]
+    first = ctl.replan(queued, views(), 0.0)
+    members = [rid for g in first.groups.values() for rid in g.request_ids]
+    assert sorted(members) == sorted(r.id for r in queued)
+    placed = [g for q in first.queues.values() for g in q]
+    assert sorted(placed) == sorted(first.groups)
+    for inst, gids in first.queues.items():
+        models = {first.groups[g].model for g in gids}
+        assert models <= {"m7b", "m13b"}
+        assert inst in {"i0", "i1"}
+    assert set(first.predicted_wait_s) == {r.id for r in queued}
+    assert all(w >= 0 for w in first.predicted_wait_s.values())
+    second = ctl.replan(queued, views(), 1.0)
+    assert second.epoch == first.epoch + 1
+
+
+def test_arrival_joins_a_planned_group_without_solving() -> None:
+    ctl, _ = setup()
+    queued = [make_request(slo_class="batch-2", ttft_s=3600) for _ in range(4)]
+    plan = ctl.replan(queued, views(), 0.0)
+    late = make_request(slo_class="batch-2", ttft_s=3600, arrival_at_s=1.0)
+    updated = ctl.on_arrival(late, 1.0)
+    assert updated is not None
+    assert updated.epoch == plan.epoch + 1
+    assert updated.group_of(late.id) is not None
+    assert updated.queues == plan.queues
+    assert not ctl.needs_replan([*queued, late], views(), 1.0).needed
+
+
+def test_arrival_of_an_unplanned_model_asks_for_a_replan() -> None:
+    ctl, _ = setup()
+    ctl.replan([make_request(model="m7b")], views(), 0.0)
+    assert ctl.on_arrival(make_request(model="m13b"), 0.5) is None
+
+
+def test_no_plan_means_replan_when_anything_is_queued() -> None:
+    ctl, _ = setup()
+    assert not ctl.needs_replan([], views(), 0.0).needed
+    assert ctl.needs_replan([make_request()], views(), 0.0).needed
+
+
+def test_violation_check_fires_when_an_instance_falls_behind() -> None:
+    ctl, _ = setup()
+    queued = [make_request(ttft_s=20.0) for _ in range(8)]
+    ctl.replan(queued, views(), 0.0)
+    assert not ctl.needs_replan(queued, views(), 0.0).needed
+    # The same queue, but i0 now has 100 s of work ahead of it: the groups become late.
+    reason = ctl.needs_replan(queued, views(i0=100.0), 0.0)
+    assert reason.needed
+    assert "late" in reason.why
+
+
+def test_groups_already_late_at_plan_time_do_not_retrigger() -> None:
+    ctl, _ = setup()
+    queued = [make_request(ttft_s=1.0) for _ in range(200)]
+    plan = ctl.replan(queued, views(i0=50.0), 0.0)
+    assert ctl.last_solve is not None
+    assert ctl.last_solve.late_groups
+    assert not ctl.needs_replan(queued, views(i0=50.0), 0.0).needed
+    assert plan.status == "heuristic"
+
+
+def small_groups_controller() -> Controller:
+    fleet = Fleet.of([make_instance("i0", loaded_model="m7b")], [make_profile("m7b")])
+    config = QlmConfig.model_validate({"grouping": {"avg_batch_size": 1, "delta": 2}})
+    return Controller(config, fleet, VirtualClock(), planner_policy="edf")
+
+
+def test_arrivals_join_a_placed_part_of_their_cluster_when_grouping_splits() -> None:
+    ctl = small_groups_controller()
+    queued = [make_request(slo_class="batch-2", ttft_s=3600) for _ in range(4)]
+    ctl.replan(queued, [InstanceView("i0", "m7b")], 0.0)
+    arrivals = [make_request(slo_class="batch-2", ttft_s=3600, arrival_at_s=1.0) for _ in range(6)]
+    for r in arrivals:
+        assert ctl.on_arrival(r, 1.0) is not None  # no re-plan for a split part
+    plan = ctl.plan
+    assert plan is not None
+    assert all(plan.group_of(r.id) in plan.queues["i0"] for r in arrivals)
+    assert not ctl.needs_replan([*queued, *arrivals], [InstanceView("i0", "m7b")], 1.0).needed
+
+
+def test_dequeued_requests_leave_grouping() -> None:
+    ctl = small_groups_controller()
+    queued = [make_request(slo_class="batch-2", ttft_s=3600) for _ in range(4)]
+    ctl.replan(queued, [InstanceView("i0", "m7b")], 0.0)
+    ctl.needs_replan(queued[2:], [InstanceView("i0", "m7b")], 1.0)  # two were pulled
+    members = sum(g.size for g in ctl._grouping.groups())
+    assert members == 2
+    # A pulled request that comes back (evicted) is outside the plan: re-plan.
+    assert ctl.needs_replan(queued, [InstanceView("i0", "m7b")], 2.0).needed

