@@ -7,36 +7,33 @@ control loop's snapshot (`queued()` of N requests) is timed. The Redis queue run
 throwaway redis-server on a free port (tests/redis_server.py) unless --redis-url is given; on
 this machine client and server share the same cores.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/queue.py            # table + results/queue.json
-    PYTHONPATH=. .venv/bin/python benchmarks/queue.py --requests 2000 --concurrency 1 8
+    .venv/bin/python benchmarks/queue_ops.py          # table + results/queue_ops.json
+    .venv/bin/python benchmarks/queue_ops.py --requests 2000 --concurrency 1 8
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This file shares its name with the standard library's `queue`, which redis-py imports: take
-# the script's own folder off the import path before importing anything else.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import asyncio
-import json
+import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
+
+from benchmarks.report import RESULTS_DIR, write_results
 from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
 from qlm.queue.records import RequestResult
 from qlm.types import DEFAULT_SLO_CLASSES, Request, RequestState
 from tests.redis_server import RedisServer
 
-RESULTS_PATH = Path(__file__).parent / "results" / "queue.json"
+RESULTS_PATH = RESULTS_DIR / "queue_ops.json"
 Op = Callable[[str], Awaitable[object]]
 
 
@@ -157,16 +154,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = asyncio.run(main_async(args))
     print_table(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"requests": args.requests, "machine": platform.platform(), "cpus": _cpus()}
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    meta = {"requests": args.requests, "machine": platform.platform(), "cpus": os.cpu_count()}
+    write_results(args.out, {"meta": meta, "rows": rows})
     print(f"wrote {args.out}")
-
-
-def _cpus() -> int | None:
-    import os
-
-    return os.cpu_count()
 
 
 if __name__ == "__main__":
