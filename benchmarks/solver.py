@@ -13,37 +13,39 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script without qlm installed: use the checkout
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
-from qlm.config import EstimatorConfig, PlannerBackend, PlannerConfig  # noqa: E402
-from qlm.engine.profile import Profile  # noqa: E402
-from qlm.estimator.rwt import RwtEstimator  # noqa: E402
-from qlm.queue.group import RequestGroup  # noqa: E402
-from qlm.solver import Plan, PlanInput, make_planner  # noqa: E402
-from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES, Fleet, Instance  # noqa: E402
+from benchmarks.report import (
+    DOCS_PATH,
+    RESULTS_DIR,
+    ROOT,
+    finish_header,
+    header_lines,
+    run_header,
+    write_docs_block,
+    write_results,
+)
+from qlm.config import EstimatorConfig, PlannerBackend, PlannerConfig
+from qlm.engine.profile import Profile
+from qlm.estimator.rwt import RwtEstimator
+from qlm.queue.group import RequestGroup
+from qlm.solver import Plan, PlanInput, make_planner
+from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES, Fleet, Instance
 
-RESULTS_PATH = ROOT / "benchmarks" / "results" / "solver.json"
-DOCS_PATH = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- solver:begin -->", "<!-- solver:end -->"
-MACHINE_NOTE = "2 cores, noisy; compare ratios within one run"
+RESULTS_PATH = RESULTS_DIR / "solver.json"
+DOCS_BLOCK = "solver"
+MACHINE_NOTE = "noisy; compare ratios within one run"
 TARGETS = (
     "100 x 16 in <= 1 s at the median with objective no worse than EDF; 200 x 32 honours a "
     "2 s limit; grouping 100,000 requests <= 1 s; incremental insert <= 50 us"
@@ -395,10 +397,7 @@ def render(report: dict[str, Any]) -> str:
     parts = [
         "## Planner and grouping benchmark",
         "",
-        f"Command: `{report['command']}`  ",
-        f"Date: {report['date']}  ",
-        f"Machine: {report['machine']} ({report['platform']})  ",
-        f"Code: {report['code']}",
+        *header_lines(report),
         "",
         f"Targets: {TARGETS}.",
         "",
@@ -420,18 +419,6 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def write_docs(block: str) -> None:
-    text = DOCS_PATH.read_text(encoding="utf-8") if DOCS_PATH.exists() else "# Benchmarks\n"
-    wrapped = f"{BEGIN}\n{block}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + wrapped + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + wrapped + "\n"
-    DOCS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    DOCS_PATH.write_text(text, encoding="utf-8")
-
-
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -449,19 +436,16 @@ def main(argv: Sequence[str]) -> None:
     args = parse_args(argv)
     cases = CASES[:2] if args.quick else CASES
     repeats = 1 if args.quick else args.repeats
-    code = _code_version()  # before the runs: others may commit while they go
+    header = run_header("solver.py", argv, MACHINE_NOTE)  # before the runs: code may change
     warm_up()
     runs = [run for case in cases for run in run_case(case, repeats)]
     planners = ("edf", *(f"milp/{b}" for b in BACKENDS))
     summaries = [summarise(runs, case, p) for case in cases for p in planners]
     print("grouping benchmark ...", file=sys.stderr)
     grouping = run_grouping(10_000 if args.quick else GROUPING_TARGET_REQUESTS)
+    finish_header(header)
     report = {
-        "command": " ".join([".venv/bin/python", "benchmarks/solver.py", *argv]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{MACHINE_NOTE}; os.cpu_count() = {os.cpu_count()}",
-        "platform": f"{platform.platform()}, Python {platform.python_version()}",
-        "code": code,
+        **header,
         "cases": [asdict(c) for c in cases],
         "repeats": repeats,
         "planner_defaults": _planner_defaults(),
@@ -472,27 +456,11 @@ def main(argv: Sequence[str]) -> None:
     }
     block = render(report)
     print(block)
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    write_docs(block)
+    write_results(RESULTS_PATH, report)
+    write_docs_block(DOCS_BLOCK, block)
     print(
         f"wrote {RESULTS_PATH.relative_to(ROOT)} and {DOCS_PATH.relative_to(ROOT)}", file=sys.stderr
     )
-
-
-def _code_version() -> str:
-    """The commit measured, and whether qlm/ had uncommitted changes (a working tree)."""
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--", "qlm/*.py", "qlm/*.yaml")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"{head}{' + uncommitted changes in qlm/' if dirty else ''}"
-
-
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
 
 
 def _planner_defaults() -> str:
