@@ -24,43 +24,40 @@ Wall time is measured around `simulate()` only; generating the requests is repor
 CPU time (process time) is reported too: on a shared machine it is the steadier figure.
 """
 
-# ruff: noqa: E402  (imports follow the sys.path fix below)
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Python puts this script's folder first on sys.path; benchmarks/queue.py would then shadow the
-# standard library's queue module. Drop the folder.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 import argparse
 import cProfile
 import json
-import os
-import platform
 import pstats
 import runpy
-import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-ROOT = HERE.parent
-if str(ROOT) not in sys.path:  # run as a script without qlm installed: use the checkout
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
+from benchmarks.report import (
+    RESULTS_DIR,
+    ROOT,
+    finish_header,
+    header_lines,
+    run_header,
+    write_docs_block,
+    write_results,
+)
 from qlm.sim.result import SimResult
 from qlm.sim.runner import simulate
 from qlm.sim.scenario import Scenario, load_scenario
 from qlm.types import Request
 
-RESULTS_PATH = ROOT / "benchmarks" / "results" / "simulator.json"
-DOCS_PATH = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- simulator:begin -->", "<!-- simulator:end -->"
+HERE = ROOT / "benchmarks"
+RESULTS_PATH = RESULTS_DIR / "simulator.json"
+DOCS_BLOCK = "simulator"
+MACHINE_NOTE = "shared and noisy"
 TRACE = ROOT / "sims" / "data" / "azure_llm_2023_conv.csv"
 SEED = 1
 
@@ -177,10 +174,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         "## Simulator speed",
         "",
-        f"Command: `{report['command']}`  ",
-        f"Date: {report['date']}  ",
-        f"Machine: {report['machine']} ({report['platform']})  ",
-        f"Code: {report['code']}",
+        *header_lines(report),
         "",
         "Wall time around `simulate()` (requests generated beforehand: generate s); CPU is the "
         "process time of the same call, the steadier figure on a shared machine. Events: "
@@ -210,39 +204,6 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(block: str) -> None:
-    text = DOCS_PATH.read_text(encoding="utf-8") if DOCS_PATH.exists() else "# Benchmarks\n"
-    wrapped = f"{BEGIN}\n{block}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + wrapped + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + wrapped + "\n"
-    DOCS_PATH.write_text(text, encoding="utf-8")
-
-
-def _git(*args: str) -> str:
-    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
-    return out.stdout.strip()
-
-
-def _code_version() -> str:
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--", "qlm")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"{head} (+ uncommitted changes in qlm/)" if dirty else head
-
-
-def _load_average() -> str:
-    try:
-        one, five, _ = os.getloadavg()
-    except OSError:
-        return "load average unknown"
-    return f"load average {one:.1f} / {five:.1f} (1 / 5 min) at the end"
-
-
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -257,24 +218,18 @@ def speed(argv: Sequence[str]) -> None:
     if args.profile:
         profile_case(CASES[args.profile], args.requests)
         return
+    header = run_header("simulator.py", ["speed", *argv], MACHINE_NOTE)
     runs = []
     for name in args.cases.split(","):
         record = run_case(CASES[name], args.requests)
         print(json.dumps(record), flush=True)
         runs.append(record)
-    report = {
-        "command": "python benchmarks/simulator.py " + " ".join(["speed", *argv]).strip(),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{os.cpu_count()} cores, shared and noisy; {_load_average()}",
-        "platform": f"{platform.platform()}, Python {platform.python_version()}",
-        "code": _code_version(),
-        "runs": runs,
-    }
+    finish_header(header)
+    report = {**header, "runs": runs}
     block = render(report)
     print(block)
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    write_docs(block)
+    write_results(RESULTS_PATH, report)
+    write_docs_block(DOCS_BLOCK, block)
 
 
 def main(argv: Sequence[str]) -> None:
