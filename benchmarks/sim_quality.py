@@ -12,44 +12,42 @@ in the JSON and the docs block. --calibrate runs only fcfs at rate scales 1, 1.5
 and reports the smallest at which fcfs attains < 75% (the rule the scenario files follow).
 """
 
-# ruff: noqa: E402  (imports follow the sys.path fix below)
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Python puts this script's folder first on sys.path; benchmarks/queue.py would then shadow the
-# standard library's queue module (which concurrent.futures imports). Drop the folder.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 import argparse
 import json
 import multiprocessing
-import os
-import platform
-import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script without qlm installed: use the checkout
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
+from benchmarks.report import (
+    RESULTS_DIR,
+    ROOT,
+    code_version,
+    command_line,
+    machine,
+    platform_description,
+    write_docs_block,
+    write_results,
+)
 from qlm.sim.policies import SIM_POLICIES
 from qlm.sim.report import policy_summary
 from qlm.sim.runner import simulate
 from qlm.sim.scenario import Scenario, load_scenario
 
 SIMS = ROOT / "sims"
-RESULTS_PATH = ROOT / "benchmarks" / "results" / "sim_quality.json"
-DOCS_PATH = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- sim-quality:begin -->", "<!-- sim-quality:end -->"
+RESULTS_PATH = RESULTS_DIR / "sim_quality.json"
+DOCS_BLOCK = "sim-quality"
+MACHINE_NOTE = "shared and noisy; sim wall times are indicative"
 SCENARIOS = ("wa", "wb", "wc")
 POLICY_ORDER = (
     "fcfs",
@@ -137,7 +135,7 @@ def _worker(conn: Connection, task: Task, seed: int | None, ended: Any) -> None:
 
 def run_tasks(
     tasks: Sequence[Task], seed: int | None, jobs: int, limit_s: float | None
-) -> Iterator[tuple[Task, dict[str, Any] | None, float]]:
+) -> Iterator[tuple[Task, dict[str, Any], float]]:
     """Run tasks in up to `jobs` processes; yield (task, summary, wall seconds) as each ends.
     A run past limit_s is stopped; its summary is then {"stopped_after_s", "ended"}."""
     pending = list(tasks)
@@ -453,48 +451,11 @@ def _scenario_parts(run: dict[str, Any], scenarios: dict[str, Any]) -> list[str]
 # --- output ----------------------------------------------------------------------------------
 
 
-def code_version() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "qlm"], cwd=ROOT, capture_output=True, text=True
-        )
-        return out.stdout.strip() + (" (+ uncommitted changes in qlm/)" if dirty.stdout else "")
-    except OSError:
-        return "unknown"
-
-
-def machine() -> str:
-    return (
-        f"{os.cpu_count()} cores, shared and noisy; sim wall times are indicative "
-        f"({platform.platform()}, Python {platform.python_version()})"
-    )
-
-
 def load_results() -> dict[str, Any]:
     if RESULTS_PATH.exists():
         data: dict[str, Any] = json.loads(RESULTS_PATH.read_text(encoding="utf-8"))
         return data
     return {}
-
-
-def save_results(data: dict[str, Any]) -> None:
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-
-
-def write_docs(block: str) -> None:
-    text = DOCS_PATH.read_text(encoding="utf-8") if DOCS_PATH.exists() else "# Benchmarks\n"
-    wrapped = f"{BEGIN}\n{block}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + wrapped + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + wrapped + "\n"
-    DOCS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    DOCS_PATH.write_text(text, encoding="utf-8")
 
 
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -554,7 +515,7 @@ def main(argv: Sequence[str]) -> None:
     code = code_version()
     data = load_results()
     run = data.get(size, {})
-    command = ".venv/bin/python benchmarks/sim_quality.py " + " ".join(argv)
+    command = command_line("sim_quality.py", argv)
     if args.calibrate:
         print(f"calibrating ({size}): fcfs at rate scales {CALIBRATION_GRID}", flush=True)
         run["calibration"] = {
@@ -572,14 +533,14 @@ def main(argv: Sequence[str]) -> None:
         run.update(
             {
                 "commands": [*commands, command.strip()],
-                "machine": machine(),
+                "machine": f"{machine(MACHINE_NOTE)} ({platform_description()})",
                 "scenarios": merge(run.get("scenarios", {}), scenarios),
             }
         )
     data[size] = run
-    save_results(data)
+    write_results(RESULTS_PATH, data)
     block = render(data)
-    write_docs(block)
+    write_docs_block(DOCS_BLOCK, block)
     print()
     print(block)
 
