@@ -37,7 +37,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import platform
 import random
 import re
 import signal
@@ -48,27 +47,34 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
-    sys.path.pop(0)  # benchmarks/queue.py would shadow the standard library's queue
-if str(ROOT) not in sys.path:  # run as a script without qlm installed: use the checkout
-    sys.path.insert(0, str(ROOT))
+import httpx
+import yaml
 
-import httpx  # noqa: E402
-import yaml  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
-from tests.redis_server import RedisServer, free_port  # noqa: E402
+from benchmarks.report import (
+    DOCS_PATH,
+    RESULTS_DIR,
+    ROOT,
+    finish_header,
+    format_loads,
+    header_lines,
+    markers,
+    run_header,
+    write_docs_block,
+    write_results,
+)
+from tests.redis_server import RedisServer, free_port
 
-RESULTS_PATH = ROOT / "benchmarks" / "results" / "control_plane.json"
-QUICK_RESULTS_PATH = ROOT / "benchmarks" / "results" / "control_plane_quick.json"
-DOCS_PATH = ROOT / "docs" / "benchmarks.md"
+RESULTS_PATH = RESULTS_DIR / "control_plane.json"
+QUICK_RESULTS_PATH = RESULTS_DIR / "control_plane_quick.json"
 FLEET_PATH = ROOT / "examples" / "fleet.yaml"
-BEGIN, END = "<!-- control-plane:begin -->", "<!-- control-plane:end -->"
+DOCS_BLOCK = "control-plane"
+BEGIN, END = markers(DOCS_BLOCK)
 QLM_MAIN = "import sys; from qlm.cli import main; sys.exit(main())"
 
 ADMISSION_RATE = 2000.0  # target: requests/s sustained ...
@@ -348,11 +354,6 @@ def machine_busy_s() -> float:
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = values[3] + values[4]  # idle + iowait
     return (sum(values[:8]) - idle) / CLOCK_TICKS
-
-
-def load_average() -> tuple[float, float, float]:
-    one, five, fifteen = os.getloadavg()
-    return round(one, 2), round(five, 2), round(fifteen, 2)
 
 
 def descendants(pid: int) -> list[int]:
@@ -1263,12 +1264,7 @@ def render(report: Mapping[str, Any]) -> str:
     parts = [
         "## Control plane: admission and overhead over vLLM",
         "",
-        f"Command: `{report['command']}`  ",
-        f"Date: {report['date']}  ",
-        f"Machine: {report['machine']} ({report['platform']})  ",
-        f"Load average (1, 5, 15 min) before / after: {_loads(report['loadavg_before'])} / "
-        f"{_loads(report['loadavg_after'])}  ",
-        f"Code: {report['code']}",
+        *header_lines(report),
         "",
         markdown_table(report["targets"], ("target", "subject", "measured", "result")),
     ]
@@ -1299,10 +1295,6 @@ def render(report: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _loads(values: Sequence[float] | None) -> str:
-    return "-" if not values else ", ".join(f"{v:.2f}" for v in values)
-
-
 def _measured_line(section: Mapping[str, Any]) -> list[str]:
     """Where a section was carried over from another run: that run's provenance."""
     m = section.get("measured")
@@ -1310,7 +1302,7 @@ def _measured_line(section: Mapping[str, Any]) -> list[str]:
         return []
     return [
         f"Measured by `{m['command']}` on {m['date']} (code {m['code']}; load average "
-        f"{_loads(m['loadavg_before'])} / {_loads(m['loadavg_after'])}).",
+        f"{format_loads(m['loadavg_before'])} / {format_loads(m['loadavg_after'])}).",
         "",
     ]
 
@@ -1373,16 +1365,7 @@ OVERHEAD_NOTE = (
 
 
 def write_docs(block: str, path: Path = DOCS_PATH) -> None:
-    """Replace this benchmark's marked block in `path` (append it when absent); the rest of
-    the file, other benchmarks' blocks included, stays as it is."""
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    wrapped = f"{BEGIN}\n{block}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + wrapped + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + wrapped + "\n"
-    path.write_text(text, encoding="utf-8")
+    write_docs_block(DOCS_BLOCK, block, path)
 
 
 def print_tables(report: Mapping[str, Any]) -> None:
@@ -1431,16 +1414,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     if args.render is not None:
         return _render_only(args.render)
     quick = args.quick
-    code = _code_version()
-    loadavg_before = load_average()
-    report: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python", "benchmarks/control_plane.py", *argv]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"os.cpu_count() = {os.cpu_count()}; shared with other users' jobs",
-        "platform": f"{platform.platform()}, Python {platform.python_version()}",
-        "code": code,
-        "loadavg_before": loadavg_before,
-    }
+    report = run_header("control_plane.py", argv, "shared with other users' jobs")
     with tempfile.TemporaryDirectory(prefix="qlm-bench-cp-") as tmp:
         work_dir = Path(tmp)
         if not args.skip_admission:
@@ -1449,14 +1423,13 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         if not args.skip_vllm:
             print("overhead over vLLM ...", file=sys.stderr)
             report["overhead"] = _overhead(args, quick, work_dir)
-    report["loadavg_after"] = load_average()
+    finish_header(report)
     out = args.out or (QUICK_RESULTS_PATH if quick else RESULTS_PATH)
     if args.keep_skipped:
         report = _with_skipped_sections(report, out)
     report["targets"] = all_targets(report)
     print_tables(report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_clean(report), indent=2) + "\n", encoding="utf-8")
+    write_results(out, report)
     written = [str(out)]
     if not quick and not args.no_docs:
         write_docs(render(report))
@@ -1531,34 +1504,6 @@ def _overhead(args: argparse.Namespace, quick: bool, work_dir: Path) -> dict[str
         poisson_rate_per_s=args.poisson_rate,
     )
     return run_overhead(opts)
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN and infinities become null, paths strings, tuples lists."""
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _code_version() -> str:
-    """The commit measured, and whether qlm/ had uncommitted changes."""
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--", "qlm/*.py", "qlm/*.yaml")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"{head}{' + uncommitted changes in qlm/' if dirty else ''}"
-
-
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
 
 
 if __name__ == "__main__":
