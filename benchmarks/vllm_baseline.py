@@ -32,26 +32,23 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
-    sys.path.pop(0)  # benchmarks/queue.py would shadow the standard library's queue
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import httpx
 
-import httpx  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
-from qlm.clock import WallClock  # noqa: E402
-from qlm.engine.client import Aborted, EngineEvent, Finished, FirstToken  # noqa: E402
-from qlm.engine.vllm import SseLines, VllmEngine, completion_body, parse_sse_line  # noqa: E402
-from qlm.types import Request  # noqa: E402
-from tests.vllm_fixtures import (  # noqa: E402
+from benchmarks.report import RESULTS_DIR, write_results
+from qlm.clock import WallClock
+from qlm.engine.client import Aborted, EngineEvent, Finished, FirstToken
+from qlm.engine.vllm import SseLines, VllmEngine, completion_body, parse_sse_line
+from qlm.types import Request
+from tests.vllm_fixtures import (
     VLLM_PYTHON,
     build_tiny_models,
     tiny_engine_config,
     tiny_instance,
 )
 
-RESULTS_PATH = ROOT / "benchmarks" / "results" / "vllm_baseline.json"
+RESULTS_PATH = RESULTS_DIR / "vllm_baseline.json"
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 128
 
@@ -217,8 +214,7 @@ def main() -> int:
         print(f"no vLLM environment at {VLLM_PYTHON}: run scripts/install_vllm.sh")
         return 2
     result = asyncio.run(main_async(args.requests, args.rounds))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(json.dumps(result["median"], indent=2))
     print(f"engine start {result['engine_start_s']:.1f} s; wrote {args.out}")
     return 0
