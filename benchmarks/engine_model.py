@@ -24,7 +24,6 @@ tokens/s (generated tokens per wall second), events/s, and simulated seconds per
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -33,13 +32,17 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
+
+from benchmarks.report import RESULTS_DIR, write_results
 from qlm.engine.library import profile_named
 from qlm.engine.model import EngineModel
 from qlm.engine.output_length import lognormal_params
 from qlm.engine.profile import Profile
 from qlm.types import DEFAULT_GPU_TYPES, Instance, Request
+from tests.engine.reference import RefRequest, run_reference
 
-RESULTS_PATH = Path(__file__).parent / "results" / "engine_model.json"
+RESULTS_PATH = RESULTS_DIR / "engine_model.json"
 NUM_REQUESTS = 10_000
 NAIVE_REQUESTS = 2_000
 PROMPT_MEDIAN_TOKENS = 1020
@@ -114,9 +117,6 @@ def run_model(name: str, profile: Profile, w: Workload) -> dict[str, object]:
 
 
 def run_naive(profile: Profile, w: Workload) -> dict[str, object]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
-    from tests.engine.reference import RefRequest, run_reference
-
     inst = instance(profile)
     capacity = profile.kv_capacity_tokens(inst.gpu_memory_bytes)
     refs = [
@@ -199,8 +199,7 @@ def main() -> int:
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for r in rows:
         print("  ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps({"python": sys.version.split()[0], "rows": rows}, indent=2))
+    write_results(RESULTS_PATH, {"python": sys.version.split()[0], "rows": rows})
     print(f"wrote {RESULTS_PATH}")
     return 0
 

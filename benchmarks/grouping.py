@@ -5,19 +5,20 @@ median 256), three models with skewed shares, the default SLO classes mixed 50/3
 arrivals over the last ten minutes.
 
     .venv/bin/python benchmarks/grouping.py   # a table, and benchmarks/results/grouping.json
-
-(qlm must be importable: installed with `make install`, or PYTHONPATH=. from the repo root.)
 """
 
 from __future__ import annotations
 
-import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
+
+from benchmarks.report import RESULTS_DIR, write_results
 from qlm.config import GroupingConfig
 from qlm.queue.grouping import make_grouping
 from qlm.types import DEFAULT_SLO_CLASSES, Request
@@ -29,7 +30,7 @@ ARRIVAL_WINDOW_S = 600.0
 REGROUP_RUNS = 5
 NUM_ADDS = 10_000
 POLICIES = ("kmeans", "exact-key")
-RESULTS_PATH = Path(__file__).parent / "results" / "grouping.json"
+RESULTS_PATH = RESULTS_DIR / "grouping.json"
 
 
 def make_requests(num_requests: int, seed: int, prefix: str = "r") -> list[Request]:
@@ -103,6 +104,5 @@ def _print_table(rows: list[dict[str, object]]) -> None:
 if __name__ == "__main__":
     results = run()
     _print_table(results)
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_results(RESULTS_PATH, results)
     print(f"wrote {RESULTS_PATH}")
