@@ -1,0 +1,25 @@
+"""Prometheus metrics of the live control plane, and the SLO-attainment dashboard's data.
+
+One `PlaneMetrics` per process, on a registry the process creates; the API, agents and control
+loop call its hooks (NO_METRICS when a process exports nothing). README.md lists every metric.
+"""
+
+from qlm.metrics.dashboard import Dashboard, DashboardSource, LocalSource, build_view
+from qlm.metrics.exposition import MetricsServer, render
+from qlm.metrics.recorder import NO_METRICS, MetricsHooks, PlaneEvent, PlaneMetrics, met_slo
+from qlm.metrics.settings import MetricsSettings
+
+__all__ = [
+    "NO_METRICS",
+    "Dashboard",
+    "DashboardSource",
+    "LocalSource",
+    "MetricsHooks",
+    "MetricsServer",
+    "MetricsSettings",
+    "PlaneEvent",
+    "PlaneMetrics",
+    "build_view",
+    "met_slo",
+    "render",
+]

@@ -1,0 +1,201 @@
+"""Every metric QLM exports, created on an injected CollectorRegistry (never the module-global
+one, so two planes in one process, or two tests, never share counters).
+
+Names start with `qlm_`; labels follow llm-d's vocabulary (`model_name`, `slo_class`). The
+engine instance is `instance_id`, not `instance`: Prometheus sets `instance` on every scraped
+series to the target's address and would rename ours to `exported_instance`.
+qlm/metrics/README.md lists each metric with its labels and where it is recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Interactive classes live in seconds, batch classes in minutes to hours: one ladder covers both.
+LATENCY_BUCKETS_S = (
+    *(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0),
+    *(120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0),
+)
+# actual minus predicted time to first token: negative = earlier than predicted.
+WAIT_ERROR_BUCKETS_S = (
+    *(-1800.0, -600.0, -120.0, -60.0, -30.0, -10.0, -5.0, -2.0, -1.0, -0.5, -0.1),
+    *(0.0, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0, 1800.0),
+)
+SOLVE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+SWAP_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+REQUEST_OUTCOMES = ("admitted", "rejected", "completed", "cancelled", "failed")
+PLAN_FAILED = "failed"  # planner status label for a re-plan that raised
+EVICTION_KINDS = ("abort", "kv_swap")  # abort and requeue / KV moved to CPU memory
+
+
+@dataclass(frozen=True)
+class Families:
+    requests: Counter
+    rejections: Counter
+    slo_met: Counter
+    slo_evaluated: Counter
+    attainment_target: Gauge
+    ttft: Histogram
+    e2e: Histogram
+    queue_depth: Gauge
+    groups: Gauge
+    wait_predicted: Histogram
+    wait_error: Histogram
+    solve: Histogram
+    planner_runs: Counter
+    leading: Gauge
+    evictions: Counter
+    swaps: Counter
+    swap_time: Histogram
+    instance_state: Gauge
+    instance_running: Gauge
+    instance_kv: Gauge
+    instance_busy: Gauge
+
+    @classmethod
+    def on(cls, registry: CollectorRegistry) -> Families:
+        """Create and register every family on `registry`."""
+        r = registry
+        mc = ("model_name", "slo_class")
+        return cls(
+            requests=Counter(
+                "qlm_requests_total",
+                "Requests by outcome: admitted and rejected at the API; completed, cancelled "
+                "and failed when the request ends.",
+                (*mc, "outcome"),
+                registry=r,
+            ),
+            rejections=Counter(
+                "qlm_request_rejections_total",
+                "Requests the API refused, by error code (queue_full, model_not_found, ...).",
+                ("reason",),
+                registry=r,
+            ),
+            slo_met=Counter(
+                "qlm_slo_met_total",
+                "Ended requests that met every SLO target they carried (numerator of attainment).",
+                (*mc, "instance_id"),
+                registry=r,
+            ),
+            slo_evaluated=Counter(
+                "qlm_slo_evaluated_total",
+                "Ended requests judged against their SLO: completed and failed, not cancelled "
+                "(denominator of attainment).",
+                (*mc, "instance_id"),
+                registry=r,
+            ),
+            attainment_target=Gauge(
+                "qlm_slo_attainment_target",
+                "Configured attainment target per class (metrics.attainment_targets).",
+                ("slo_class",),
+                registry=r,
+            ),
+            ttft=Histogram(
+                "qlm_request_ttft_seconds",
+                "Arrival to first token of completed requests (the actual wait).",
+                mc,
+                buckets=LATENCY_BUCKETS_S,
+                registry=r,
+            ),
+            e2e=Histogram(
+                "qlm_request_e2e_seconds",
+                "Arrival to last token of completed requests.",
+                mc,
+                buckets=LATENCY_BUCKETS_S,
+                registry=r,
+            ),
+            queue_depth=Gauge(
+                "qlm_queue_depth",
+                "Queued requests (not yet in an engine), as the leading control loop last saw.",
+                mc,
+                registry=r,
+            ),
+            groups=Gauge(
+                "qlm_request_groups",
+                "Request groups in the current plan that still hold queued requests.",
+                ("slo_class",),
+                registry=r,
+            ),
+            wait_predicted=Histogram(
+                "qlm_wait_predicted_seconds",
+                "Predicted arrival to first token, once per request at the first full plan "
+                "that places it.",
+                mc,
+                buckets=LATENCY_BUCKETS_S,
+                registry=r,
+            ),
+            wait_error=Histogram(
+                "qlm_wait_prediction_error_seconds",
+                "Actual minus predicted first-token time, for requests planned and completed "
+                "in the same process.",
+                ("slo_class",),
+                buckets=WAIT_ERROR_BUCKETS_S,
+                registry=r,
+            ),
+            solve=Histogram(
+                "qlm_planner_solve_seconds",
+                "Wall time of each full re-plan's solve.",
+                ("policy",),
+                buckets=SOLVE_BUCKETS_S,
+                registry=r,
+            ),
+            planner_runs=Counter(
+                "qlm_planner_runs_total",
+                "Full re-plans by planner status (optimal, feasible, timeout, fallback, "
+                "heuristic) or failed (the solve raised; the last plan stays).",
+                ("policy", "status"),
+                registry=r,
+            ),
+            leading=Gauge(
+                "qlm_controller_leading",
+                "1 while this control loop holds the leader lease.",
+                registry=r,
+            ),
+            evictions=Counter(
+                "qlm_evictions_total",
+                "Requests evicted from an engine: aborted and requeued, or KV moved to CPU.",
+                ("instance_id", "slo_class", "kind"),
+                registry=r,
+            ),
+            swaps=Counter(
+                "qlm_model_swaps_total",
+                "Model swaps an agent started, by the model swapped in.",
+                ("instance_id", "model_name"),
+                registry=r,
+            ),
+            swap_time=Histogram(
+                "qlm_model_swap_seconds",
+                "From a swap's start until the new model serves.",
+                ("model_name",),
+                buckets=SWAP_BUCKETS_S,
+                registry=r,
+            ),
+            instance_state=Gauge(
+                "qlm_instance_state",
+                "1 for the engine's current state (empty, loading, ready, failed), else 0; "
+                "model_name is the loaded (or loading) model, 'none' without one.",
+                ("instance_id", "state", "model_name"),
+                registry=r,
+            ),
+            instance_running=Gauge(
+                "qlm_instance_running_requests",
+                "Requests inside the engine.",
+                ("instance_id",),
+                registry=r,
+            ),
+            instance_kv=Gauge(
+                "qlm_instance_kv_utilization_ratio",
+                "KV cache tokens used over capacity.",
+                ("instance_id",),
+                registry=r,
+            ),
+            instance_busy=Gauge(
+                "qlm_instance_busy_seconds",
+                "Estimated seconds until the work in the engine drains.",
+                ("instance_id",),
+                registry=r,
+            ),
+        )
