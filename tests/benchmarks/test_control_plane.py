@@ -172,7 +172,8 @@ def test_quick_admission_run_against_a_real_api_process(tmp_path: Path) -> None:
 
 
 def test_a_partial_run_keeps_the_skipped_section_with_its_own_provenance(tmp_path: Path) -> None:
-    earlier = {"command": "full", "date": "d1", "code": "c1", "admission": {"rows": [1]}}
+    earlier: dict[str, Any] = {"command": "full", "date": "d1", "code": "c1"}
+    earlier |= {"admission": {"rows": [1]}}
     earlier |= {"overhead": {"summary": []}, "loadavg_before": [1], "loadavg_after": [2]}
     previous = tmp_path / "control_plane.json"
     previous.write_text(json.dumps(earlier))
