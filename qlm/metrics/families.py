@@ -11,17 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 # Interactive classes live in seconds, batch classes in minutes to hours: one ladder covers both.
 LATENCY_BUCKETS_S = (
     *(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0),
     *(120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0),
-)
-# actual minus predicted time to first token: negative = earlier than predicted.
-WAIT_ERROR_BUCKETS_S = (
-    *(-1800.0, -600.0, -120.0, -60.0, -30.0, -10.0, -5.0, -2.0, -1.0, -0.5, -0.1),
-    *(0.0, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0, 1800.0),
 )
 SOLVE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 SWAP_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -43,7 +38,8 @@ class Families:
     queue_depth: Gauge
     groups: Gauge
     wait_predicted: Histogram
-    wait_error: Histogram
+    wait_error: Summary
+    wait_abs_error: Histogram
     solve: Histogram
     planner_runs: Counter
     leading: Gauge
@@ -127,12 +123,19 @@ class Families:
                 buckets=LATENCY_BUCKETS_S,
                 registry=r,
             ),
-            wait_error=Histogram(
+            wait_error=Summary(
                 "qlm_wait_prediction_error_seconds",
-                "Actual minus predicted first-token time, for requests planned and completed "
-                "in the same process.",
+                "Actual minus predicted first-token time (negative: earlier than predicted), "
+                "for requests planned and completed in the same process; sum/count is the bias.",
                 ("slo_class",),
-                buckets=WAIT_ERROR_BUCKETS_S,
+                registry=r,
+            ),
+            wait_abs_error=Histogram(
+                "qlm_wait_prediction_abs_error_seconds",
+                "|actual - predicted| first-token time, same requests as the error summary "
+                "(a histogram with negative buckets could not carry a sum).",
+                ("slo_class",),
+                buckets=LATENCY_BUCKETS_S,
                 registry=r,
             ),
             solve=Histogram(

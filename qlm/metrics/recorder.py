@@ -257,6 +257,7 @@ class PlaneMetrics:
             f.e2e.labels(*labels).observe(result.finished_at_s - request.arrival_at_s)
         if predicted_at_s is not None:
             f.wait_error.labels(labels[1]).observe(first_s - predicted_at_s)
+            f.wait_abs_error.labels(labels[1]).observe(abs(first_s - predicted_at_s))
 
     def evicted(self, instance_id: str, requests: Iterable[Request], kind: str = "abort") -> None:
         if kind not in EVICTION_KINDS:
