@@ -31,7 +31,13 @@ class DuplicateRequestError(QueueError):
 
 
 class QueueFullError(QueueError):
-    """The queue holds its configured maximum; retry later."""
+    """The queue holds its configured maximum; retry later. `scope` says which bound refused:
+    "queue" (the overall bound), "reserved" (only reserved classes may take the places left)
+    or "tenant" (the request's tenant holds its own maximum)."""
+
+    def __init__(self, message: str = "the queue is full", scope: str = "queue") -> None:
+        super().__init__(message)
+        self.scope = scope
 
 
 class UnknownRequestError(QueueError, KeyError):

@@ -17,9 +17,9 @@ from qlm.clock import Clock, WallClock
 from qlm.queue.base import (
     DuplicateRequestError,
     QueueError,
-    QueueFullError,
     UnknownRequestError,
 )
+from qlm.queue.bounds import QueueBounds
 from qlm.queue.records import (
     InstanceStatus,
     PublishedPlan,
@@ -39,10 +39,23 @@ IN_FLIGHT = frozenset({RequestState.DISPATCHED, RequestState.RUNNING})
 
 @dataclass(frozen=True, slots=True)
 class MemoryQueueOptions:
-    """Bounds of the embedded queue. None means unbounded."""
+    """Bounds of the embedded queue. None means unbounded. The queued-request bounds are
+    those of qlm.queue.bounds.QueueBounds."""
 
     max_queued: int | None = None  # QUEUED requests at most; enqueue raises QueueFullError
     max_finished_records: int | None = 100_000  # oldest terminal records (and streams) dropped
+    max_queued_per_tenant: int | None = None  # QUEUED requests of one tenant at most
+    reserved_queued: int = 0  # places of max_queued only reserved_classes may take
+    reserved_classes: frozenset[str] = frozenset({"interactive"})
+
+    @property
+    def bounds(self) -> QueueBounds:
+        return QueueBounds(
+            self.max_queued,
+            self.max_queued_per_tenant,
+            self.reserved_queued,
+            frozenset(self.reserved_classes),
+        )
 
 
 class _Signal:
@@ -71,6 +84,7 @@ class MemoryQueue:
         self, options: MemoryQueueOptions | None = None, clock: Clock | None = None
     ) -> None:
         self.options = options or MemoryQueueOptions()
+        self._bounds = self.options.bounds
         self._clock: Clock = clock or WallClock()  # only for the leader lease
         self._records: dict[str, RequestRecord] = {}
         self._seq: dict[str, int] = {}  # arrival order, kept across requeues
@@ -80,6 +94,7 @@ class MemoryQueue:
         self._in_flight: dict[str, None] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._counts: dict[RequestState, int] = dict.fromkeys(RequestState, 0)
+        self._tenant_queued: dict[str, int] = {}  # QUEUED requests per tenant (none at 0)
         self._streams: dict[str, list[StreamEvent]] = {}
         self._stream_signals: dict[str, _Signal] = {}
         self._plan: PublishedPlan | None = None
@@ -117,10 +132,14 @@ class MemoryQueue:
             raise QueueError(f"request {request.id!r}: only QUEUED requests can be enqueued")
         if request.id in self._records:
             raise DuplicateRequestError(request.id)
-        limit = self.options.max_queued
-        if limit is not None and len(self._queued) >= limit:
-            raise QueueFullError(f"the queue holds its maximum of {limit} queued requests")
+        tenant = request.tenant
+        refusal = self._bounds.refusal(
+            request.slo_class, len(self._queued), tenant, self._tenant_queued.get(tenant, 0)
+        )
+        if refusal is not None:
+            raise refusal
         self._records[request.id] = RequestRecord(request)
+        self._count_tenant(tenant, 1)
         self._seq[request.id] = self._next_seq
         self._next_seq += 1
         self._queued[request.id] = None
@@ -278,8 +297,17 @@ class MemoryQueue:
         self._counts[to] += 1
         self._index(record.id, src, remove=True)
         self._index(record.id, to, remove=False)
+        if RequestState.QUEUED in (src, to) and src is not to:
+            self._count_tenant(record.request.tenant, 1 if to is RequestState.QUEUED else -1)
         self._records[record.id] = record
         return record
+
+    def _count_tenant(self, tenant: str, delta: int) -> None:
+        left = self._tenant_queued.get(tenant, 0) + delta
+        if left:
+            self._tenant_queued[tenant] = left
+        else:
+            self._tenant_queued.pop(tenant, None)  # idle tenants take no memory
 
     def _index(self, rid: str, state: RequestState, *, remove: bool) -> None:
         if state is RequestState.QUEUED:

@@ -15,10 +15,11 @@ from typing import Any, Literal, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as redis
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from redis.typing import KeyT, StreamIdT
 
-from qlm.queue.base import DuplicateRequestError, QueueError, QueueFullError, UnknownRequestError
+from qlm.queue.base import DuplicateRequestError, QueueError, UnknownRequestError
+from qlm.queue.bounds import QueueBounds
 from qlm.queue.lua import scripts
 from qlm.queue.records import (
     InstanceStatus,
@@ -57,6 +58,15 @@ class RedisQueueConfig(BaseModel):
     password: SecretStr | None = Field(default=None, description="Overrides the URL's password.")
     max_queued: int | None = Field(
         default=None, ge=0, description="QUEUED requests at most; enqueue raises QueueFullError."
+    )
+    max_queued_per_tenant: int | None = Field(
+        default=None, ge=0, description="QUEUED requests of one tenant at most."
+    )
+    reserved_queued: int = Field(
+        default=0, ge=0, description="Places of max_queued that only reserved_classes may take."
+    )
+    reserved_classes: frozenset[str] = Field(
+        default=frozenset({"interactive"}), description="SLO classes that may use reserved places."
     )
     finished_ttl_s: float = Field(
         default=24 * 3600.0,
@@ -105,6 +115,17 @@ class RedisQueueConfig(BaseModel):
         if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError("url must start with redis://, rediss:// or unix://")
         return url
+
+    @model_validator(mode="after")
+    def _bounds_consistent(self) -> RedisQueueConfig:
+        _ = self.bounds  # QueueBounds raises ValueError for inconsistent bounds
+        return self
+
+    @property
+    def bounds(self) -> QueueBounds:
+        return QueueBounds(
+            self.max_queued, self.max_queued_per_tenant, self.reserved_queued, self.reserved_classes
+        )
 
     @property
     def tls(self) -> bool:
@@ -169,6 +190,7 @@ class _Keys:
         self.epoch = f"{prefix}epoch"  # counter: plan epochs
         self.plan = f"{prefix}plan"  # hash: epoch, json
         self.instances = f"{prefix}instances"  # hash: instance id -> status JSON
+        self.tenants = f"{prefix}tenants"  # hash: tenant -> QUEUED requests (none at 0)
         self.leader = f"{prefix}leader"  # string: node id, with PX expiry
 
     def record(self, request_id: str) -> str:
@@ -242,6 +264,7 @@ class RedisQueue:
     def __init__(self, config: RedisQueueConfig, client: redis.Redis | None = None) -> None:
         self.config = config
         self._keys = _Keys(config.key_prefix)
+        self._bounds = config.bounds
         # Commands share a bounded pool that makes callers wait; blocking reads (streams,
         # wait_for_change) hold a connection each, so they get their own pool and can never
         # starve the commands.
@@ -330,13 +353,33 @@ class RedisQueue:
         if request.state is not RequestState.QUEUED:
             raise QueueError(f"request {request.id!r}: only QUEUED requests can be enqueued")
         k = self._keys
-        limit = -1 if self.config.max_queued is None else self.config.max_queued
-        keys = [k.record(request.id), k.stream(request.id), k.queued, k.seq, k.counts, k.changes]
-        outcome = await self._enqueue(keys, [request.id, _request_json(request), limit])
+        bounds = self._bounds
+        limit = bounds.class_limit(request.slo_class)
+        tenant_limit = bounds.max_queued_per_tenant
+        keys = [
+            k.record(request.id),
+            k.stream(request.id),
+            k.queued,
+            k.seq,
+            k.counts,
+            k.changes,
+            k.tenants,
+        ]
+        args: list[str | int] = [
+            request.id,
+            _request_json(request),
+            -1 if limit is None else limit,
+            request.tenant,
+            -1 if tenant_limit is None else tenant_limit,
+        ]
+        outcome = await self._enqueue(keys, args)
         if outcome == -1:
             raise DuplicateRequestError(request.id)
         if outcome == -2:
-            raise QueueFullError(f"the queue holds its maximum of {limit} queued requests")
+            scope = "queue" if limit == bounds.max_queued else "reserved"
+            raise bounds.full_error(request.slo_class, request.tenant, scope)
+        if outcome == -3:
+            raise bounds.full_error(request.slo_class, request.tenant, "tenant")
 
     async def pull(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
@@ -344,7 +387,7 @@ class RedisQueue:
         if not request_ids:
             return ()
         k = self._keys
-        keys = [k.queued, k.leases, k.counts, *map(k.record, request_ids)]
+        keys = [k.queued, k.leases, k.counts, k.tenants, *map(k.record, request_ids)]
         flat = await self._pull(keys, [instance_id, _num(now_s + lease_s), *request_ids])
         return tuple(
             request_from_dict({**json.loads(flat[i + 1]), "state": RequestState.DISPATCHED})
@@ -377,7 +420,7 @@ class RedisQueue:
         if not ids:
             return ()
         k = self._keys
-        keys = [k.queued, k.leases, k.counts, k.changes]
+        keys = [k.queued, k.leases, k.counts, k.changes, k.tenants]
         for rid in ids:
             keys += [k.record(rid), k.stream(rid)]
         return tuple(await self._requeue(keys, [*args, *ids]))
@@ -392,7 +435,7 @@ class RedisQueue:
     async def _run_finish(self, result: RequestResult, mode: str) -> bool:
         k = self._keys
         rid = result.request_id
-        keys = [k.record(rid), k.stream(rid), k.queued, k.leases, k.counts, k.changes]
+        keys = [k.record(rid), k.stream(rid), k.queued, k.leases, k.counts, k.changes, k.tenants]
         args: list[str | int] = [
             rid,
             mode,

@@ -8,9 +8,14 @@ times always come from the caller, never from the Redis server's clock. Which so
 may reach a terminal state is decided in Python from qlm.types.TRANSITIONS and passed in, so
 the transition table has one home.
 
-Record hash fields: req (request JSON without its state), state, seq (arrival order), inst
-(holder), lease (expiry, caller's clock), disp (dispatches), evic (evictions), group, wait,
-result (result JSON).
+Record hash fields: req (request JSON without its state), state, seq (arrival order), ten
+(tenant), inst (holder), lease (expiry, caller's clock), disp (dispatches), evic (evictions),
+group, wait, result (result JSON).
+
+The `tenants` hash counts QUEUED requests per tenant (a tenant at 0 is deleted): every script
+that moves a request into or out of QUEUED updates it in the same step, so ENQUEUE can bound
+a tenant's queue atomically. Records written before tenants were counted have no `ten` and
+are not counted.
 """
 
 from __future__ import annotations
@@ -27,42 +32,55 @@ end
 local function in_flight(state)
   return state == 'dispatched' or state == 'running'
 end
+local function count_tenant(tenants, tenant, n)
+  if not tenant then return end
+  if redis.call('HINCRBY', tenants, tenant, n) <= 0 then redis.call('HDEL', tenants, tenant) end
+end
 """
 
-# KEYS: record, stream, queued, seq, counts, changes
-# ARGV: id, request JSON, max queued (-1: unbounded)
-# Returns 1, or -1 when the id exists, -2 when the queue is full.
+# KEYS: record, stream, queued, seq, counts, changes, tenants
+# ARGV: id, request JSON, queued limit for the request's class (-1: unbounded), tenant,
+#       queued limit per tenant (-1: unbounded)
+# Returns 1, or -1 when the id exists, -2 when the queue is full for the request's class,
+# -3 when the tenant's queue is full.
 ENQUEUE = (
     _HELPERS
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
 local max = tonumber(ARGV[3])
 if max >= 0 and redis.call('ZCARD', KEYS[3]) >= max then return -2 end
+local tenant_max = tonumber(ARGV[5])
+if tenant_max >= 0 and tonumber(redis.call('HGET', KEYS[7], ARGV[4]) or '0') >= tenant_max then
+  return -3
+end
 local seq = redis.call('INCR', KEYS[4])
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[1], 'req', ARGV[2], 'state', 'queued', 'seq', seq, 'disp', 0, 'evic', 0)
+redis.call('HSET', KEYS[1], 'req', ARGV[2], 'state', 'queued', 'seq', seq, 'ten', ARGV[4],
+  'disp', 0, 'evic', 0)
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
 redis.call('HINCRBY', KEYS[5], 'queued', 1)
+count_tenant(KEYS[7], ARGV[4], 1)
 notify(KEYS[6], 'enqueue')
 return 1
 """
 )
 
-# KEYS: queued, leases, counts, record...
+# KEYS: queued, leases, counts, tenants, record...
 # ARGV: instance, lease expiry, id... (parallel to the records)
 # Returns id, request JSON, id, request JSON, ... for the requests moved to DISPATCHED.
 PULL = (
     _HELPERS
     + """
 local moved = {}
-for i = 4, #KEYS do
-  local id = ARGV[i - 1]
-  local f = redis.call('HMGET', KEYS[i], 'state', 'req')
+for i = 5, #KEYS do
+  local id = ARGV[i - 2]
+  local f = redis.call('HMGET', KEYS[i], 'state', 'req', 'ten')
   if f[1] == 'queued' then
     redis.call('HSET', KEYS[i], 'state', 'dispatched', 'inst', ARGV[1], 'lease', ARGV[2])
     redis.call('HINCRBY', KEYS[i], 'disp', 1)
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZADD', KEYS[2], ARGV[2], id)
+    count_tenant(KEYS[4], f[3], -1)
     moved[#moved + 1] = id
     moved[#moved + 1] = f[2]
   end
@@ -108,7 +126,7 @@ return n
 )
 
 # Back to QUEUED, at the request's original place in arrival order, with a REQUEUED event.
-# KEYS: queued, leases, counts, changes, then record, stream for each request
+# KEYS: queued, leases, counts, changes, tenants, then record, stream for each request
 # ARGV: mode ('holder': held by ARGV[2]; 'lease': lease ran out by ARGV[4]), instance,
 #       evicted ('1' counts an eviction), now, id...
 # Returns the ids moved.
@@ -116,10 +134,10 @@ REQUEUE = (
     _HELPERS
     + """
 local moved = {}
-local n = (#KEYS - 4) / 2
+local n = (#KEYS - 5) / 2
 for j = 1, n do
-  local rec, stream, id = KEYS[3 + 2 * j], KEYS[4 + 2 * j], ARGV[4 + j]
-  local f = redis.call('HMGET', rec, 'state', 'inst', 'lease', 'seq', 'disp')
+  local rec, stream, id = KEYS[4 + 2 * j], KEYS[5 + 2 * j], ARGV[4 + j]
+  local f = redis.call('HMGET', rec, 'state', 'inst', 'lease', 'seq', 'disp', 'ten')
   local ok = in_flight(f[1])
   if ARGV[1] == 'holder' then
     ok = ok and f[2] == ARGV[2]
@@ -133,6 +151,7 @@ for j = 1, n do
     redis.call('ZREM', KEYS[2], id)
     redis.call('ZADD', KEYS[1], f[4], id)
     move(KEYS[3], f[1], 'queued', 1)
+    count_tenant(KEYS[5], f[6], 1)
     redis.call('XADD', stream, '*', 'k', 'requeued', 'a', f[5], 't', ARGV[4])
     moved[#moved + 1] = id
   elseif ARGV[1] == 'lease' and not in_flight(f[1]) then
@@ -145,7 +164,7 @@ return moved
 )
 
 # The end of a request: COMPLETED or FAILED by its holder, or CANCELLED by anyone.
-# KEYS: record, stream, queued, leases, counts, changes
+# KEYS: record, stream, queued, leases, counts, changes, tenants
 # ARGV: id, mode ('holder' or 'any'), instance ('' for none), new state,
 #       allowed source states (' queued running ' etc.), result JSON, event time,
 #       TTL of the finished record and stream in ms (0: keep)
@@ -153,7 +172,7 @@ return moved
 FINISH = (
     _HELPERS
     + """
-local f = redis.call('HMGET', KEYS[1], 'state', 'inst', 'disp')
+local f = redis.call('HMGET', KEYS[1], 'state', 'inst', 'disp', 'ten')
 local state = f[1]
 if not state then return 0 end
 if ARGV[2] == 'holder' and (f[2] or '') ~= ARGV[3] then return 0 end
@@ -163,6 +182,7 @@ redis.call('HDEL', KEYS[1], 'inst', 'lease')
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 move(KEYS[5], state, ARGV[4], 1)
+if state == 'queued' then count_tenant(KEYS[7], f[4], -1) end
 redis.call('XADD', KEYS[2], '*', 'k', 'done', 'a', f[3], 't', ARGV[7], 'r', ARGV[6])
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then
