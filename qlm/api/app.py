@@ -13,11 +13,13 @@ from fastapi import FastAPI
 
 from qlm.api.context import ApiContext
 from qlm.api.errors import install_error_handlers
+from qlm.api.metrics_routes import MeteredContext, add_metrics_routes, default_metrics
 from qlm.api.openai_routes import add_openai_routes
 from qlm.api.qlm_routes import add_qlm_routes
 from qlm.api.settings import ApiSettings
 from qlm.api.tokens import TokenCounter
 from qlm.clock import Clock
+from qlm.metrics import PlaneMetrics
 from qlm.queue.base import GlobalQueue
 
 
@@ -27,13 +29,17 @@ def create_app(
     clock: Clock,
     *,
     token_counter: TokenCounter | None = None,
+    metrics: PlaneMetrics | None = None,
 ) -> FastAPI:
     """An app serving `settings.models` from `queue`; deadlines are read from `clock`.
     `token_counter` overrides the registered counter named in the settings (e.g. a real
-    tokenizer)."""
-    context = ApiContext.build(settings, queue, clock, token_counter)
+    tokenizer). `metrics` is the process's recorder (a registry of the app's own when None):
+    GET /metrics exposes it, GET /dashboard shows it, and admissions are counted on it."""
+    metrics = metrics or default_metrics(settings, clock)
+    context = MeteredContext.wrap(ApiContext.build(settings, queue, clock, token_counter), metrics)
     app = FastAPI(title="QLM", summary="SLO-aware queue for LLM serving fleets")
     install_error_handlers(app)
     add_openai_routes(app, context)
     add_qlm_routes(app, context)
+    add_metrics_routes(app, metrics, clock)
     return app

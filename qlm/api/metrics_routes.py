@@ -1,0 +1,136 @@
+"""Operator routes: GET /metrics (Prometheus) and the SLO-attainment dashboard at GET /dashboard,
+which polls GET /dashboard/data. The page's HTML, JS and CSS ship in qlm/metrics/static; the
+data comes from the process's registry or, with `metrics.prometheus_url`, from Prometheus.
+
+`MeteredContext` is the routes' ApiContext with the admission and cancellation hooks: every
+request the API admits or refuses, and every cancellation it makes, is counted."""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from starlette.requests import Request as HttpRequest
+from starlette.responses import RedirectResponse, Response
+
+from qlm.api.context import ApiContext, json_response
+from qlm.api.errors import SERVER_ERROR, ApiError
+from qlm.api.schemas import Body
+from qlm.api.settings import ApiSettings
+from qlm.api.slo import HEADER_CLASS
+from qlm.clock import Clock
+from qlm.metrics import (
+    NO_METRICS,
+    Dashboard,
+    DashboardSource,
+    LocalSource,
+    MetricsHooks,
+    PlaneMetrics,
+    render,
+)
+from qlm.metrics.prometheus import PrometheusError, PrometheusSource
+from qlm.types import Request
+
+STATIC = {
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+}
+NO_CACHE = {"cache-control": "no-cache"}
+
+
+def default_metrics(settings: ApiSettings, clock: Clock) -> PlaneMetrics:
+    """A recorder on a registry of the app's own, for an app built without one."""
+    return PlaneMetrics(
+        CollectorRegistry(),
+        clock,
+        slo_classes=[c.name for c in settings.slo_classes],
+        models=list(settings.models),
+    )
+
+
+def dashboard_source(metrics: PlaneMetrics) -> DashboardSource:
+    """Prometheus when the settings name one (multi-replica view), else this process."""
+    settings = metrics.settings
+    if settings.prometheus_url is None:
+        return LocalSource(metrics)
+    return PrometheusSource(
+        str(settings.prometheus_url),
+        history_s=settings.history_s,
+        min_step_s=settings.sample_every_s,
+        timeout_s=settings.prometheus_timeout_s,
+    )
+
+
+def _asset(name: str) -> bytes:
+    return (resources.files("qlm.metrics") / "static" / name).read_bytes()
+
+
+def add_metrics_routes(app: FastAPI, metrics: PlaneMetrics, clock: Clock) -> None:
+    dashboard = Dashboard(
+        dashboard_source(metrics), clock, metrics.slo_classes, metrics.settings.sample_every_s
+    )
+    page = _asset("dashboard.html")
+    assets = {name: (_asset(name), media) for name, media in STATIC.items()}
+
+    async def prometheus_metrics(http: HttpRequest) -> Response:
+        body, content_type = render(metrics.registry, http.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
+    app.add_route("/metrics", prometheus_metrics, methods=["GET"])
+
+    @app.get("/dashboard")
+    async def dashboard_page() -> Response:
+        return Response(page, media_type="text/html; charset=utf-8", headers=NO_CACHE)
+
+    @app.get("/dashboard/")
+    async def dashboard_slash() -> Response:
+        return RedirectResponse("../dashboard", status_code=308)
+
+    @app.get("/dashboard/data")
+    async def dashboard_data() -> Response:
+        try:
+            view = await dashboard.view()
+        except PrometheusError as exc:
+            raise ApiError(502, str(exc), type=SERVER_ERROR, code="prometheus_error") from None
+        return json_response(view, headers=NO_CACHE)
+
+    @app.get("/dashboard/static/{name}")
+    async def dashboard_asset(name: str) -> Response:
+        if name not in assets:
+            raise ApiError(404, f"No dashboard asset {name!r}.", code="not_found")
+        body, media = assets[name]
+        return Response(body, media_type=media, headers=NO_CACHE)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeteredContext(ApiContext):
+    metrics: MetricsHooks = NO_METRICS
+
+    @classmethod
+    def wrap(cls, context: ApiContext, metrics: MetricsHooks) -> MeteredContext:
+        fields = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
+        return cls(**{**fields, "metrics": metrics})
+
+    async def admit(
+        self, body: Body, http: HttpRequest, id_prefix: str, *args: Any, **kwargs: Any
+    ) -> Request:
+        try:
+            request = await super().admit(body, http, id_prefix, *args, **kwargs)
+        except ApiError as exc:
+            requested = body.tags().slo_class or http.headers.get(HEADER_CLASS)
+            slo_class = requested or self.settings.default_slo_class
+            self.metrics.request_rejected(body.model, slo_class, exc.code or exc.type)
+            raise
+        self.metrics.request_admitted(request)
+        return request
+
+    async def cancel(self, request_id: str) -> bool:
+        cancelled = await super().cancel(request_id)
+        if cancelled and self.metrics is not NO_METRICS:
+            record = await self.queue.get(request_id)
+            if record is not None:
+                self.metrics.request_cancelled(record.request)
+        return cancelled
