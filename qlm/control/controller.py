@@ -113,6 +113,9 @@ class Controller:
             return None
         group_id = self._planned_home(self._grouping.add(request), plan)
         if group_id is None:
+            # Leave no trace: the caller may offer the request again before the re-plan
+            # (re-plans are rate-limited in the live loop).
+            self._grouping.remove(request.id)
             return None
         group = plan.groups[group_id]
         self._member_of[request.id] = group_id

@@ -9,6 +9,8 @@ implementations do their I/O in background tasks and keep `observe()` current.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -123,6 +125,44 @@ class EngineFailed:
 
 
 EngineEvent = FirstToken | TokenChunk | Finished | Aborted | ModelLoaded | EngineFailed
+
+
+class EventBuffer:
+    """Where a live engine's background tasks leave events for the agent. `wait` lets the
+    agent sleep until there is something to handle instead of polling on a timer, so a
+    token reaches the client one hop after the engine made it. Event-loop thread only."""
+
+    def __init__(self) -> None:
+        self._events: list[EngineEvent] = []
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def append(self, event: EngineEvent) -> None:
+        self._events.append(event)
+        self._ready.set()
+
+    def drain(self) -> list[EngineEvent]:
+        events, self._events = self._events, []
+        self._ready.clear()
+        return events
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True once events are pending; False after `timeout_s` without any."""
+        if self._events:
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._ready.wait()
+        return bool(self._events)
+
+
+@runtime_checkable
+class EventWaiter(Protocol):
+    """A live engine the agent can sleep on instead of polling (see EventBuffer)."""
+
+    async def wait_events(self, timeout_s: float) -> bool: ...
 
 
 class EngineError(RuntimeError):

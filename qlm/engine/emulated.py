@@ -27,6 +27,7 @@ from qlm.clock import Clock
 from qlm.engine.client import (
     EngineEvent,
     EngineObservation,
+    EventBuffer,
     Finished,
     FirstToken,
     TokenChunk,
@@ -71,7 +72,7 @@ class EmulatedEngine:
         )
         self._origin_now_s = clock.now_s()
         self._origin_mono_s = clock.monotonic_s()
-        self._events: list[EngineEvent] = []
+        self._events = EventBuffer()
         self._streamed: dict[str, int] = {}  # tokens sent in chunks, per started request
         self._last_stream_s = 0.0  # engine time of the last streaming tick
         self._wake = asyncio.Event()
@@ -143,8 +144,11 @@ class EmulatedEngine:
 
     def poll(self) -> list[EngineEvent]:
         self._pump()
-        events, self._events = self._events, []
-        return events
+        return self._events.drain()
+
+    async def wait_events(self, timeout_s: float) -> bool:
+        """Sleep until events are pending (True) or `timeout_s` passed (False)."""
+        return await self._events.wait(timeout_s)
 
     # ------------------------------------------------------------------ time
 

@@ -56,6 +56,7 @@ from qlm.engine.client import (
     EngineObservation,
     EngineRequest,
     EngineState,
+    EventBuffer,
     Finished,
     FirstToken,
     ModelLoaded,
@@ -394,7 +395,7 @@ class VllmEngine:
         self._server: _Server | None = None
         self._http: httpx.AsyncClient | None = None
         self._flights: dict[str, _Flight] = {}
-        self._events: list[EngineEvent] = []
+        self._events = EventBuffer()
         self._metrics = VllmMetrics()
         self._failure = ""
         self._launches = 0
@@ -556,8 +557,11 @@ class VllmEngine:
         self._begin_load(model, announce=True)
 
     def poll(self) -> list[EngineEvent]:
-        events, self._events = self._events, []
-        return events
+        return self._events.drain()
+
+    async def wait_events(self, timeout_s: float) -> bool:
+        """Sleep until events are pending (True) or `timeout_s` passed (False)."""
+        return await self._events.wait(timeout_s)
 
     # ------------------------------------------------------------------ requests
 

@@ -114,8 +114,17 @@ class GlobalQueue(Protocol):
 
     async def current_plan(self) -> PublishedPlan | None: ...
 
+    async def wait_for_plan(self, newer_than_epoch: int, timeout_s: float) -> bool:
+        """Wait until a plan with an epoch above `newer_than_epoch` exists (True at once if
+        one does) or `timeout_s` passes (False). Agents sleep on it between rounds."""
+        ...
+
     async def emit(self, event: StreamEvent) -> None:
         """Append to a request's output stream."""
+        ...
+
+    async def emit_many(self, events: Sequence[StreamEvent]) -> None:
+        """emit() for several events, in order, in one call (one round trip on Redis)."""
         ...
 
     def stream(self, request_id: str, timeout_s: float | None = None) -> AsyncIterator[StreamEvent]:

@@ -99,6 +99,7 @@ class MemoryQueue:
         self._stream_signals: dict[str, _Signal] = {}
         self._plan: PublishedPlan | None = None
         self._epoch = 0
+        self._plan_signal = _Signal()
         self._changes = 0
         self._changes_seen = 0
         self._change_signal = _Signal()
@@ -235,7 +236,13 @@ class MemoryQueue:
     async def publish_plan(self, plan: PublishedPlan) -> PublishedPlan:
         self._epoch += 1
         self._plan = plan.with_epoch(self._epoch)
+        self._plan_signal.fire()
         return self._plan
+
+    async def wait_for_plan(self, newer_than_epoch: int, timeout_s: float) -> bool:
+        if self._plan is None or self._epoch <= newer_than_epoch:
+            await self._plan_signal.wait(timeout_s)
+        return self._plan is not None and self._epoch > newer_than_epoch
 
     async def emit(self, event: StreamEvent) -> None:
         if event.kind is StreamKind.DONE:
@@ -244,6 +251,10 @@ class MemoryQueue:
         if record is None or record.state.is_terminal:
             return  # a late chunk from an attempt that no longer counts
         self._append(event)
+
+    async def emit_many(self, events: Sequence[StreamEvent]) -> None:
+        for event in events:
+            await self.emit(event)
 
     # -- waiting ------------------------------------------------------------------------
 

@@ -160,6 +160,10 @@ class PlannedGroup:
         )
 
 
+def _read_only(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return mapping if isinstance(mapping, MappingProxyType) else MappingProxyType(dict(mapping))
+
+
 @dataclass(frozen=True)
 class PublishedPlan:
     """Virtual queues as the control loop publishes them. `epoch` grows with every publish;
@@ -174,9 +178,11 @@ class PublishedPlan:
     predicted_wait_s: Mapping[str, float] = field(default_factory=dict)  # by request id
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "queues", MappingProxyType(dict(self.queues)))
-        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
-        object.__setattr__(self, "predicted_wait_s", MappingProxyType(dict(self.predicted_wait_s)))
+        # A plan derived from another (new epoch, one group grown) shares the mappings it
+        # did not change: they are read-only views already, so copying them again would make
+        # each arrival cost the size of the whole plan.
+        for name in ("queues", "groups", "predicted_wait_s"):
+            object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
         return replace(self, epoch=epoch)

@@ -9,13 +9,18 @@ measured by Redis (SET PX), which keeps leadership safe under clock skew between
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from qlm.queue.base import DuplicateRequestError, QueueError, UnknownRequestError
@@ -34,6 +39,7 @@ from qlm.queue.records import (
     request_from_dict,
     request_to_dict,
 )
+from qlm.queue.redis_pokes import StreamPokes
 from qlm.types import TRANSITIONS, Request, RequestState
 
 _LIVE = (RequestState.DISPATCHED, RequestState.RUNNING)
@@ -189,6 +195,7 @@ class _Keys:
         self.changes = f"{prefix}changes"  # stream: one entry per change (wait_for_change)
         self.epoch = f"{prefix}epoch"  # counter: plan epochs
         self.plan = f"{prefix}plan"  # hash: epoch, json
+        self.plan_changes = f"{prefix}plan-changes"  # stream: one entry per published epoch
         self.instances = f"{prefix}instances"  # hash: instance id -> status JSON
         self.tenants = f"{prefix}tenants"  # hash: tenant -> QUEUED requests (none at 0)
         self.leader = f"{prefix}leader"  # string: node id, with PX expiry
@@ -295,6 +302,11 @@ class RedisQueue:
         self._renew_lead = register(scripts.RENEW_LEAD)
         self._queued_requests = register(scripts.QUEUED_REQUESTS)
         self._last_change = "0-0"
+        self._plan_cache: PublishedPlan | None = None
+        self._plan_epoch = 0  # newest epoch the watcher saw (0: none yet)
+        self._plan_signal = asyncio.Event()
+        self._plan_watcher: asyncio.Task[None] | None = None
+        self._pokes = StreamPokes(self._blocking, f"{self._keys.prefix}s:*")
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisQueue:
@@ -338,10 +350,21 @@ class RedisQueue:
         return {state: int(stored.get(state, 0)) for state in RequestState}
 
     async def current_plan(self) -> PublishedPlan | None:
+        """The plan; its JSON is read and parsed only when the epoch changed (agents ask
+        every round, the plan changes far less often)."""
+        cached = self._plan_cache
+        if cached is not None and self._watching and cached.epoch == self._plan_epoch:
+            return cached  # the watcher saw no newer epoch
+        epoch = await self._redis.hget(self._keys.plan, "epoch")
+        if epoch is None:
+            return None
+        if cached is not None and cached.epoch == int(epoch):
+            return cached
         epoch, text = _strs(await self._redis.hmget(self._keys.plan, ["epoch", "json"]))
         if epoch is None or text is None:
             return None
-        return PublishedPlan.from_json(text).with_epoch(int(epoch))
+        self._plan_cache = PublishedPlan.from_json(text).with_epoch(int(epoch))
+        return self._plan_cache
 
     async def instances(self) -> tuple[InstanceStatus, ...]:
         stored = _hash(await self._redis.hgetall(self._keys.instances))
@@ -461,12 +484,29 @@ class RedisQueue:
             await self._annotate([self._keys.record(rid) for rid in chunk], args)
 
     async def publish_plan(self, plan: PublishedPlan) -> PublishedPlan:
-        epoch = await self._publish_plan([self._keys.epoch, self._keys.plan], [plan.to_json()])
+        keys = [self._keys.epoch, self._keys.plan, self._keys.plan_changes]
+        epoch = await self._publish_plan(keys, [plan.to_json()])
         return plan.with_epoch(int(epoch))
 
     async def emit(self, event: StreamEvent) -> None:
         if event.kind is StreamKind.DONE:
             raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
+        await self._emit(*self._emit_call(event))
+
+    async def emit_many(self, events: Sequence[StreamEvent]) -> None:
+        if len(events) <= 1:
+            for event in events:
+                await self.emit(event)
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for event in events:
+                if event.kind is StreamKind.DONE:
+                    raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
+                keys, args = self._emit_call(event)
+                await self._emit(keys, args, client=pipe)
+            await pipe.execute()
+
+    def _emit_call(self, event: StreamEvent) -> tuple[list[str], list[str | int]]:
         rid = event.request_id
         args: list[str | int] = [
             str(event.kind),
@@ -476,7 +516,7 @@ class RedisQueue:
             event.num_tokens,
             event.offset_tokens,
         ]
-        await self._emit([self._keys.record(rid), self._keys.stream(rid)], args)
+        return [self._keys.record(rid), self._keys.stream(rid)], args
 
     async def report_instance(self, status: InstanceStatus) -> None:
         await self._redis.hset(self._keys.instances, status.instance_id, status.to_json())
@@ -486,29 +526,36 @@ class RedisQueue:
     async def stream(
         self, request_id: str, timeout_s: float | None = None
     ) -> AsyncIterator[StreamEvent]:
+        """Read with XRANGE from the last entry each time the stream is poked (see
+        qlm/queue/redis_pokes.py), and on a timer should a poke be lost."""
         record_key, stream_key = self._keys.record(request_id), self._keys.stream(request_id)
         if not await self._redis.exists(record_key):
             raise UnknownRequestError(request_id)
-        last_id = "0-0"
-        waited_s = 0.0
-        while True:
-            block_s = self._block_s(timeout_s, waited_s)
-            streams: dict[KeyT, StreamIdT] = {stream_key: last_id}
-            reply = _entries(await self._blocking.xread(streams, count=256, block=_ms(block_s)))
-            if not reply:
+        await self._pokes.start(timeout_s=1.0)
+        start, waited_s = "-", 0.0
+        with self._pokes.watch(stream_key) as poke:
+            while True:
+                poke.clear()
+                entries = _range(await self._redis.xrange(stream_key, start, "+", count=256))
+                for entry_id, fields in entries:
+                    start = f"({entry_id}"
+                    event = _event(request_id, fields)
+                    yield event
+                    if event.kind is StreamKind.DONE:
+                        return
+                if entries:
+                    waited_s = 0.0
+                    continue
+                block_s = self._block_s(timeout_s, waited_s)
+                if not self._pokes.subscribed:
+                    block_s = min(block_s, _UNSUBSCRIBED_POLL_S)
+                if await _wait_event(poke, block_s):
+                    continue
                 waited_s += block_s
                 if timeout_s is not None and waited_s >= timeout_s:
                     raise TimeoutError(f"no stream event for {request_id!r} within {timeout_s} s")
                 if not await self._redis.exists(record_key):
                     raise UnknownRequestError(request_id)  # expired while we waited
-                continue
-            waited_s = 0.0
-            for entry_id, fields in reply:
-                last_id = entry_id
-                event = _event(request_id, fields)
-                yield event
-                if event.kind is StreamKind.DONE:
-                    return
 
     def _block_s(self, timeout_s: float | None, waited_s: float) -> float:
         chunk_s = self.config.block_chunk_s
@@ -524,6 +571,43 @@ class RedisQueue:
         self._last_change = (newest or reply)[-1][0]
         return True
 
+    async def wait_for_plan(self, newer_than_epoch: int, timeout_s: float) -> bool:
+        """Served by one watcher task per queue that blocks on the plan-change stream, so
+        any number of waiters (and their cancellation) cost no Redis connection."""
+        if self._plan_watcher is None:
+            self._plan_watcher = asyncio.create_task(self._watch_plans(), name="qlm-plan-watch")
+        deadline_s = time.monotonic() + timeout_s
+        while self._plan_epoch <= newer_than_epoch:
+            self._plan_signal.clear()
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left_s):
+                    await self._plan_signal.wait()
+        return True
+
+    @property
+    def _watching(self) -> bool:
+        return self._plan_watcher is not None and not self._plan_watcher.done()
+
+    async def _watch_plans(self) -> None:
+        last_id = "0-0"
+        block_ms = _ms(self.config.block_chunk_s)
+        while True:
+            try:
+                streams: dict[KeyT, StreamIdT] = {self._keys.plan_changes: last_id}
+                reply = _entries(await self._blocking.xread(streams, count=16, block=block_ms))
+            except (RedisConnectionError, RedisTimeoutError):
+                self._plan_epoch = 0  # unknown while disconnected: readers ask Redis
+                await asyncio.sleep(0.1)
+                continue
+            for entry_id, fields in reply:
+                last_id = entry_id
+                self._plan_epoch = max(self._plan_epoch, int(fields["e"]))
+            if reply:
+                self._plan_signal.set()
+
     async def try_lead(self, node_id: str, lease_s: float) -> bool:
         lease_ms = max(1, int(lease_s * 1000))
         if await self._redis.set(self._keys.leader, node_id, nx=True, px=lease_ms):
@@ -531,12 +615,31 @@ class RedisQueue:
         return bool(await self._renew_lead([self._keys.leader], [node_id, lease_ms]))
 
     async def close(self) -> None:
+        await self._pokes.close()
+        if self._plan_watcher is not None:
+            self._plan_watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._plan_watcher
+            self._plan_watcher = None
         if self._owns_client:
             await self._redis.aclose()
             await self._blocking.aclose()
 
 
 _Entries = list[tuple[str, dict[str, str]]]
+_UNSUBSCRIBED_POLL_S = 0.05  # stream re-read period while the poke subscription is down
+
+
+async def _wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    return event.is_set()
+
+
+def _range(reply: object) -> _Entries:
+    """XRANGE's reply: [(id, fields), ...]."""
+    return cast(_Entries, reply)
 
 
 def _strs(value: object) -> list[str]:

@@ -5,10 +5,9 @@ and applies the resulting LSOs. All decisions are the reconcile step's; this fil
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
 from qlm.agents.drain import drain_estimate_s
@@ -19,6 +18,7 @@ from qlm.engine.client import (
     EngineClient,
     EngineEvent,
     EngineFailed,
+    EventWaiter,
     Finished,
     FirstToken,
     ModelLoaded,
@@ -47,6 +47,20 @@ class _Held:
     attempt: int
     sent_tokens: int = 0
     text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """One round's queue updates, waiting to be written together."""
+
+    running: list[str] = field(default_factory=list)
+    chunks: dict[str, StreamEvent] = field(default_factory=dict)  # merged, per request
+    finished: list[RequestResult] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.running.clear()
+        self.chunks.clear()
+        self.finished.clear()
 
 
 @dataclass
@@ -90,8 +104,21 @@ class Agent:
                 await self.step()
             except Exception:  # a failed round must not kill the agent
                 log.exception("agent %s: round failed", self.instance.id)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.poll_s)
+            await self._idle(stop)
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """Sleep until there is work: engine events (tokens, completions), a newer plan, the
+        stop signal, or `poll_s` at the latest (leases, status, time-driven decisions)."""
+        timeout_s = self.settings.poll_s
+        waits = [
+            asyncio.ensure_future(stop.wait()),
+            asyncio.ensure_future(self.queue.wait_for_plan(self._epoch, timeout_s)),
+        ]
+        if isinstance(self.engine, EventWaiter):
+            waits.append(asyncio.ensure_future(self.engine.wait_events(timeout_s)))
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
 
     async def step(self) -> tuple[Action, ...]:
         """One round: events, reconcile, apply, leases, status."""
@@ -160,28 +187,48 @@ class Agent:
             self.engine.abort(ids)
 
     async def _handle(self, events: Sequence[EngineEvent]) -> None:
+        """Queue updates for a round's events, batched: token chunks of one request merge
+        into one stream event, and each kind goes out in one call; a batch is flushed before
+        an abort or failure so that nothing of an attempt is written after its requeue."""
+        batch = _Batch()
         for event in events:
             if isinstance(event, FirstToken):
                 if event.request_id in self._held:
-                    await self.queue.mark_running(event.request_id, self.instance.id)
+                    batch.running.append(event.request_id)
             elif isinstance(event, TokenChunk):
-                await self._chunk(event)
+                self._chunk(event, batch)
             elif isinstance(event, Finished):
-                await self._finished(event)
-            elif isinstance(event, Aborted):
-                await self._aborted(event)
-            elif isinstance(event, EngineFailed):
-                await self._requeue(list(self._held), evicted=False)
-            elif isinstance(event, ModelLoaded):
-                log.info(
-                    "agent %s: %s loaded in %.1f s", self.instance.id, event.model, event.load_s
-                )
+                self._finished(event, batch)
+            else:
+                await self._flush(batch)
+                await self._other(event)
+        await self._flush(batch)
 
-    async def _chunk(self, event: TokenChunk) -> None:
+    async def _other(self, event: EngineEvent) -> None:
+        if isinstance(event, Aborted):
+            await self._aborted(event)
+        elif isinstance(event, EngineFailed):
+            await self._requeue(list(self._held), evicted=False)
+        elif isinstance(event, ModelLoaded):
+            log.info("agent %s: %s loaded in %.1f s", self.instance.id, event.model, event.load_s)
+
+    async def _flush(self, batch: _Batch) -> None:
+        if batch.running:
+            marks = (self.queue.mark_running(rid, self.instance.id) for rid in batch.running)
+            await asyncio.gather(*marks)
+        if batch.chunks:
+            await self.queue.emit_many(list(batch.chunks.values()))
+        if batch.finished:
+            done = await asyncio.gather(*(self.queue.complete(r) for r in batch.finished))
+            self.counters.completed += sum(done)
+        batch.clear()
+
+    def _chunk(self, event: TokenChunk, batch: _Batch) -> None:
         held = self._held.get(event.request_id)
         if held is None:
             return
-        await self.queue.emit(
+        before = batch.chunks.get(event.request_id)
+        batch.chunks[event.request_id] = (
             StreamEvent(
                 event.request_id,
                 StreamKind.TOKENS,
@@ -191,27 +238,34 @@ class Agent:
                 num_tokens=event.num_tokens,
                 offset_tokens=held.sent_tokens,
             )
+            if before is None
+            else replace(
+                before,
+                at_s=event.at_s,
+                text=before.text + event.text,
+                num_tokens=before.num_tokens + event.num_tokens,
+            )
         )
         held.sent_tokens += event.num_tokens
         held.text.append(event.text)
 
-    async def _finished(self, event: Finished) -> None:
+    def _finished(self, event: Finished, batch: _Batch) -> None:
         held = self._held.pop(event.request_id, None)
         if held is None:
             return
-        result = RequestResult(
-            request_id=event.request_id,
-            state=RequestState.COMPLETED,
-            instance_id=self.instance.id,
-            text=event.text or "".join(held.text),
-            output_tokens=event.output_tokens,
-            finish_reason=event.finish_reason,
-            dispatched_at_s=held.dispatched_at_s,
-            first_token_at_s=event.first_token_at_s,
-            finished_at_s=event.at_s,
+        batch.finished.append(
+            RequestResult(
+                request_id=event.request_id,
+                state=RequestState.COMPLETED,
+                instance_id=self.instance.id,
+                text=event.text or "".join(held.text),
+                output_tokens=event.output_tokens,
+                finish_reason=event.finish_reason,
+                dispatched_at_s=held.dispatched_at_s,
+                first_token_at_s=event.first_token_at_s,
+                finished_at_s=event.at_s,
+            )
         )
-        if await self.queue.complete(result):
-            self.counters.completed += 1
 
     async def _aborted(self, event: Aborted) -> None:
         evicted = event.request_id in self._evicting

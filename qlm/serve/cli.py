@@ -10,7 +10,6 @@ qlm demo --config FLEET.yaml         the main job: serve, drive a mixed load, pr
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 from pathlib import Path
@@ -57,10 +56,13 @@ def _load(args: argparse.Namespace) -> ServeConfig:
 
 
 def _serve(args: argparse.Namespace, **parts: object) -> int:
+    import uvloop
+
     from qlm.serve.runtime import serve_forever
 
+    # uvloop: the event loop uvicorn picks by itself when it owns the process.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_forever(_load(args), **parts))  # type: ignore[arg-type]
+        uvloop.run(serve_forever(_load(args), **parts))  # type: ignore[arg-type]
     return 0
 
 

@@ -43,10 +43,26 @@ class ControllerSettings(_Strict):
     tick_s: float = Field(default=1.0, gt=0, description="Re-check the plan at least this often.")
     leader_lease_s: float = Field(default=5.0, gt=0, description="Leader lease in Redis.")
     node_id: str | None = Field(default=None, description="Leader-election id; default random.")
+    min_replan_interval_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="Full re-plans (regroup + solve) at most this often once a plan exists; "
+        "arrivals in between join their planned groups.",
+    )
+    published_members_per_group: int = Field(
+        default=256,
+        ge=1,
+        description="Requests per group in the plan agents read (the heads they admit from).",
+    )
 
 
 class AgentSettings(_Strict):
-    poll_s: float = Field(default=0.02, gt=0, description="Agent loop period.")
+    poll_s: float = Field(
+        default=0.25,
+        gt=0,
+        description="Longest sleep between agent rounds; engine events and new plans wake "
+        "the agent before that.",
+    )
     lease_s: float = Field(
         default=30.0, gt=0, description="A pulled request returns to the queue if not renewed."
     )

@@ -14,7 +14,7 @@ from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control import Controller, InstanceView
 from qlm.queue.base import GlobalQueue
-from qlm.queue.records import InstanceStatus, PublishedPlan
+from qlm.queue.records import InstanceStatus, PlannedGroup, PublishedPlan
 from qlm.serve.config import ControllerSettings
 from qlm.types import Fleet, Request
 
@@ -50,6 +50,8 @@ class ControlLoop:
         self.node_id = settings.node_id or f"controller-{uuid.uuid4().hex[:8]}"
         self.counters = LoopCounters()
         self._planned_ids: set[str] = set()
+        self._annotated: dict[str, tuple[str, float | None]] = {}  # what records say now
+        self._last_replan_s = float("-inf")
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -72,13 +74,37 @@ class ControlLoop:
         views = self._views(await self.queue.instances())
         plan = self._insert_arrivals(queued, now_s)
         reason = self.controller.needs_replan(queued, views, now_s)
-        if reason.needed:
-            plan = self._replan(queued, views, now_s, reason.why)
+        if reason.needed and self._may_replan(now_s):
+            plan = await self._replan(queued, views, now_s, reason.why) or plan
         if plan is None:
             return None
-        published = await self.queue.publish_plan(_still_queued(plan, queued))
-        await self.queue.annotate(published)
+        members = self.settings.published_members_per_group
+        published = await self.queue.publish_plan(_for_agents(plan, queued, members))
+        await self.queue.annotate(self._changed_annotations(plan))
         return published
+
+    def _may_replan(self, now_s: float) -> bool:
+        """At most one full re-plan per `min_replan_interval_s` once a plan exists: a solve
+        costs up to the planner's time limit, and arrivals between re-plans still join
+        their groups through `on_arrival`. Without the bound, a backlog whose groups keep
+        turning late would be re-solved on every arrival."""
+        if self.controller.plan is None:
+            return True
+        return now_s - self._last_replan_s >= self.settings.min_replan_interval_s
+
+    def _changed_annotations(self, plan: PublishedPlan) -> PublishedPlan:
+        """The part of the plan whose group or predicted wait differs from what the
+        records hold, so that a round costs the queue writes of what changed."""
+        changed: dict[str, list[str]] = {}
+        current: dict[str, tuple[str, float | None]] = {}
+        for gid, group in plan.groups.items():
+            for rid in group.request_ids:
+                mark = (gid, plan.predicted_wait_s.get(rid))
+                current[rid] = mark
+                if self._annotated.get(rid) != mark:
+                    changed.setdefault(gid, []).append(rid)
+        self._annotated = current
+        return replace(plan, groups={g: _subset(plan.groups[g], ids) for g, ids in changed.items()})
 
     def _insert_arrivals(self, queued: Sequence[Request], now_s: float) -> PublishedPlan | None:
         plan = None
@@ -95,11 +121,14 @@ class ControlLoop:
             plan = updated
         return plan
 
-    def _replan(
+    async def _replan(
         self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float, why: str
     ) -> PublishedPlan | None:
+        """Solve in a worker thread: the solver's native core releases the GIL, so API and
+        agents sharing this event loop keep serving meanwhile."""
+        self._last_replan_s = now_s
         try:
-            plan = self.controller.replan(queued, views, now_s)
+            plan = await asyncio.to_thread(self.controller.replan, queued, views, now_s)
         except Exception:
             self.counters.failures += 1
             log.exception("re-plan failed (%s); keeping the last good plan", why)
@@ -125,23 +154,33 @@ class ControlLoop:
         return views
 
 
-def _still_queued(plan: PublishedPlan, queued: Sequence[Request]) -> PublishedPlan:
-    """The plan without members that already left the queue, so agents do not walk (and try
-    to pull) requests that other instances took or that finished."""
+def _for_agents(plan: PublishedPlan, queued: Sequence[Request], members: int) -> PublishedPlan:
+    """The plan as agents need it: per group, the first `members` requests still queued
+    (agents admit from the heads of their virtual queues; the rest follows in later epochs as
+    the heads leave). Keeps each publish, and each agent's read of it, small however long
+    the queue, and keeps agents from walking requests that other instances took."""
     queued_ids = {r.id for r in queued}
     groups = {}
+    waits: dict[str, float] = {}
     for gid, group in plan.groups.items():
-        keep = [i for i, rid in enumerate(group.request_ids) if rid in queued_ids]
-        if len(keep) == len(group.request_ids):
-            groups[gid] = group
-            continue
-        groups[gid] = replace(
-            group,
-            request_ids=tuple(group.request_ids[i] for i in keep),
-            prompt_tokens=tuple(group.prompt_tokens[i] for i in keep if group.prompt_tokens),
-            max_output_tokens=tuple(
-                group.max_output_tokens[i] for i in keep if group.max_output_tokens
-            ),
-            slo_classes=tuple(group.slo_classes[i] for i in keep if group.slo_classes),
+        keep = [rid for rid in group.request_ids if rid in queued_ids][:members]
+        groups[gid] = group if len(keep) == len(group.request_ids) else _subset(group, keep)
+        waits.update(
+            (rid, plan.predicted_wait_s[rid]) for rid in keep if rid in plan.predicted_wait_s
         )
-    return replace(plan, groups=groups)
+    return replace(plan, groups=groups, predicted_wait_s=waits)
+
+
+def _subset(group: PlannedGroup, request_ids: Sequence[str]) -> PlannedGroup:
+    """The group with only `request_ids` (in the group's order), per-member fields kept."""
+    wanted = set(request_ids)
+    keep = [i for i, rid in enumerate(group.request_ids) if rid in wanted]
+    return replace(
+        group,
+        request_ids=tuple(group.request_ids[i] for i in keep),
+        prompt_tokens=tuple(group.prompt_tokens[i] for i in keep if group.prompt_tokens),
+        max_output_tokens=tuple(
+            group.max_output_tokens[i] for i in keep if group.max_output_tokens
+        ),
+        slo_classes=tuple(group.slo_classes[i] for i in keep if group.slo_classes),
+    )

@@ -1,21 +1,91 @@
-"""The live loop publishes plans pruned to what is still queued."""
+"""The live loop publishes plans pruned to what is still queued, heads only, and annotates
+only what changed."""
 
 from __future__ import annotations
 
+import asyncio
+
+from qlm.clock import VirtualClock
+from qlm.config import QlmConfig
+from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import PlannedGroup, PublishedPlan
-from qlm.serve.loop import _still_queued
-from tests.factories import make_request
+from qlm.serve.config import ControllerSettings
+from qlm.serve.loop import ControlLoop, _for_agents
+from qlm.types import Fleet
+from tests.factories import make_instance, make_profile, make_request
 
 
-def test_published_plan_drops_members_that_left_the_queue() -> None:
+def _plan() -> PublishedPlan:
     group = PlannedGroup(
         "g", "m7b", "batch-2", ("a", "b", "c"), (1, 2, 3), (4, 5, 6), ("x", "y", "z")
     )
-    plan = PublishedPlan(1, 0.0, {"i0": ("g",)}, {"g": group})
-    pruned = _still_queued(plan, [make_request(id="c"), make_request(id="a")])
+    return PublishedPlan(
+        1, 0.0, {"i0": ("g",)}, {"g": group}, predicted_wait_s={"a": 1.0, "b": 2.0}
+    )
+
+
+def test_published_plan_drops_members_that_left_the_queue() -> None:
+    plan = _plan()
+    pruned = _for_agents(plan, [make_request(id="c"), make_request(id="a")], members=10)
     kept = pruned.groups["g"]
     assert kept.request_ids == ("a", "c")
     assert kept.prompt_tokens == (1, 3)
     assert kept.max_output_tokens == (4, 6)
     assert kept.slo_classes == ("x", "z")
     assert pruned.queues == plan.queues
+    assert dict(pruned.predicted_wait_s) == {"a": 1.0}
+
+
+def test_published_plan_keeps_only_the_heads_of_each_group() -> None:
+    queued = [make_request(id=i) for i in ("a", "b", "c")]
+    pruned = _for_agents(_plan(), queued, members=2)
+    assert pruned.groups["g"].request_ids == ("a", "b")
+    assert pruned.groups["g"].prompt_tokens == (1, 2)
+
+
+def _loop(queue: MemoryQueue, clock: VirtualClock, interval_s: float) -> ControlLoop:
+    settings = ControllerSettings(min_replan_interval_s=interval_s)
+    fleet = Fleet.of([make_instance("i0")], [make_profile("m7b"), make_profile("m13b")])
+    return ControlLoop(QlmConfig(), fleet, queue, clock, settings)
+
+
+def test_second_round_annotates_only_new_members() -> None:
+    async def run() -> tuple[int, int]:
+        clock = VirtualClock(100.0)
+        queue = MemoryQueue(clock=clock)
+        loop = _loop(queue, clock, interval_s=60.0)
+        for i in range(20):
+            await queue.enqueue(make_request(id=f"r{i}", arrival_at_s=100.0))
+        await loop.step()
+        first = len(loop._annotated)
+        await queue.enqueue(make_request(id="late", arrival_at_s=100.0))
+        plan = loop.controller.plan
+        assert plan is not None
+        changed = loop._changed_annotations(plan)
+        return first, sum(len(g.request_ids) for g in changed.groups.values())
+
+    first, changed_after = asyncio.run(run())
+    assert first == 20
+    assert changed_after == 0  # nothing moved since the last round's annotation
+
+
+def test_replans_are_rate_limited_once_a_plan_exists() -> None:
+    async def run() -> list[int]:
+        clock = VirtualClock(100.0)
+        queue = MemoryQueue(clock=clock)
+        loop = _loop(queue, clock, interval_s=5.0)
+        replans = []
+        keys = [("m7b", "interactive"), ("m13b", "interactive"), ("m7b", "batch-1")]
+        keys.append(("m13b", "batch-1"))
+        for step, (model, slo_class) in enumerate(keys):
+            # a new (model, class) pair cannot join a planned group: a re-plan is due
+            request = make_request(
+                id=f"r{step}", model=model, slo_class=slo_class, arrival_at_s=clock.now_s()
+            )
+            await queue.enqueue(request)
+            await loop.step()
+            replans.append(loop.counters.replans)
+            clock.advance_by(2.0)
+        return replans
+
+    assert asyncio.run(run()) == [1, 1, 1, 2]

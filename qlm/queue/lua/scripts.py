@@ -153,6 +153,7 @@ for j = 1, n do
     move(KEYS[3], f[1], 'queued', 1)
     count_tenant(KEYS[5], f[6], 1)
     redis.call('XADD', stream, '*', 'k', 'requeued', 'a', f[5], 't', ARGV[4])
+    redis.call('PUBLISH', stream, 'requeued')
     moved[#moved + 1] = id
   elseif ARGV[1] == 'lease' and not in_flight(f[1]) then
     redis.call('ZREM', KEYS[2], id)
@@ -184,6 +185,7 @@ redis.call('ZREM', KEYS[4], ARGV[1])
 move(KEYS[5], state, ARGV[4], 1)
 if state == 'queued' then count_tenant(KEYS[7], f[4], -1) end
 redis.call('XADD', KEYS[2], '*', 'k', 'done', 'a', f[3], 't', ARGV[7], 'r', ARGV[6])
+redis.call('PUBLISH', KEYS[2], 'done')
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -194,6 +196,9 @@ return 1
 """
 )
 
+# Every append to a request's stream is also PUBLISHed on a channel named like the stream:
+# readers (qlm/queue/redis_pokes.py) hold one pattern subscription per process instead of one
+# blocking XREAD connection per open stream.
 # KEYS: record, stream
 # ARGV: kind, attempt, time, text, tokens, offset
 # Appends unless the request is unknown or finished. Returns 1 when appended.
@@ -204,6 +209,7 @@ if not state or state == 'completed' or state == 'cancelled' or state == 'failed
 end
 redis.call('XADD', KEYS[2], '*', 'k', ARGV[1], 'a', ARGV[2], 't', ARGV[3], 'x', ARGV[4],
   'n', ARGV[5], 'o', ARGV[6])
+redis.call('PUBLISH', KEYS[2], ARGV[1])
 return 1
 """
 
@@ -223,12 +229,13 @@ end
 return #KEYS
 """
 
-# KEYS: epoch counter, plan hash
+# KEYS: epoch counter, plan hash, plan-change stream
 # ARGV: plan JSON
-# Returns the new epoch.
+# Returns the new epoch. The stream (a few entries) wakes agents blocked on it.
 PUBLISH_PLAN = """
 local epoch = redis.call('INCR', KEYS[1])
 redis.call('HSET', KEYS[2], 'epoch', epoch, 'json', ARGV[1])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', 16, '*', 'e', epoch)
 return epoch
 """
 

@@ -1,0 +1,88 @@
+"""Contract additions for the live plane's latency path, run against every implementation:
+batched stream writes, waiting for a newer plan, and stream readers woken by the writer
+(not by their re-read timer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from qlm.queue.base import GlobalQueue
+from qlm.queue.records import PlannedGroup, PublishedPlan, StreamEvent, StreamKind
+from tests.queue import test_contract as contract
+from tests.queue.test_contract import QueueMaker, collect, enqueue_n, result
+
+make = contract.make  # the contract suite's fixtures: every implementation
+queue = contract.queue
+
+
+def _plan() -> PublishedPlan:
+    group = PlannedGroup("g", "m7b", "interactive", ("r0",))
+    return PublishedPlan(0, 0.0, {"i0": ("g",)}, {"g": group})
+
+
+async def test_emit_many_keeps_each_streams_order(queue: GlobalQueue) -> None:
+    await enqueue_n(queue, 2)
+    await queue.pull("i0", ["r0", "r1"], lease_s=5.0, now_s=0.0)
+    events = [
+        StreamEvent(rid, StreamKind.TOKENS, 1, float(i), f"{rid}-{i}", 1, i)
+        for i in range(4)
+        for rid in ("r0", "r1")
+    ]
+    await queue.emit_many(events)
+    await queue.complete(result("r0", "i0"))
+    await queue.emit_many([StreamEvent("r0", StreamKind.TOKENS, 1, 9.0, "late", 1, 4)])
+    await queue.complete(result("r1", "i0"))
+    for rid in ("r0", "r1"):
+        got = await collect(queue, rid)
+        assert [e.text for e in got[:-1]] == [f"{rid}-{i}" for i in range(4)]  # "late" dropped
+        assert got[-1].kind is StreamKind.DONE
+
+
+async def test_wait_for_plan_returns_at_once_for_an_existing_newer_plan(
+    queue: GlobalQueue,
+) -> None:
+    assert not await queue.wait_for_plan(0, timeout_s=0.05)  # none published
+    published = await queue.publish_plan(_plan())
+    assert await queue.wait_for_plan(published.epoch - 1, timeout_s=0.0)
+    assert not await queue.wait_for_plan(published.epoch, timeout_s=0.05)
+
+
+async def test_wait_for_plan_wakes_on_a_publish_by_another_client(make: QueueMaker) -> None:
+    agent, controller = await make(), await make(block_chunk_s=30.0)
+    first = await controller.publish_plan(_plan())
+    assert await agent.wait_for_plan(0, timeout_s=5.0)
+    waiter = asyncio.create_task(agent.wait_for_plan(first.epoch, timeout_s=20.0))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    started = time.monotonic()
+    await controller.publish_plan(_plan())
+    assert await asyncio.wait_for(waiter, 5.0)
+    assert time.monotonic() - started < 2.0  # woken by the publish, not the timeout
+    plan = await agent.current_plan()
+    assert plan is not None
+    assert plan.epoch == first.epoch + 1
+
+
+async def test_stream_reader_is_woken_by_the_writer(make: QueueMaker) -> None:
+    """Redis readers re-read on a timer only as a fallback (block_chunk_s, 30 s here): a
+    chunk must reach them at once through the writer's wake-up."""
+    writer, reader = await make(), await make(block_chunk_s=30.0)
+    await enqueue_n(writer, 1)
+    await writer.pull("i0", ["r0"], lease_s=5.0, now_s=0.0)
+    seen: list[float] = []
+
+    async def read() -> None:
+        async for event in reader.stream("r0", timeout_s=60.0):
+            seen.append(time.monotonic())
+            if event.kind is StreamKind.DONE:
+                return
+
+    task = asyncio.create_task(read())
+    await asyncio.sleep(0.3)  # the reader is waiting now
+    sent = time.monotonic()
+    await writer.emit(StreamEvent("r0", StreamKind.TOKENS, 1, 1.0, "a", 1, 0))
+    await writer.complete(result("r0", "i0"))
+    await asyncio.wait_for(task, 10.0)
+    assert len(seen) == 2
+    assert seen[0] - sent < 2.0
