@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from qlm.agents.reconcile import ReconcileOptions
 from qlm.config import QlmConfig
 from qlm.engine.profile import GIB, Profile
+from qlm.metrics.settings import MetricsSettings
 from qlm.snapshot import ProfileSpec
 from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance
 
@@ -113,6 +114,7 @@ class ServeConfig(_Strict):
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     gpu_memory_gib: dict[str, float] = Field(
         default_factory=dict, description="Extra or overridden GPU types: name -> GiB per GPU."
     )
@@ -130,6 +132,7 @@ class ServeConfig(_Strict):
         names = [m.name for m in self.models]
         if len(names) != len(set(names)):
             raise ValueError("models: names must be unique")
+        self.metrics.check_classes({c.name for c in self.qlm.slo_classes})
         for i, inst in enumerate(self.instances):
             if inst.gpu_type not in self._gpu_memory():
                 raise ValueError(
