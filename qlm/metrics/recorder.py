@@ -13,6 +13,7 @@ number of series by inventing names.
 
 from __future__ import annotations
 
+import math
 from collections import Counter as Tally
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
@@ -171,6 +172,7 @@ class PlaneMetrics:
         self._swapping: dict[str, str] = {}  # instance id -> model a started swap loads
         self._instance_model: dict[str, str] = {}
         self._leading = False
+        self._snapshot_at_s = -math.inf
         self._initialise(instances)
 
     @classmethod
@@ -307,18 +309,30 @@ class PlaneMetrics:
         controller replicas counts the leader's view once."""
         self.families.leading.set(float(leading))
         if self._leading and not leading:
-            self.queue_snapshot((), None)
+            self._record_queue((), None)
         self._leading = leading
 
     def queue_snapshot(self, queued: Sequence[Request], plan: PublishedPlan | None) -> None:
+        """Queue depth and live groups. Called every round; recorded at most once per
+        `sample_every_s` (a scrape is no more frequent), so a long queue costs the loop one
+        pass per interval, not one per round."""
+        now_s = self.clock.monotonic_s()
+        if now_s - self._snapshot_at_s < self.settings.sample_every_s:
+            return
+        self._snapshot_at_s = now_s
+        self._record_queue(queued, plan)
+        self.history.maybe_sample(self.clock.now_s(), self.registry)
+
+    def _record_queue(self, queued: Sequence[Request], plan: PublishedPlan | None) -> None:
         f = self.families
-        depth = Tally(self._labels(r) for r in queued)
+        depth: Tally[tuple[str, str]] = Tally()
+        for key, n in Tally((r.model, r.slo_class) for r in queued).items():
+            depth[self._model(key[0]), self._class(key[1])] += n
         for labels in {*depth, *((m, c) for m in self.models for c in self.slo_classes)}:
             f.queue_depth.labels(*labels).set(depth.get(labels, 0))
         groups = Tally(self._class(g.slo_class) for g in _live_groups(plan, queued))
         for slo_class in {*groups, *self.slo_classes}:
             f.groups.labels(slo_class).set(groups.get(slo_class, 0))
-        self.history.maybe_sample(self.clock.now_s(), self.registry)
 
     def planned(
         self, solve: Plan | None, plan: PublishedPlan, queued: Sequence[Request], now_s: float

@@ -139,6 +139,11 @@ def plan_with(
     )
 
 
+def advance(m: PlaneMetrics, seconds: float) -> None:
+    assert isinstance(m.clock, VirtualClock)
+    m.clock.advance_by(seconds)
+
+
 def test_queue_snapshot_counts_depth_and_groups_that_still_hold_queued_requests() -> None:
     m = recorder()
     a = make_request(id="a", model="m7b", slo_class="interactive")
@@ -150,6 +155,9 @@ def test_queue_snapshot_counts_depth_and_groups_that_still_hold_queued_requests(
     assert value(m, "qlm_queue_depth", model_name="m13b", slo_class="batch") == 1
     assert value(m, "qlm_request_groups", slo_class="interactive") == 1
     assert value(m, "qlm_request_groups", slo_class="batch") == 0  # its member left
+    m.queue_snapshot([c], plan)  # within sample_every_s of the last: not recorded
+    assert value(m, "qlm_queue_depth", model_name="m7b", slo_class="interactive") == 2
+    advance(m, 1.0)
     m.queue_snapshot([c], plan)
     assert value(m, "qlm_queue_depth", model_name="m7b", slo_class="interactive") == 0
     assert value(m, "qlm_request_groups", slo_class="interactive") == 0
