@@ -24,6 +24,7 @@ from qlm.engine.client import (
     ModelLoaded,
     TokenChunk,
 )
+from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import (
     InstanceStatus,
@@ -56,11 +57,13 @@ class _Batch:
     running: list[str] = field(default_factory=list)
     chunks: dict[str, StreamEvent] = field(default_factory=dict)  # merged, per request
     finished: list[RequestResult] = field(default_factory=list)
+    requests: dict[str, Request] = field(default_factory=dict)  # of `finished`, for metrics
 
     def clear(self) -> None:
         self.running.clear()
         self.chunks.clear()
         self.finished.clear()
+        self.requests.clear()
 
 
 @dataclass
@@ -82,8 +85,10 @@ class Agent:
         clock: Clock,
         settings: AgentSettings,
         priority: Mapping[str, int],
+        metrics: MetricsHooks | None = None,
     ) -> None:
         self.instance = instance
+        self.metrics = metrics or NO_METRICS
         self.engine = engine
         self.queue = queue
         self.fleet = fleet
@@ -161,10 +166,13 @@ class Agent:
                 self._evict(tuple(self._held))
                 self.engine.load_model(action.model)
                 self.counters.swaps += 1
+                self.metrics.model_swap_started(self.instance.id, action.model)
             elif isinstance(action, SwapKv):
                 if action.direction is KvDirection.TO_CPU:
                     self.engine.swap_out(action.request_ids)
                     self.counters.evictions += len(action.request_ids)
+                    held = [self._held[r].request for r in action.request_ids if r in self._held]
+                    self.metrics.evicted(self.instance.id, held, kind="kv_swap")
                 else:
                     self.engine.swap_in(action.request_ids)
 
@@ -211,6 +219,7 @@ class Agent:
             await self._requeue(list(self._held), evicted=False)
         elif isinstance(event, ModelLoaded):
             log.info("agent %s: %s loaded in %.1f s", self.instance.id, event.model, event.load_s)
+            self.metrics.model_loaded(self.instance.id, event.model, event.load_s)
 
     async def _flush(self, batch: _Batch) -> None:
         if batch.running:
@@ -221,6 +230,9 @@ class Agent:
         if batch.finished:
             done = await asyncio.gather(*(self.queue.complete(r) for r in batch.finished))
             self.counters.completed += sum(done)
+            for result, recorded in zip(batch.finished, done, strict=True):
+                if recorded:  # a result counts once, like the queue records it
+                    self.metrics.request_finished(batch.requests[result.request_id], result)
         batch.clear()
 
     def _chunk(self, event: TokenChunk, batch: _Batch) -> None:
@@ -253,6 +265,7 @@ class Agent:
         held = self._held.pop(event.request_id, None)
         if held is None:
             return
+        batch.requests[event.request_id] = held.request
         batch.finished.append(
             RequestResult(
                 request_id=event.request_id,
@@ -274,12 +287,12 @@ class Agent:
             await self._requeue([event.request_id], evicted=evicted)
 
     async def _requeue(self, request_ids: Sequence[str], *, evicted: bool) -> None:
-        for rid in request_ids:
-            self._held.pop(rid, None)
+        held = {rid: self._held.pop(rid).request for rid in request_ids if rid in self._held}
         moved = await self.queue.requeue(self.instance.id, request_ids, evicted, self.clock.now_s())
         self.counters.requeued += len(moved)
         if evicted:
             self.counters.evictions += len(moved)
+            self.metrics.evicted(self.instance.id, [held[r] for r in moved if r in held])
 
     async def _housekeeping(self) -> None:
         now_s = self.clock.now_s()
@@ -289,7 +302,9 @@ class Agent:
             )
             self._last_renew_s = now_s
         if now_s - self._last_status_s >= self.settings.status_every_s:
-            await self.queue.report_instance(self.status(now_s))
+            status = self.status(now_s)
+            await self.queue.report_instance(status)
+            self.metrics.instance_status(status)
             self._last_status_s = now_s
 
     def status(self, now_s: float) -> InstanceStatus:
