@@ -147,6 +147,19 @@ class PlannedGroup:
             if len(getattr(self, name)) not in (0, n):
                 raise ValueError(f"group {self.group_id}: {name} must match request_ids")
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields (dataclasses.asdict deep-copies every tuple element: too slow for a
+        plan published many times a second)."""
+        return {
+            "group_id": self.group_id,
+            "model": self.model,
+            "slo_class": self.slo_class,
+            "request_ids": list(self.request_ids),
+            "prompt_tokens": list(self.prompt_tokens),
+            "max_output_tokens": list(self.max_output_tokens),
+            "slo_classes": list(self.slo_classes),
+        }
+
     def with_request(
         self, request_id: str, prompt_tokens: int, max_output_tokens: int, slo_class: str
     ) -> PlannedGroup:
@@ -202,7 +215,7 @@ class PublishedPlan:
                 "epoch": self.epoch,
                 "created_at_s": self.created_at_s,
                 "queues": {k: list(v) for k, v in self.queues.items()},
-                "groups": {k: asdict(g) for k, g in self.groups.items()},
+                "groups": {k: g.to_dict() for k, g in self.groups.items()},
                 "policy": self.policy,
                 "status": self.status,
                 "predicted_wait_s": dict(self.predicted_wait_s),

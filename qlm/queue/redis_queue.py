@@ -303,6 +303,7 @@ class RedisQueue:
         self._queued_requests = register(scripts.QUEUED_REQUESTS)
         self._last_change = "0-0"
         self._plan_cache: PublishedPlan | None = None
+        self._queued_cache: dict[str, Request] = {}  # the last queued() snapshot, by id
         self._plan_epoch = 0  # newest epoch the watcher saw (0: none yet)
         self._plan_signal = asyncio.Event()
         self._plan_watcher: asyncio.Task[None] | None = None
@@ -319,16 +320,23 @@ class RedisQueue:
         return _record(fields) if fields else None
 
     async def queued(self) -> tuple[Request, ...]:
-        """Read in chunks of `snapshot_batch`: a request pulled meanwhile is left out, one
-        requeued meanwhile shows up in the next snapshot."""
+        """The queued ids in arrival order, then the requests: a request's fields never
+        change once enqueued, so only ids this client has not seen queued before are read
+        (in chunks of `snapshot_batch`); the control loop asks every round, and a long
+        queue then costs one ZRANGE instead of re-reading and parsing every request."""
         ids = _strs(await self._redis.zrange(self._keys.queued, 0, -1))
-        requests: list[Request] = []
-        for chunk in _chunks(ids, self.config.snapshot_batch):
+        known = self._queued_cache
+        missing = [rid for rid in ids if rid not in known]
+        fetched: dict[str, Request] = {}
+        for chunk in _chunks(missing, self.config.snapshot_batch):
             text = await self._queued_requests(list(map(self._keys.record, chunk)))
-            requests += (
-                Request(**data, state=RequestState.QUEUED) for data in json.loads(cast(str, text))
-            )
-        return tuple(requests)
+            for data in json.loads(cast(str, text)):
+                fetched[data["id"]] = Request(**data, state=RequestState.QUEUED)
+        # A request pulled between the ZRANGE and its read is left out; one requeued
+        # meanwhile shows up in the next snapshot.
+        current = {rid: r for rid in ids if (r := known.get(rid) or fetched.get(rid))}
+        self._queued_cache = current
+        return tuple(current.values())
 
     async def in_flight(self) -> tuple[RequestRecord, ...]:
         ids = _strs(await self._redis.zrange(self._keys.leases, 0, -1))

@@ -44,16 +44,29 @@ class ControllerSettings(_Strict):
     tick_s: float = Field(default=1.0, gt=0, description="Re-check the plan at least this often.")
     leader_lease_s: float = Field(default=5.0, gt=0, description="Leader lease in Redis.")
     node_id: str | None = Field(default=None, description="Leader-election id; default random.")
+    instance_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="An instance whose agent has not reported for this long (controller's "
+        "clock) is down: nothing is planned onto it until it reports again.",
+    )
+    min_round_interval_s: float = Field(
+        default=0.01,
+        ge=0,
+        description="Control rounds start at most this often; arrivals in between are taken "
+        "together.",
+    )
     min_replan_interval_s: float = Field(
         default=0.5,
         ge=0,
         description="Full re-plans (regroup + solve) at most this often once a plan exists; "
         "arrivals in between join their planned groups.",
     )
-    published_members_per_group: int = Field(
-        default=256,
+    published_members_per_instance: int = Field(
+        default=512,
         ge=1,
-        description="Requests per group in the plan agents read (the heads they admit from).",
+        description="Requests per virtual queue in the plan agents read (the head they "
+        "admit from); the rest is published as the head leaves.",
     )
 
 

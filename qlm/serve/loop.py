@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control import Controller, InstanceView
+from qlm.control.liveness import InstanceLiveness
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus, PlannedGroup, PublishedPlan
 from qlm.serve.config import ControllerSettings
@@ -52,15 +53,24 @@ class ControlLoop:
         self._planned_ids: set[str] = set()
         self._annotated: dict[str, tuple[str, float | None]] = {}  # what records say now
         self._last_replan_s = float("-inf")
+        self._liveness = InstanceLiveness(
+            (i.id for i in fleet.instances), settings.instance_timeout_s, clock.monotonic_s()
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            started_s = self.clock.monotonic_s()
             try:
                 await self.step()
             except Exception:
                 self.counters.failures += 1
                 log.exception("control loop round failed; the last plan stays")
             await self.queue.wait_for_change(self.settings.tick_s)
+            # Under a flood of arrivals, one round takes many of them (a round's cost grows
+            # with the queue, not with the arrivals it takes).
+            rest_s = self.settings.min_round_interval_s - (self.clock.monotonic_s() - started_s)
+            if rest_s > 0:
+                await asyncio.sleep(rest_s)
 
     async def step(self) -> PublishedPlan | None:
         self.counters.rounds += 1
@@ -78,7 +88,7 @@ class ControlLoop:
             plan = await self._replan(queued, views, now_s, reason.why) or plan
         if plan is None:
             return None
-        members = self.settings.published_members_per_group
+        members = self.settings.published_members_per_instance
         published = await self.queue.publish_plan(_for_agents(plan, queued, members))
         await self.queue.annotate(self._changed_annotations(plan))
         return published
@@ -143,9 +153,15 @@ class ControlLoop:
         return plan
 
     def _views(self, statuses: Sequence[InstanceStatus]) -> list[InstanceView]:
+        """The instances that are up (their agents reported within instance_timeout_s):
+        the planner sees only these, so no work waits on a dead agent's instance."""
         by_id = {s.instance_id: s for s in statuses}
+        reports = ((s.instance_id, s.at_s) for s in statuses)
+        up = self._liveness.update(reports, self.clock.monotonic_s())
         views = []
         for instance in self.fleet.instances:
+            if instance.id not in up:
+                continue
             status = by_id.get(instance.id)
             if status is None:
                 views.append(InstanceView(instance.id, instance.loaded_model, 0.0))
@@ -155,20 +171,34 @@ class ControlLoop:
 
 
 def _for_agents(plan: PublishedPlan, queued: Sequence[Request], members: int) -> PublishedPlan:
-    """The plan as agents need it: per group, the first `members` requests still queued
-    (agents admit from the heads of their virtual queues; the rest follows in later epochs as
-    the heads leave). Keeps each publish, and each agent's read of it, small however long
-    the queue, and keeps agents from walking requests that other instances took."""
+    """The plan as agents need it: each instance's virtual queue cut after its first
+    `members` requests still queued (agents admit from the head of their queue; the rest
+    follows in later epochs as the head leaves). Keeps each publish, and each agent's read
+    of it, small however long the queue, and keeps agents from walking requests that other
+    instances took."""
     queued_ids = {r.id for r in queued}
-    groups = {}
-    waits: dict[str, float] = {}
-    for gid, group in plan.groups.items():
-        keep = [rid for rid in group.request_ids if rid in queued_ids][:members]
-        groups[gid] = group if len(keep) == len(group.request_ids) else _subset(group, keep)
-        waits.update(
-            (rid, plan.predicted_wait_s[rid]) for rid in keep if rid in plan.predicted_wait_s
-        )
-    return replace(plan, groups=groups, predicted_wait_s=waits)
+    queues: dict[str, tuple[str, ...]] = {}
+    groups: dict[str, PlannedGroup] = {}
+    for instance_id, group_ids in plan.queues.items():
+        budget = members
+        kept: list[str] = []
+        for gid in group_ids:
+            group = plan.groups.get(gid)
+            if group is None or budget <= 0:
+                continue
+            keep = [rid for rid in group.request_ids if rid in queued_ids][:budget]
+            if keep:
+                budget -= len(keep)
+                kept.append(gid)
+                groups[gid] = group if len(keep) == len(group.request_ids) else _subset(group, keep)
+        queues[instance_id] = tuple(kept)
+    waits = {
+        rid: plan.predicted_wait_s[rid]
+        for group in groups.values()
+        for rid in group.request_ids
+        if rid in plan.predicted_wait_s
+    }
+    return replace(plan, queues=queues, groups=groups, predicted_wait_s=waits)
 
 
 def _subset(group: PlannedGroup, request_ids: Sequence[str]) -> PlannedGroup:

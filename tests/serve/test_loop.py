@@ -36,11 +36,20 @@ def test_published_plan_drops_members_that_left_the_queue() -> None:
     assert dict(pruned.predicted_wait_s) == {"a": 1.0}
 
 
-def test_published_plan_keeps_only_the_heads_of_each_group() -> None:
-    queued = [make_request(id=i) for i in ("a", "b", "c")]
-    pruned = _for_agents(_plan(), queued, members=2)
-    assert pruned.groups["g"].request_ids == ("a", "b")
-    assert pruned.groups["g"].prompt_tokens == (1, 2)
+def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
+    g1 = PlannedGroup("g1", "m7b", "interactive", ("a", "b"), (1, 2), (3, 4), ("x", "y"))
+    g2 = PlannedGroup("g2", "m7b", "batch-2", ("c", "d"), (5, 6), (7, 8), ("z", "z"))
+    g3 = PlannedGroup("g3", "m7b", "batch-2", ("e",), (9,), (1,), ("z",))
+    plan = PublishedPlan(
+        1, 0.0, {"i0": ("g1", "g2", "g3"), "i1": ()}, {"g1": g1, "g2": g2, "g3": g3}
+    )
+    queued = [make_request(id=i) for i in "abcde"]
+    pruned = _for_agents(plan, queued, members=3)
+    assert pruned.queues == {"i0": ("g1", "g2"), "i1": ()}
+    assert pruned.groups["g1"] == g1
+    assert pruned.groups["g2"].request_ids == ("c",)
+    assert pruned.groups["g2"].prompt_tokens == (5,)
+    assert "g3" not in pruned.groups
 
 
 def _loop(queue: MemoryQueue, clock: VirtualClock, interval_s: float) -> ControlLoop:
