@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control import Controller, InstanceView
+from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.control.liveness import InstanceLiveness
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus, PlannedGroup, PublishedPlan
@@ -42,8 +43,10 @@ class ControlLoop:
         queue: GlobalQueue,
         clock: Clock,
         settings: ControllerSettings,
+        metrics: MetricsHooks | None = None,
     ) -> None:
         self.controller = Controller(config, fleet, clock)
+        self.metrics = metrics or NO_METRICS
         self.fleet = fleet
         self.queue = queue
         self.clock = clock
@@ -76,6 +79,7 @@ class ControlLoop:
         self.counters.rounds += 1
         leading = await self.queue.try_lead(self.node_id, self.settings.leader_lease_s)
         self.counters.leading = leading
+        self.metrics.leadership(leading)
         if not leading:
             return None
         now_s = self.clock.now_s()
@@ -86,6 +90,7 @@ class ControlLoop:
         reason = self.controller.needs_replan(queued, views, now_s)
         if reason.needed and self._may_replan(now_s):
             plan = await self._replan(queued, views, now_s, reason.why) or plan
+        self.metrics.queue_snapshot(queued, self.controller.plan)
         if plan is None:
             return None
         members = self.settings.published_members_per_instance
@@ -141,10 +146,12 @@ class ControlLoop:
             plan = await asyncio.to_thread(self.controller.replan, queued, views, now_s)
         except Exception:
             self.counters.failures += 1
+            self.metrics.plan_failed()
             log.exception("re-plan failed (%s); keeping the last good plan", why)
             return None
         self.counters.replans += 1
         solve = self.controller.last_solve
+        self.metrics.planned(solve, plan, queued, now_s)
         if solve is not None:
             self.counters.last_solve_s = solve.solve_wall_s
             self.counters.last_status = str(solve.status)
