@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control import Controller, InstanceView
-from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.control.liveness import InstanceLiveness
+from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus, PlannedGroup, PublishedPlan
 from qlm.serve.config import ControllerSettings
