@@ -585,7 +585,7 @@ class RedisQueue:
         if self._plan_watcher is None:
             self._plan_watcher = asyncio.create_task(self._watch_plans(), name="qlm-plan-watch")
         deadline_s = time.monotonic() + timeout_s
-        while self._plan_epoch <= newer_than_epoch:
+        while self._plan_epoch <= max(newer_than_epoch, 0):  # 0: no plan seen yet
             self._plan_signal.clear()
             left_s = deadline_s - time.monotonic()
             if left_s <= 0:

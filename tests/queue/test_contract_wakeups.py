@@ -43,6 +43,7 @@ async def test_wait_for_plan_returns_at_once_for_an_existing_newer_plan(
     queue: GlobalQueue,
 ) -> None:
     assert not await queue.wait_for_plan(0, timeout_s=0.05)  # none published
+    assert not await queue.wait_for_plan(-1, timeout_s=0.05)  # an agent that holds none
     published = await queue.publish_plan(_plan())
     assert await queue.wait_for_plan(published.epoch - 1, timeout_s=0.0)
     assert not await queue.wait_for_plan(published.epoch, timeout_s=0.05)
