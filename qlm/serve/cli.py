@@ -26,8 +26,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     }
     for name, (help_text, only) in parts.items():
         p = _with_config(sub.add_parser(name, help=help_text))
+        if only.get("api") is False:
+            _with_metrics_port(p)
         p.set_defaults(handler=lambda a, only=only: _serve(a, **only))
-    agent = _with_config(sub.add_parser("agent", help="agents for some instances"))
+    agent = _with_metrics_port(
+        _with_config(sub.add_parser("agent", help="agents for some instances"))
+    )
     agent.add_argument("--instance", action="append", required=True, help="instance id")
     agent.set_defaults(handler=lambda a: _serve(a, api=False, controller=False, agents=a.instance))
     demo = _with_config(sub.add_parser("demo", help="serve, drive a mixed load, print attainment"))
@@ -45,6 +49,21 @@ def _with_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _with_metrics_port(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Processes without the API serve /metrics on a port of their own."""
+    parser.add_argument(
+        "--metrics-port", type=_port, help="override metrics.port (default 9400): /metrics here"
+    )
+    return parser
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
+    return port
+
+
 def _load(args: argparse.Namespace) -> ServeConfig:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     config = load_yaml_model(args.config, ServeConfig)
@@ -52,6 +71,9 @@ def _load(args: argparse.Namespace) -> ServeConfig:
         config = config.model_copy(
             update={"api": config.api.model_copy(update={"port": args.port})}
         )
+    if getattr(args, "metrics_port", None) is not None:
+        metrics = config.metrics.model_copy(update={"port": args.metrics_port})
+        config = config.model_copy(update={"metrics": metrics})
     return config
 
 

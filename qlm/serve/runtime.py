@@ -17,6 +17,7 @@ from qlm.api.app import create_app
 from qlm.api.settings import ApiSettings, ModelInfo
 from qlm.clock import Clock, WallClock
 from qlm.engine.client import EngineClient
+from qlm.metrics import MetricsServer, PlaneMetrics
 from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
 from qlm.registry import Registry
@@ -98,6 +99,8 @@ class Plane:
     server: uvicorn.Server | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    metrics: PlaneMetrics | None = None  # one registry for every part run in this process
+    metrics_server: MetricsServer | None = None  # /metrics of a process without the API
 
     @property
     def port(self) -> int | None:
@@ -106,9 +109,25 @@ class Plane:
         sockets = self.server.servers[0].sockets
         return int(sockets[0].getsockname()[1]) if sockets else None
 
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self.metrics_server is None else self.metrics_server.port
+
+
+def plane_metrics(config: ServeConfig, clock: Clock, instance_ids: Sequence[str]) -> PlaneMetrics:
+    """The process's recorder on a registry of its own: the API, the control loop and the
+    agents it runs all record there (`instance_ids`: the agents', for zero-initialised series)."""
+    return PlaneMetrics.for_plane(
+        config.qlm,
+        clock,
+        models=[m.name for m in config.models],
+        instances=instance_ids,
+        settings=config.metrics,
+    )
+
 
 async def _start_api(plane: Plane, config: ServeConfig, clock: Clock) -> None:
-    app = create_app(api_settings(config), plane.queue, clock)
+    app = create_app(api_settings(config), plane.queue, clock, metrics=plane.metrics)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -137,7 +156,16 @@ async def _start_agents(
             continue
         engine = ENGINE_KINDS.create(config.engine.kind, config, instance, plane.fleet, clock)
         plane.engines.append(engine)
-        agent = Agent(instance, engine, plane.queue, plane.fleet, clock, config.agent, priority)
+        agent = Agent(
+            instance,
+            engine,
+            plane.queue,
+            plane.fleet,
+            clock,
+            config.agent,
+            priority,
+            metrics=plane.metrics,
+        )
         plane.agents.append(agent)
     await asyncio.gather(*(e.start() for e in plane.engines))
     for agent in plane.agents:
@@ -152,16 +180,26 @@ async def running_plane(
     api: bool = True,
     controller: bool = True,
     agents: bool | Sequence[str] = True,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[Plane]:
-    """Start the chosen parts; stop them all on exit (engines closed, server shut down)."""
+    """Start the chosen parts; stop them all on exit (engines closed, server shut down).
+    They share one metrics registry, exposed at the API's /metrics and, with `metrics_port`,
+    on a port of its own (0: a free one)."""
     clock = clock or WallClock()
     plane = Plane(open_queue(config), config.fleet())
+    only = None if agents is True else list(agents or ())
+    here = [i.id for i in plane.fleet.instances if only is None or i.id in only]
+    plane.metrics = plane_metrics(config, clock, here if agents else [])
     try:
+        if metrics_port is not None:
+            server = MetricsServer(plane.metrics.registry, config.metrics.host, metrics_port)
+            plane.metrics_server = server.start()
         if agents:
-            only = None if agents is True else list(agents)
             await _start_agents(plane, config, clock, only)
         if controller:
-            plane.loop = ControlLoop(config.qlm, plane.fleet, plane.queue, clock, config.controller)
+            plane.loop = ControlLoop(
+                config.qlm, plane.fleet, plane.queue, clock, config.controller, plane.metrics
+            )
             plane.tasks.append(asyncio.create_task(plane.loop.run(plane.stop)))
         if api:
             await _start_api(plane, config, clock)
@@ -179,9 +217,14 @@ async def _shutdown(plane: Plane) -> None:
             await asyncio.wait_for(task, 10.0)
     await asyncio.gather(*(e.close() for e in plane.engines), return_exceptions=True)
     await plane.queue.close()
+    if plane.metrics_server is not None:
+        plane.metrics_server.stop()
 
 
 async def serve_forever(config: ServeConfig, **parts: bool) -> None:
-    async with running_plane(config, **parts) as plane:  # type: ignore[arg-type]
-        log.info("qlm running; api port %s", plane.port)
+    """Run until stopped. A process without the API (`qlm controller`, `qlm agent`) serves
+    /metrics on `metrics.port`."""
+    metrics_port = None if parts.get("api", True) else config.metrics.port
+    async with running_plane(config, metrics_port=metrics_port, **parts) as plane:  # type: ignore[arg-type]
+        log.info("qlm running; api port %s, metrics port %s", plane.port, plane.metrics_port)
         await plane.stop.wait()
