@@ -7,7 +7,8 @@ through the now_s it is given.
 When to re-plan follows the paper: a full re-plan (regroup + solve) when there is no plan yet,
 when queued requests are not covered by the plan and could not be inserted into a planned
 group, when grouping asks for a rebalance, or when the estimator's violation check finds a
-group predicted to miss its deadline that the last plan did not already expect to miss.
+group predicted to miss its deadline that the last plan did not already expect to miss (a
+group planned onto an instance that is down, i.e. has no view, counts as such).
 New arrivals otherwise join their nearest planned group (`on_arrival`) without solving.
 """
 
@@ -180,6 +181,9 @@ class Controller:
             ]  # members still queued
             if not queue:
                 continue
+            if instance_id not in busy:  # the instance is down: its groups would never start
+                late.update(g.id for g in queue)
+                continue
             instance = fleet.instance(instance_id)
             estimate = self._estimator.estimate_queue(queue, instance, busy.get(instance_id, 0.0))
             for v in self._estimator.violations(queue, estimate, now_s):
@@ -193,11 +197,13 @@ class Controller:
         return self._published
 
     def _fleet_now(self, instances: Sequence[InstanceView]) -> Fleet:
+        """The instances that are up (those with a view), each with the model it holds."""
         models = {v.instance_id: v.loaded_model for v in instances}
         return Fleet(
             tuple(
-                replace(i, loaded_model=models.get(i.id, i.loaded_model))
+                replace(i, loaded_model=models[i.id])
                 for i in self.fleet.instances
+                if i.id in models
             ),
             self.fleet.profiles,
         )
