@@ -34,11 +34,13 @@ def add_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
     models = model_list(ctx.settings.models, ctx.created)
 
     @app.get("/v1/models")
-    async def list_models() -> Response:
+    async def list_models(http: HttpRequest) -> Response:
+        ctx.authenticate(http)
         return json_response(models)
 
     @app.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str) -> Response:
+    async def get_model(model_id: str, http: HttpRequest) -> Response:
+        ctx.authenticate(http)
         return json_response(model_card(model_id, ctx.admitter.model(model_id), ctx.created))
 
     async def completions(http: HttpRequest) -> Response:
@@ -48,15 +50,17 @@ def add_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
         return await generate(ctx, http, CHAT)
 
     # Plain Starlette routes: the handlers read and validate the body themselves, so FastAPI's
-    # dependency solving would only add latency to the admission path.
+    # dependency solving would only add latency to the admission path (openapi.py documents
+    # their bodies).
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
 
 async def generate(ctx: ApiContext, http: HttpRequest, fmt: OutputFormat) -> Response:
-    """Validate, enqueue, then stream the tokens or wait for the whole result."""
+    """Authenticate, validate, enqueue, then stream the tokens or wait for the whole result."""
+    tenant = ctx.authenticate(http)
     body = parse(fmt.parse, await read_body(http, ctx.settings.max_body_bytes))
-    request = await ctx.admit(body, http, fmt.id_prefix)
+    request = await ctx.admit(body, http, fmt.id_prefix, tenant)
     head = Head(request.id, int(request.arrival_at_s), body.model)
     headers = {REQUEST_ID_HEADER: request.id}
     timeout_s = ctx.settings.completion_timeout_s
@@ -79,7 +83,7 @@ async def generate(ctx: ApiContext, http: HttpRequest, fmt: OutputFormat) -> Res
         head,
         finished.text,
         result.finish_reason,
-        usage(request.prompt_tokens, result.output_tokens),
+        usage(result.prompt_tokens or request.prompt_tokens, result.output_tokens),
     )
     return json_response(data, headers=headers)
 

@@ -204,7 +204,11 @@ async def sse_frames(job: StreamJob) -> AsyncGenerator[bytes, None]:
         yield frame(job.fmt.chunk(job.head, rest))
     yield frame(job.fmt.final_chunk(job.head, result.finish_reason))
     if job.include_usage:
-        yield frame(job.fmt.usage_chunk(job.head, usage(job.prompt_tokens, result.output_tokens)))
+        yield frame(
+            job.fmt.usage_chunk(
+                job.head, usage(result.prompt_tokens or job.prompt_tokens, result.output_tokens)
+            )
+        )
     yield DONE_FRAME
 
 

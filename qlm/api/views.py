@@ -85,7 +85,7 @@ def _result_view(request: Request, result: RequestResult) -> Json:
         "state": str(result.state),
         "text": result.text,
         "finish_reason": result.finish_reason,
-        "usage": usage(request.prompt_tokens, result.output_tokens),
+        "usage": usage(result.prompt_tokens or request.prompt_tokens, result.output_tokens),
         "error": result.error,
     }
 

@@ -100,6 +100,7 @@ class Finished:
     output_tokens: int
     finish_reason: str = "length"  # "length" | "stop"
     text: str = ""  # full output where the engine produces text
+    prompt_tokens: int | None = None  # the engine's own count, where it reports one
 
 
 @dataclass(frozen=True, slots=True)

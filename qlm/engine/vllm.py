@@ -604,7 +604,15 @@ class VllmEngine:
             text = "".join(flight.text)
             del self._flights[rid]
             self._events.append(
-                Finished(rid, now, first, flight.output_tokens, flight.finish_reason, text)
+                Finished(
+                    rid,
+                    now,
+                    first,
+                    flight.output_tokens,
+                    flight.finish_reason,
+                    text,
+                    prompt_tokens=flight.prompt_tokens,
+                )
             )
 
     def _on_delta(self, flight: _Flight, delta: StreamDelta) -> None:

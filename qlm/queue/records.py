@@ -38,6 +38,7 @@ class RequestResult:
     first_token_at_s: float | None = None
     finished_at_s: float | None = None
     error: str | None = None
+    prompt_tokens: int | None = None  # counted by the engine (None: the API's estimate holds)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -277,6 +277,7 @@ class Agent:
                 dispatched_at_s=held.dispatched_at_s,
                 first_token_at_s=event.first_token_at_s,
                 finished_at_s=event.at_s,
+                prompt_tokens=event.prompt_tokens,
             )
         )
 

@@ -377,6 +377,10 @@ async def test_concurrent_requests_stream_exact_counts_and_finish_shortest_first
     done = {e.request_id: e for e in events if isinstance(e, Finished)}
     assert {rid: done[rid].output_tokens for rid in lengths} == lengths
     assert done["text"].output_tokens == 12
+    # the server's own prompt count: exact for synthetic ids, the tokenizer's for text
+    assert {rid: done[rid].prompt_tokens for rid in lengths} == dict.fromkeys(lengths, 30)
+    assert done["text"].prompt_tokens is not None
+    assert done["text"].prompt_tokens > 1
     firsts = {e.request_id: e for e in events if isinstance(e, FirstToken)}
     assert sorted(firsts) == sorted(done)  # each started once
     for rid, fin in done.items():
