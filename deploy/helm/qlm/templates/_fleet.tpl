@@ -30,9 +30,7 @@ for all of them and an agent looks its own instance up by id (the pod name).
     "models" $models
     "instances" (include "qlm.instances" $root | fromYamlArray)
 -}}
-{{- with $v.metrics.settings -}}
-{{- $_ := set $fleet "metrics" (merge (dict "host" "0.0.0.0" "port" (int $v.metrics.port)) (deepCopy .)) -}}
-{{- end -}}
+{{- $_ := set $fleet "metrics" (merge (dict "host" "0.0.0.0" "port" (int $v.metrics.port)) (deepCopy (default (dict) $v.metrics.settings))) -}}
 {{- toYaml $fleet -}}
 {{- end -}}
 
