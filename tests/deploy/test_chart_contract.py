@@ -84,6 +84,23 @@ def test_fleet_files_load_with_the_code(
                     assert fleet.can_serve(instance, model), (key, instance.id, model)
 
 
+@pytest.mark.parametrize("name", list(CI_VALUES))
+def test_pools_list_every_model_the_planner_may_place_on_them(
+    rendered: dict[str, list[Manifest]], name: str, tmp_path: Path
+) -> None:
+    """The planner may swap an instance to any fleet model with a profile for its GPU type; the
+    agent's vLLM launcher knows only its pool's models, so the examples must list them all."""
+    for key, path in write_fleet_files(rendered[name], tmp_path).items():
+        if key == "fleet.yaml":
+            continue
+        config = load_yaml_model(path, ServeConfig)
+        fleet = config.fleet()
+        prefix = f"{RELEASE}-qlm-pool-{key.removeprefix('fleet-').removesuffix('.yaml')}-"
+        instance = next(i for i in fleet.instances if i.id.startswith(prefix))
+        placeable = {m.name for m in config.models if fleet.can_serve(instance, m.name)}
+        assert placeable == set(config.engine.vllm["models"]), key  # type: ignore[arg-type]
+
+
 def pool_statefulsets(manifests: list[Manifest]) -> list[Manifest]:
     return [
         s for s in of_kind(manifests, "StatefulSet") if "qlm.io/pool" in s["metadata"]["labels"]
