@@ -1,0 +1,183 @@
+"""The dashboard in a real browser: `qlm serve` runs as a process (emulated engines), Debian's
+chromium loads /dashboard headless through Selenium and chromedriver, shows the attainment that
+/metrics reports, and updates without a reload when more requests complete."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.metrics.plane import CLASSES, PROFILE, sample_sums
+from tests.metrics.tools import binary
+from tests.redis_server import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def fleet(port: int) -> dict[str, Any]:
+    return {
+        "qlm": {"slo_classes": CLASSES, "planner": {"policy": "edf"}},
+        "api": {"host": "127.0.0.1", "port": port},
+        "controller": {"tick_s": 0.05},
+        "agent": {"poll_s": 0.01, "status_every_s": 0.2},
+        "engine": {"kind": "emulated", "speedup": 20.0, "output_length": "cap"},
+        "packaged_profiles": False,
+        "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
+        "models": [{"name": "m-a"}, {"name": "m-b"}],
+        "instances": [{"id": "gpu", "gpu_type": "A100", "model": "m-a", "count": 2}],
+        "metrics": {"sample_every_s": 0.5},
+    }
+
+
+@pytest.fixture
+def base_url(tmp_path: Path) -> Iterator[str]:
+    """`qlm serve` on a free port, stopped after the test."""
+    port = free_port()
+    config = tmp_path / "fleet.yaml"
+    config.write_text(yaml.safe_dump(fleet(port)))
+    qlm = Path(sys.executable).parent / "qlm"
+    log = (tmp_path / "qlm.log").open("wb")
+    process = subprocess.Popen(
+        [str(qlm), "serve", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process, tmp_path / "qlm.log")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"qlm serve did not come up:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(binary("chromedriver")))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def run_requests(url: str, n_ok: int, n_late: int) -> None:
+    """n_ok interactive requests that meet their SLO, n_late that cannot (1 ms TTFT), and
+    wait until all are done."""
+    ids = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for i in range(n_ok + n_late):
+            body: dict[str, Any] = {
+                "kind": "completion",
+                "model": "m-a",
+                "prompt": f"q{i}",
+                "max_tokens": 4,
+                "slo_class": "interactive",
+            }
+            if i >= n_ok:
+                body["slo_ttft_s"] = 0.001
+            response = http.post("/v1/qlm/requests", json=body)
+            assert response.status_code == 202, response.text
+            ids.append(response.json()["id"])
+        deadline = time.monotonic() + 60
+        while ids and time.monotonic() < deadline:
+            ids = [
+                i for i in ids if http.get(f"/v1/qlm/requests/{i}").json()["state"] != "completed"
+            ]
+            time.sleep(0.1)
+    assert not ids, f"not completed: {ids}"
+
+
+def metrics_attainment(url: str) -> tuple[int, int]:
+    text = httpx.get(f"{url}/metrics").text
+    met = sample_sums(text, "qlm_slo_met_total", "slo_class")
+    evaluated = sample_sums(text, "qlm_slo_evaluated_total", "slo_class")
+    return int(met["interactive"]), int(evaluated["interactive"])
+
+
+def card(driver: WebDriver, slo_class: str) -> dict[str, str]:
+    element = driver.find_element(By.CSS_SELECTOR, f'.card[data-class="{slo_class}"]')
+    fields = element.find_elements(By.CSS_SELECTOR, "[data-field]")
+    return {f.get_attribute("data-field") or "": f.text for f in fields}
+
+
+def shows(driver: WebDriver, met: int, evaluated: int) -> bool:
+    try:
+        figures = card(driver, "interactive")
+    except Exception:
+        return False
+    expected = {
+        "met": str(met),
+        "evaluated": str(evaluated),
+        "ratio": f"{100 * met / evaluated:.1f}%",
+    }
+    return all(figures.get(k) == v for k, v in expected.items())
+
+
+def test_dashboard_shows_the_attainment_of_metrics_and_updates(
+    base_url: str, browser: WebDriver
+) -> None:
+    run_requests(base_url, n_ok=3, n_late=1)
+    met, evaluated = metrics_attainment(base_url)
+    assert (met, evaluated) == (3, 4)
+
+    browser.get(f"{base_url}/dashboard")
+    wait = WebDriverWait(browser, 15, poll_frequency=0.2)
+    wait.until(lambda d: d.find_element(By.ID, "status").text == "live")
+    wait.until(lambda d: shows(d, met, evaluated))
+    assert card(browser, "batch-2")["ratio"] == "–"  # nothing judged yet
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "#instances tbody tr")
+    assert {r.get_attribute("data-instance") for r in rows} == {"gpu-0", "gpu-1"}
+    assert all("ready" in r.text and "m-a" in r.text for r in rows)
+    assert browser.find_elements(
+        By.CSS_SELECTOR, '#attainment-chart path[data-class="interactive"]'
+    )
+    assert browser.find_elements(By.CSS_SELECTOR, "#waits tbody tr")
+
+    generated = browser.find_element(By.TAG_NAME, "body").get_attribute("data-generated-at")
+    run_requests(base_url, n_ok=1, n_late=2)  # now 4 of 7
+    met, evaluated = metrics_attainment(base_url)
+    assert (met, evaluated) == (4, 7)
+    wait.until(lambda d: shows(d, met, evaluated))  # no reload: the page polls
+    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-generated-at") != generated
+
+    resources = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+    )
+    assert resources
+    assert all(str(r).startswith(base_url) for r in resources), resources
+    errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, errors
