@@ -111,6 +111,9 @@ class Request:
     tenant: str = "default"
     prompt: str | None = None
     state: RequestState = RequestState.QUEUED
+    # The client's sampling settings, passed to the engine as given (temperature, top_p,
+    # stop, seed); plain JSON values. Not part of the request's identity.
+    sampling: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:

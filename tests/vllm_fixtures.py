@@ -82,6 +82,7 @@ def tiny_engine_config(models: Mapping[str, Path], **overrides: Any) -> VllmEngi
         "max_model_len": 4096,
         "kv_cache_gib": 1 / 16,
         "dtype": "bfloat16",
+        "ignore_eos": True,  # random weights: exact output lengths for the assertions
     }
     return VllmEngineConfig(**(fields | overrides))
 

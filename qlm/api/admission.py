@@ -67,8 +67,15 @@ class Admitter:
         )
 
     def build(
-        self, body: Body, headers: Mapping[str, str], request_id: str, now_s: float
+        self,
+        body: Body,
+        headers: Mapping[str, str],
+        request_id: str,
+        now_s: float,
+        tenant: str | None = None,
     ) -> Request:
+        """The queued Request; `tenant` is the authenticated caller's (None without
+        authentication: the body's `user`, else "default")."""
         info = self.model(body.model)
         prompt = body.prompt_text()
         prompt_tokens = self._counter.count(prompt)
@@ -83,8 +90,9 @@ class Admitter:
             arrival_at_s=now_s,
             ttft_deadline_at_s=deadlines.ttft_deadline_at_s,
             completion_deadline_at_s=deadlines.completion_deadline_at_s,
-            tenant=body.user or "default",
+            tenant=tenant or body.user or "default",
             prompt=prompt,
+            sampling=body.sampling(),
         )
 
     def model(self, name: str) -> ModelInfo:

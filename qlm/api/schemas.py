@@ -62,6 +62,12 @@ class _Common(_Body):
     slo_ttft_s: float | None = Field(default=None, gt=0)
     deadline_s: float | None = Field(default=None, gt=0)
 
+    def sampling(self) -> dict[str, object]:
+        """The sampling fields the client set, for the engine."""
+        given = {"temperature": self.temperature, "top_p": self.top_p, "stop": self.stop}
+        given["seed"] = self.seed
+        return {k: v for k, v in given.items() if v is not None}
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage

@@ -95,6 +95,11 @@ class VllmEngineConfig(BaseModel):
     port: int = Field(default=0, ge=0, le=65535, description="0: a free port at each launch.")
     max_num_seqs: int = Field(default=16, ge=1, description="vLLM --max-num-seqs.")
     max_model_len: int = Field(default=2048, ge=16, description="vLLM --max-model-len.")
+    ignore_eos: bool = Field(
+        default=False,
+        description="Generate max_tokens even past end-of-sequence (benchmarks; tests on "
+        "random models). Requests without prompt text always do.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="vLLM --dtype."
     )
@@ -174,6 +179,9 @@ def synthetic_prompt(request_id: str, num_tokens: int, token_ids: tuple[int, int
     return [low + (offset + 7 * i) % (high - low) for i in range(num_tokens)]
 
 
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed"})  # passed to vLLM
+
+
 def completion_body(request: Request, max_tokens: int, config: VllmEngineConfig) -> dict[str, Any]:
     prompt: str | list[int] = (
         request.prompt
@@ -181,11 +189,13 @@ def completion_body(request: Request, max_tokens: int, config: VllmEngineConfig)
         else synthetic_prompt(request.id, request.prompt_tokens, config.synthetic_token_ids)
     )
     return {
+        **{k: v for k, v in request.sampling.items() if k in SAMPLING_FIELDS},
         "model": request.model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "stream": True,
-        "ignore_eos": True,
+        # synthetic prompts stand for a length, so they always run to max_tokens
+        "ignore_eos": config.ignore_eos or request.prompt is None,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
 

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,18 @@ def test_the_body_streams_usage_and_ignores_eos() -> None:
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     text = completion_body(make_request("t", prompt="hello"), 3, config())
     assert text["prompt"] == "hello"
+
+
+def test_real_prompts_stop_at_eos_and_carry_the_clients_sampling() -> None:
+    request = replace(
+        make_request("t", prompt="hello"),
+        sampling={"temperature": 0.2, "stop": ["\n"], "seed": 7, "logit_bias": {"1": 5}},
+    )
+    body = completion_body(request, 3, config(ignore_eos=False))
+    assert body["ignore_eos"] is False
+    assert (body["temperature"], body["stop"], body["seed"]) == (0.2, ["\n"], 7)
+    assert "logit_bias" not in body  # only the fields the API accepts pass
+    assert body["model"] == request.model  # sampling cannot override the request's own fields
 
 
 def test_sse_lines_become_deltas() -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import PlannedGroup, PublishedPlan, StreamEvent, StreamKind
+from tests.factories import make_request
 from tests.queue import test_contract as contract
 from tests.queue.test_contract import QueueMaker, collect, enqueue_n, result
 
@@ -87,3 +89,15 @@ async def test_stream_reader_is_woken_by_the_writer(make: QueueMaker) -> None:
     await asyncio.wait_for(task, 10.0)
     assert len(seen) == 2
     assert seen[0] - sent < 2.0
+
+
+async def test_sampling_settings_survive_the_store(queue: GlobalQueue) -> None:
+    request = replace(make_request(id="s0"), sampling={"temperature": 0.5, "stop": ["\n"]})
+    await queue.enqueue(request)
+    stored = await queue.get("s0")
+    assert stored is not None
+    assert stored.request.sampling == {"temperature": 0.5, "stop": ["\n"]}
+    (queued,) = await queue.queued()
+    assert queued.sampling == request.sampling
+    (pulled,) = await queue.pull("i0", ["s0"], lease_s=5.0, now_s=0.0)
+    assert pulled.sampling == request.sampling
