@@ -42,7 +42,10 @@ def in_ci() -> bool:
 
 def helm_binary() -> str | None:
     if os.environ.get("HELM"):
-        return os.environ["HELM"]
+        named = os.environ["HELM"]
+        if shutil.which(named) is None:
+            pytest.fail(f"HELM={named} is not an executable")
+        return named
     pinned = ROOT / ".tools" / "bin" / "helm"
     if pinned.exists():
         return str(pinned)
