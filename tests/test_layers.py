@@ -25,6 +25,7 @@ CORE = [
 ADAPTERS: dict[str, set[str]] = {
     "queue/redis_queue.py": {"redis"},
     "engine/vllm.py": {"httpx"},
+    "engine/vllm_profiler.py": {"httpx"},
     "engine/tiny_models.py": set(),
 }
 # Where each I/O library may be imported at all (STYLE.md: only the queue's Redis adapter

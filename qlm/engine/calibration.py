@@ -3,8 +3,8 @@
 `fit_step_time` takes measured iterations (batch composition -> seconds) and returns the
 non-negative least-squares StepTime that minimises the relative error, with its residuals.
 `splitwise_samples` turns rows of the Splitwise performance table (prompt time and time per
-output token by prompt size and batch size) into such samples. `qlm profile` (a later issue)
-will fit measurements of a live engine the same way.
+output token by prompt size and batch size) into such samples. `qlm profile` fits
+measurements of a live engine the same way (qlm/engine/profiling.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from scipy.optimize import nnls
 
 from qlm.engine.step import StepTime
@@ -33,10 +34,19 @@ class StepSample:
 
 @dataclass(frozen=True, slots=True)
 class StepTimeFit:
+    """A fitted StepTime and how well it explains its samples: relative errors (what the fit
+    minimises) and R^2 of the absolute times (the share of their variance it explains)."""
+
     step_time: StepTime
     samples: int
     rms_relative_error: float
     max_relative_error: float
+    r_squared: float = float("nan")
+
+    def predicted_s(self, sample: StepSample) -> float:
+        return self.step_time.iteration_s(
+            sample.prefill_tokens, sample.decode_seqs, sample.context_tokens
+        )
 
 
 def fit_step_time(samples: Sequence[StepSample]) -> StepTimeFit:
@@ -51,13 +61,24 @@ def fit_step_time(samples: Sequence[StepSample]) -> StepTimeFit:
         raise ValueError("measured iteration times must be > 0")
     coef, _ = nnls(x / y[:, None], np.ones_like(y))
     step = StepTime(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
-    rel = (x @ coef - y) / y
+    predicted = x @ coef
+    rel = (predicted - y) / y
     return StepTimeFit(
         step_time=step,
         samples=len(samples),
         rms_relative_error=float(np.sqrt(np.mean(rel**2))),
         max_relative_error=float(np.max(np.abs(rel))),
+        r_squared=r_squared(y, predicted),
     )
+
+
+def r_squared(measured: npt.ArrayLike, predicted: npt.ArrayLike) -> float:
+    """1 - residual sum of squares / total sum of squares (1: perfect; 0: no better than the
+    mean; NaN when every measurement is the same)."""
+    y = np.asarray(measured, dtype=float)
+    residual = float(np.sum((y - np.asarray(predicted, dtype=float)) ** 2))
+    total = float(np.sum((y - y.mean()) ** 2))
+    return 1.0 - residual / total if total > 0 else float("nan")
 
 
 def splitwise_samples(

@@ -130,6 +130,56 @@ class Provenance(_Strict):
         return "; ".join(parts)
 
 
+class MeasuredIteration(_Strict):
+    """One measured engine iteration (or the mean of a run of like ones: a decode run's steps)
+    and what the fitted step model predicts for it."""
+
+    kind: Literal["prefill", "decode", "mixed"] = Field(
+        description="prefill: a prompt alone; decode: a batch only decoding; mixed: a prompt "
+        "prefilled while a batch decodes."
+    )
+    prefill_tokens: float = Field(ge=0)
+    decode_seqs: float = Field(ge=0)
+    context_tokens: float = Field(ge=0)
+    measured_s: float = Field(gt=0)
+    predicted_s: float = Field(gt=0)
+
+
+class FitQuality(_Strict):
+    """How well the fitted step model explains the measured iterations."""
+
+    samples: int = Field(ge=1)
+    r_squared: float | None = Field(description="Of the absolute times; None if undefined.")
+    max_relative_error: float = Field(ge=0)
+    rms_relative_error: float = Field(ge=0)
+
+
+class Measurement(_Strict):
+    """How `qlm profile` measured a live engine (see README.md, "Profiling a live engine")."""
+
+    tool: str = Field(min_length=1, description="The command that measured.")
+    engine: str = Field(min_length=1, description="Engine and version.")
+    model_path: str = Field(min_length=1)
+    measured_at: str = Field(min_length=1, description="Start of the measurement, ISO 8601 UTC.")
+    host: str = ""
+    load_average: tuple[float, float, float] = Field(
+        description="1/5/15-minute load average of the host when the measurement ended."
+    )
+    wall_s: float = Field(ge=0, description="How long the measurement took.")
+    engine_settings: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    grid: dict[str, int | tuple[int, ...]] = Field(
+        default_factory=dict, description="The planned grid (qlm/engine/profiling.py)."
+    )
+    load_s_samples: tuple[float, ...] = Field(default=(), description="Each model load.")
+    request_overhead_s: float | None = Field(
+        default=None,
+        description="Median client-seen time to first token minus the engine's own prefill "
+        "time for a prompt alone (HTTP, scheduling, streaming); not in the step model.",
+    )
+    fit: FitQuality
+    iterations: tuple[MeasuredIteration, ...] = Field(min_length=1)
+
+
 class ProfileFile(_Strict):
     """One profile file."""
 
@@ -151,6 +201,9 @@ class ProfileFile(_Strict):
     min_kv_tokens: int = Field(default=4096, ge=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     provenance: Provenance = Field(default_factory=Provenance)
+    measurement: Measurement | None = Field(
+        default=None, description="How a measured profile was measured (qlm profile)."
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> ProfileFile:

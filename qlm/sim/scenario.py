@@ -6,17 +6,26 @@ the field. The format is documented in qlm/sim/README.md; sims/ has examples.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from qlm.config import QlmConfig, SloClassConfig, load_yaml_model
-from qlm.engine.library import profile_named
-from qlm.engine.profile import Profile
-from qlm.sim.workload import StreamSpec, iter_requests, relative_to
+from qlm.engine.library import load_profile, profile_named
+from qlm.engine.profile import GIB, Profile
+from qlm.sim.workload import StreamSpec, iter_requests, relative_to, resolve_relative
 from qlm.snapshot import ProfileSpec
 from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES, Fleet, Instance, Request
 
@@ -42,7 +51,7 @@ class InstanceGroupSpec(_Strict):
     """`count` instances of one GPU type with the same initial model. count 0 keeps the
     group as a template for `with_fleet_counts` and `qlm capacity`."""
 
-    gpu_type: str = Field(description="A10, A100 or H100.")
+    gpu_type: str = Field(description="A10, A100, H100 or a type of the fleet's gpu_types.")
     count: int = Field(ge=0, le=100_000)
     model: str | None = Field(default=None, description="Model loaded at the start.")
     gpu_count: int | None = Field(
@@ -54,14 +63,6 @@ class InstanceGroupSpec(_Strict):
         description="Instance id prefix; default gpu type and model.",
     )
 
-    @model_validator(mode="after")
-    def _known_gpu(self) -> InstanceGroupSpec:
-        if self.gpu_type not in DEFAULT_GPU_TYPES:
-            raise ValueError(
-                f"unknown gpu_type {self.gpu_type!r}; known: {', '.join(DEFAULT_GPU_TYPES)}"
-            )
-        return self
-
     @property
     def prefix(self) -> str:
         if self.id is not None:
@@ -69,10 +70,34 @@ class InstanceGroupSpec(_Strict):
         return f"{self.gpu_type.lower()}-{self.model}" if self.model else self.gpu_type.lower()
 
 
+def _existing_path(path: Path) -> Path:
+    resolved = resolve_relative(path)
+    if not resolved.exists():
+        raise ValueError(f"no such file or folder: {resolved}")
+    return resolved
+
+
+class GpuTypeSpec(_Strict):
+    """A GPU type beyond the defaults (or replacing one), e.g. the CPU a profile was measured
+    on with `qlm profile --gpu-type cpu`."""
+
+    memory_gib: float = Field(gt=0, description="Memory per GPU in GiB.")
+    cost_per_hour: float = Field(default=0.0, ge=0, description="Cost of one GPU-hour.")
+
+
 class FleetSpec(_Strict):
     instances: tuple[InstanceGroupSpec, ...] = Field(min_length=1)
     profiles: tuple[ProfileSpec, ...] = Field(
         default=(), description="Inline profiles; replace the packaged ones by (model, gpu)."
+    )
+    profile_files: tuple[Annotated[Path, AfterValidator(_existing_path)], ...] = Field(
+        default=(),
+        description="Profile files (qlm/engine/README.md format, e.g. written by `qlm profile`) "
+        "or folders of them, relative to the scenario file; they replace packaged profiles by "
+        "(model, gpu) and inline `profiles` replace them.",
+    )
+    gpu_types: dict[str, GpuTypeSpec] = Field(
+        default_factory=dict, description="GPU types added to (or replacing) the defaults."
     )
     gpu_cost_per_hour: dict[str, float] = Field(
         default_factory=dict, description="Cost of one GPU-hour by GPU type (overrides)."
@@ -84,10 +109,41 @@ class FleetSpec(_Strict):
         for i, prefix in enumerate(prefixes):
             if prefix in prefixes[:i]:
                 _fail([(("instances", i, "id"), f"instance id prefix {prefix!r} is used twice")])
+        known = [*DEFAULT_GPU_TYPES, *(g for g in self.gpu_types if g not in DEFAULT_GPU_TYPES)]
+        for i, group in enumerate(self.instances):
+            if group.gpu_type not in known:
+                _fail(
+                    [
+                        (
+                            ("instances", i, "gpu_type"),
+                            f"unknown gpu_type {group.gpu_type!r}; known: {', '.join(known)} "
+                            "(add it under fleet.gpu_types)",
+                        )
+                    ]
+                )
         for gpu, cost in self.gpu_cost_per_hour.items():
-            if gpu not in DEFAULT_GPU_TYPES or cost < 0:
+            if gpu not in known or cost < 0:
                 _fail([(("gpu_cost_per_hour", gpu), "a known GPU type with a cost >= 0")])
         return self
+
+    @field_validator("profile_files")
+    @classmethod
+    def _readable_profile_files(cls, paths: tuple[Path, ...]) -> tuple[Path, ...]:
+        _files_profiles(paths)  # a bad profile file fails here, naming its file and line
+        return paths
+
+    def memory_bytes(self, gpu_type: str) -> int:
+        """Memory of one GPU of this type (gpu_types first, else the defaults)."""
+        spec = self.gpu_types.get(gpu_type)
+        return int(spec.memory_gib * GIB) if spec else DEFAULT_GPU_TYPES[gpu_type].memory_bytes
+
+    def default_cost_per_hour(self, gpu_type: str) -> float:
+        spec = self.gpu_types.get(gpu_type)
+        return spec.cost_per_hour if spec else DEFAULT_GPU_TYPES[gpu_type].cost_per_hour
+
+    def file_profiles(self) -> dict[tuple[str, str], Profile]:
+        """Profiles from profile_files, by (model, GPU type); later files win."""
+        return dict(_files_profiles(self.profile_files))
 
 
 class Scenario(_Strict):
@@ -169,12 +225,14 @@ class Scenario(_Strict):
 
     def profiles(self) -> dict[tuple[str, str], Profile]:
         """Profiles for every (model, GPU type) pair of the scenario that has one: inline
-        ones first, else the packaged library's."""
+        ones first, then those of profile_files, else the packaged library's."""
         inline = {p.to_profile().key: p.to_profile() for p in self.fleet_spec.profiles}
+        files = self.fleet_spec.file_profiles()
         out: dict[tuple[str, str], Profile] = {}
         for model in self.models:
             for gpu in self.gpu_types:
-                profile = inline.get((model, gpu)) or _packaged(model, gpu)
+                profile = inline.get((model, gpu)) or files.get((model, gpu))
+                profile = profile or _packaged(model, gpu)
                 if profile is not None:
                     out[(model, gpu)] = profile
         return out
@@ -193,23 +251,22 @@ class Scenario(_Strict):
         """Some group's GPU type (with the model's GPU count) can serve the model."""
         for group in self.fleet_spec.instances:
             gpus = _gpu_count(group, model, fleet.profiles)
-            if fleet.can_serve(Instance("t", group.gpu_type, gpus, _memory(group.gpu_type)), model):
+            memory = self.fleet_spec.memory_bytes(group.gpu_type)
+            if fleet.can_serve(Instance("t", group.gpu_type, gpus, memory), model):
                 return True
         return False
 
-    @staticmethod
     def _instance(
-        group: InstanceGroupSpec, k: int, profiles: Mapping[tuple[str, str], Profile]
+        self, group: InstanceGroupSpec, k: int, profiles: Mapping[tuple[str, str], Profile]
     ) -> Instance:
         gpus = _gpu_count(group, group.model, profiles)
-        return Instance(
-            f"{group.prefix}-{k}", group.gpu_type, gpus, _memory(group.gpu_type), group.model
-        )
+        memory = self.fleet_spec.memory_bytes(group.gpu_type)
+        return Instance(f"{group.prefix}-{k}", group.gpu_type, gpus, memory, group.model)
 
     def gpu_cost_per_hour(self, gpu_type: str) -> float:
         """Cost of one GPU of this type for an hour (scenario override, else the default)."""
         override = self.fleet_spec.gpu_cost_per_hour.get(gpu_type)
-        return override if override is not None else DEFAULT_GPU_TYPES[gpu_type].cost_per_hour
+        return override if override is not None else self.fleet_spec.default_cost_per_hour(gpu_type)
 
     def with_gpu_costs(self, costs: Mapping[str, float]) -> Scenario:
         """The same scenario with these costs per GPU-hour (others unchanged)."""
@@ -324,8 +381,16 @@ def _packaged(model: str, gpu_type: str) -> Profile | None:
         return None
 
 
-def _memory(gpu_type: str) -> int:
-    return DEFAULT_GPU_TYPES[gpu_type].memory_bytes
+@functools.cache
+def _files_profiles(paths: tuple[Path, ...]) -> dict[tuple[str, str], Profile]:
+    """The profiles in these files and folders (every *.yaml of a folder, sorted)."""
+    out: dict[tuple[str, str], Profile] = {}
+    for path in paths:
+        files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+        for file in files:
+            profile = load_profile(file)
+            out[profile.key] = profile
+    return out
 
 
 def _gpu_count(

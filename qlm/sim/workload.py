@@ -68,6 +68,13 @@ def relative_to(base_dir: Path) -> Iterator[None]:
         _BASE_DIR.reset(token)
 
 
+def resolve_relative(path: Path) -> Path:
+    """A path as given when absolute (or outside a `relative_to` block), else under the
+    block's base folder; resolved."""
+    base = _BASE_DIR.get()
+    return (path if path.is_absolute() or base is None else base / path).resolve()
+
+
 def _existing_file(path: Path) -> Path:
     base = _BASE_DIR.get()
     full = path if path.is_absolute() or base is None else base / path
