@@ -158,7 +158,7 @@
         [c], [secs(w.predicted_mean_s), "num"], [secs(w.actual_mean_s), "num"],
         [w.error_mean_s === null ? "–" : (w.error_mean_s >= 0 ? "+" : "") + secs(w.error_mean_s), "num"],
       ]);
-      const bars = el("td");
+      const bars = el("td", { class: "bars" });
       for (const kind of ["predicted", "actual"]) {
         const v = w[kind + "_mean_s"];
         bars.append(el("span", { class: "bar " + kind, title: kind, style: `width:${v === null ? 0 : (100 * v) / top}%` }));
