@@ -15,6 +15,7 @@ from qlm.api.context import ApiContext
 from qlm.api.errors import install_error_handlers
 from qlm.api.metrics_routes import MeteredContext, add_metrics_routes, default_metrics
 from qlm.api.openai_routes import add_openai_routes
+from qlm.api.openapi import install_openapi
 from qlm.api.qlm_routes import add_qlm_routes
 from qlm.api.settings import ApiSettings
 from qlm.api.tokens import TokenCounter
@@ -42,4 +43,5 @@ def create_app(
     add_openai_routes(app, context)
     add_qlm_routes(app, context)
     add_metrics_routes(app, metrics, clock)
+    install_openapi(app, settings)
     return app

@@ -1,5 +1,6 @@
-"""What every route needs, built once per app: settings, queue, clock, the admitter, and
-the enqueue and cancel calls with their errors mapped to HTTP."""
+"""What every route needs, built once per app: settings, queue, clock, the admitter, the key
+ring, quotas and the optional SLO gate, and the enqueue and cancel calls with their errors
+mapped to HTTP."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from qlm.api.admission import Admitter
+from qlm.api.auth import KeyRing
 from qlm.api.errors import SERVER_ERROR, ApiError
+from qlm.api.quotas import TenantQuotas
 from qlm.api.schemas import Body
 from qlm.api.settings import ApiSettings
+from qlm.api.slo_gate import SloGate
 from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.clock import Clock
 from qlm.queue.base import GlobalQueue, QueueError, QueueFullError
+from qlm.queue.records import RequestRecord
 from qlm.types import Request
 
 REQUEST_ID_HEADER = "x-qlm-request-id"
@@ -37,6 +42,9 @@ def json_response(
     )
 
 
+_QUEUE_FULL_CODES = {"queue": "queue_full", "reserved": "queue_full", "tenant": "tenant_queue_full"}
+
+
 @dataclass(frozen=True)
 class ApiContext:
     settings: ApiSettings
@@ -44,6 +52,9 @@ class ApiContext:
     clock: Clock
     admitter: Admitter
     created: int  # the models' `created` field: when this app was built
+    keys: KeyRing
+    quotas: TenantQuotas
+    gate: SloGate | None  # None: admission does not consult the plan
 
     @classmethod
     def build(
@@ -54,23 +65,47 @@ class ApiContext:
         token_counter: TokenCounter | None = None,
     ) -> ApiContext:
         counter = token_counter or make_token_counter(settings.token_counter)
-        return cls(settings, queue, clock, Admitter(settings, counter), int(clock.now_s()))
+        return cls(
+            settings,
+            queue,
+            clock,
+            Admitter(settings, counter),
+            int(clock.now_s()),
+            KeyRing(settings.api_keys),
+            TenantQuotas(settings, clock),
+            SloGate(queue, settings, clock) if settings.reject_unattainable_slo else None,
+        )
 
-    async def admit(self, body: Body, http: HttpRequest, id_prefix: str) -> Request:
-        """Build the request and enqueue it; the queue's refusals become 429 or 503."""
+    def authenticate(self, http: HttpRequest) -> str | None:
+        """The caller's tenant when keys are configured (401 without a known key); None when
+        authentication is off."""
+        return self.keys.tenant(http.headers) if self.keys.enabled else None
+
+    async def admit(
+        self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
+    ) -> Request:
+        """Build the request, check the plan (if asked) and the tenant's quotas, and enqueue
+        it; refusals become 429 (with Retry-After) or 503."""
         request_id = id_prefix + uuid.uuid4().hex
-        request = self.admitter.build(body, http.headers, request_id, self.clock.now_s())
+        request = self.admitter.build(body, http.headers, request_id, self.clock.now_s(), tenant)
+        if self.gate is not None:
+            await self.gate.check(request)
+        charge = self.quotas.charge(
+            request.tenant, request.prompt_tokens + request.max_output_tokens
+        )
         try:
             await self.queue.enqueue(request)
-        except QueueFullError:
+        except QueueFullError as exc:
+            self.quotas.refund(charge)
             raise ApiError(
                 429,
-                "The queue is full; retry later.",
+                f"Refused: {exc}; retry later.",
                 type="rate_limit_error",
-                code="queue_full",
-                headers={"retry-after": "1"},
+                code=_QUEUE_FULL_CODES.get(exc.scope, "queue_full"),
+                headers={"retry-after": str(self.settings.queue_full_retry_after_s)},
             ) from None
         except QueueError as exc:
+            self.quotas.refund(charge)
             raise ApiError(
                 503, f"The queue refused the request: {exc}", type=SERVER_ERROR, code="queue_error"
             ) from None
@@ -78,3 +113,11 @@ class ApiContext:
 
     async def cancel(self, request_id: str) -> bool:
         return await self.queue.cancel(request_id, self.clock.now_s())
+
+    async def record(self, request_id: str, tenant: str | None) -> RequestRecord:
+        """The record, if the caller may see it: with authentication on, another tenant's
+        request answers 404 exactly like an unknown id, so ids reveal nothing."""
+        record = await self.queue.get(request_id)
+        if record is None or (tenant is not None and record.request.tenant != tenant):
+            raise ApiError(404, f"No request {request_id!r}.", code="request_not_found")
+        return record

@@ -15,7 +15,6 @@ from qlm.api.context import REQUEST_ID_HEADER, ApiContext, json_response
 from qlm.api.errors import SERVER_ERROR, ApiError, from_pydantic
 from qlm.api.schemas import SUBMISSION, SUBMISSION_KINDS, ChatSubmission, CompletionSubmission
 from qlm.api.views import accepted, queue_counts, record_view
-from qlm.queue.records import RequestRecord
 
 REQUESTS = "/v1/qlm/requests"
 
@@ -37,29 +36,33 @@ def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
     """Register the routes on `app` itself (an included router costs a second match)."""
 
     async def submit(http: HttpRequest) -> Response:
+        tenant = ctx.authenticate(http)
         body = parse(parse_submission, await read_body(http, ctx.settings.max_body_bytes))
         if body.stream:
             raise ApiError(400, "Asynchronous requests do not stream.", param="stream")
-        request = await ctx.admit(body, http, "req-")
+        request = await ctx.admit(body, http, "req-", tenant)
         headers = {REQUEST_ID_HEADER: request.id, "location": f"{REQUESTS}/{request.id}"}
         return json_response(accepted(request, body.kind), 202, headers)
 
     app.add_route(REQUESTS, submit, methods=["POST"])  # a plain route: see openai_routes.py
 
     @app.get(REQUESTS + "/{request_id}")
-    async def get_request(request_id: str) -> Response:
-        return json_response(record_view(await _record(ctx, request_id)))
+    async def get_request(request_id: str, http: HttpRequest) -> Response:
+        tenant = ctx.authenticate(http)
+        return json_response(record_view(await ctx.record(request_id, tenant)))
 
     @app.delete(REQUESTS + "/{request_id}")
-    async def cancel_request(request_id: str) -> Response:
-        record = await _record(ctx, request_id)
+    async def cancel_request(request_id: str, http: HttpRequest) -> Response:
+        tenant = ctx.authenticate(http)
+        record = await ctx.record(request_id, tenant)
         if not record.state.is_terminal and await ctx.cancel(request_id):
-            return json_response(record_view(await _record(ctx, request_id)))
-        state = (await _record(ctx, request_id)).state
+            return json_response(record_view(await ctx.record(request_id, tenant)))
+        state = (await ctx.record(request_id, tenant)).state
         raise ApiError(409, f"Request {request_id} is already {state}.", code="request_terminal")
 
     @app.get("/v1/qlm/queue")
-    async def counts() -> Response:
+    async def counts(http: HttpRequest) -> Response:
+        ctx.authenticate(http)
         return json_response(queue_counts(await ctx.queue.counts()))
 
     @app.get("/healthz")
@@ -75,10 +78,3 @@ def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
                 503, f"The queue is not reachable: {exc!r}", type=SERVER_ERROR, code="not_ready"
             ) from None
         return json_response({"status": "ready"})
-
-
-async def _record(ctx: ApiContext, request_id: str) -> RequestRecord:
-    record = await ctx.queue.get(request_id)
-    if record is None:
-        raise ApiError(404, f"No request {request_id!r}.", code="request_not_found")
-    return record

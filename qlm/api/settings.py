@@ -1,12 +1,13 @@
-"""The API's configuration: what the fleet serves, the SLO classes, and the admission limits.
-Passed to `create_app`; nothing here reads the environment."""
+"""The API's configuration: what the fleet serves, the SLO classes, the admission limits, the
+API keys with their tenants and the tenants' quotas. Passed to `create_app`; nothing here
+reads the environment or files (qlm/serve/secrets.py does, for the live processes)."""
 
 from __future__ import annotations
 
 from types import MappingProxyType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from qlm.config import QlmConfig, SloClassConfig
 from qlm.types import SloClass
@@ -29,6 +30,35 @@ class ModelInfo(_Strict):
 
 def _default_classes() -> tuple[SloClassConfig, ...]:
     return QlmConfig().slo_classes
+
+
+class ApiKey(_Strict):
+    """One key and the tenant it authenticates. The key never appears in repr or logs."""
+
+    key: SecretStr = Field(min_length=8, max_length=512, description="The bearer token.")
+    tenant: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$", description="Tenant name."
+    )
+
+
+class QuotaSettings(_Strict):
+    """A tenant's admission quotas, each a token bucket (None: no limit). Tokens are charged
+    at admission as prompt tokens plus the output cap, the most the request can use."""
+
+    requests_per_s: float | None = Field(default=None, gt=0, description="Sustained request rate.")
+    burst_requests: int | None = Field(
+        default=None, ge=1, description="Requests admitted at once; default: one second's worth."
+    )
+    tokens_per_min: float | None = Field(
+        default=None, gt=0, description="Sustained prompt + output-cap tokens per minute."
+    )
+    burst_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens admitted at once; default: one minute's worth."
+    )
+
+    @property
+    def limited(self) -> bool:
+        return self.requests_per_s is not None or self.tokens_per_min is not None
 
 
 class ApiSettings(_Strict):
@@ -55,6 +85,28 @@ class ApiSettings(_Strict):
     ready_timeout_s: float = Field(
         default=1.0, gt=0, description="/readyz fails when the queue does not answer in time."
     )
+    api_keys: tuple[ApiKey, ...] = Field(
+        default=(), description="Keys and their tenants; none: no authentication (embedded)."
+    )
+    quota: QuotaSettings = Field(
+        default_factory=QuotaSettings, description="Every tenant's quotas, unless overridden."
+    )
+    tenant_quotas: dict[str, QuotaSettings] = Field(
+        default_factory=dict, description="Quotas of named tenants (replace `quota` for them)."
+    )
+    queue_full_retry_after_s: int = Field(
+        default=1, ge=1, description="Retry-After of a 429 when the queue (or tenant) is full."
+    )
+    reject_unattainable_slo: bool = Field(
+        default=False,
+        description="Refuse (429) a request whose TTFT deadline the latest plan says it misses.",
+    )
+    plan_max_age_s: float = Field(
+        default=30.0, gt=0, description="An older plan says nothing about admission."
+    )
+    plan_refresh_s: float = Field(
+        default=1.0, ge=0, description="How often admission re-reads the plan from the queue."
+    )
 
     @model_validator(mode="after")
     def _default_class_known(self) -> ApiSettings:
@@ -63,7 +115,18 @@ class ApiSettings(_Strict):
             raise ValueError("slo_classes: names must be unique")
         if self.default_slo_class not in names:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not one of {names}")
+        keys = [k.key.get_secret_value() for k in self.api_keys]
+        if len(keys) != len(set(keys)):
+            raise ValueError("api_keys: a key is listed twice")
         return self
+
+    @property
+    def auth_required(self) -> bool:
+        """Authentication is on exactly when keys are configured."""
+        return bool(self.api_keys)
+
+    def quota_of(self, tenant: str) -> QuotaSettings:
+        return self.tenant_quotas.get(tenant, self.quota)
 
     @classmethod
     def from_config(
