@@ -51,7 +51,8 @@ POLL_S = 0.02
 METRICS_TIMEOUT_S = 20.0  # histograms are recorded when a request finishes, a little later
 IDLE_TIMEOUT_S = 60.0
 QUIET_S = 0.1
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 5
+RETRY_PAUSE_S = 1.0  # a void attempt usually means the host stalled: give it a moment
 
 Progress = Callable[[str], None]
 
@@ -259,6 +260,7 @@ class VllmProfiler:
                 if attempt == MAX_ATTEMPTS:
                     raise ProfilingError(f"{probe.label}: {exc}") from None
                 self._progress(f"{probe.label}: {exc}; again")
+                await asyncio.sleep(RETRY_PAUSE_S)
         raise AssertionError("unreachable")
 
     async def _warm_up(self) -> None:
