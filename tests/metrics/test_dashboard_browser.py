@@ -162,9 +162,8 @@ def test_dashboard_shows_the_attainment_of_metrics_and_updates(
     rows = browser.find_elements(By.CSS_SELECTOR, "#instances tbody tr")
     assert {r.get_attribute("data-instance") for r in rows} == {"gpu-0", "gpu-1"}
     assert all("ready" in r.text and "m-a" in r.text for r in rows)
-    assert browser.find_elements(
-        By.CSS_SELECTOR, '#attainment-chart path[data-class="interactive"]'
-    )
+    chart = '#attainment-chart path[data-class="interactive"]'
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, chart))
     assert browser.find_elements(By.CSS_SELECTOR, "#waits tbody tr")
 
     generated = browser.find_element(By.TAG_NAME, "body").get_attribute("data-generated-at")

@@ -117,15 +117,27 @@
     }));
   }
 
+  // The history plus the figures of this view, so that the charts end where the cards are.
+  function withNow(data) {
+    const history = data.history.slice();
+    const lastT = history.length ? history[history.length - 1].t : -Infinity;
+    if (data.generated_at_s > lastT) {
+      const pick = (key) => Object.fromEntries(data.classes.map((c) => [c, data.attainment[c][key]]));
+      history.push({ t: data.generated_at_s, met: pick("met"), evaluated: pick("evaluated"), queue: data.queue });
+    }
+    return history;
+  }
+
   function renderCharts(data) {
     const mode = $("attainment-mode").value;
+    const history = withNow(data);
     lineChart($("attainment-chart"), data.classes.map((name) => ({
       name, color: color(data.classes, name), target: data.attainment[name].target,
-      points: attainmentSeries(data.history, name, mode),
+      points: attainmentSeries(history, name, mode),
     })), { yMin: 0, yMax: 1, format: (v) => (100 * v).toFixed(0) + "%" });
     lineChart($("queue-chart"), data.classes.map((name) => ({
       name, color: color(data.classes, name),
-      points: data.history.map((p) => [p.t, (p.queue || {})[name] || 0]),
+      points: history.map((p) => [p.t, (p.queue || {})[name] || 0]),
     })), { yMin: 0, format: (v) => String(Math.round(v)) });
     legend($("attainment-legend"), data.classes);
     legend($("queue-legend"), data.classes);
