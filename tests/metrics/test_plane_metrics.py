@@ -45,8 +45,10 @@ async def test_controller_and_agent_without_api_serve_metrics_on_their_own_port(
     assert sample(text, "qlm_instance_state", instance_id="i", model_name="m-a") == 0
     assert sample(text, "qlm_controller_leading") == 1
     assert sample(text, "qlm_planner_runs_total", status="heuristic") >= 1
-    assert sample(text, "qlm_wait_predicted_seconds_count", **labels) == 3
-    assert sample(text, "qlm_wait_prediction_error_seconds_count", slo_class="batch-2") == 3
+    predicted = sample(text, "qlm_wait_predicted_seconds_count", **labels)
+    assert predicted >= 1  # those a full re-plan placed (arrivals may join a group instead)
+    # Every predicted request completed in this process, so each prediction was paired.
+    assert sample(text, "qlm_wait_prediction_error_seconds_count", slo_class="batch-2") == predicted
     assert sample(text, "qlm_queue_depth", **labels) == 0
     # No API in this process: nothing admitted here.
     assert sample(text, "qlm_requests_total", outcome="admitted") == 0
