@@ -3,11 +3,13 @@ line and field. Nothing here reads the environment."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from qlm.types import DEFAULT_SLO_CLASSES, SloClass
 
@@ -126,6 +128,25 @@ class QlmConfig(_Strict):
 
 class ConfigError(ValueError):
     """A configuration file is invalid; the message names the file, line and field."""
+
+
+Problem = tuple[tuple[str | int, ...], str]  # (location of the field, message)
+
+
+def fail_at(title: str, problems: Sequence[Problem]) -> NoReturn:
+    """Raise a ValidationError at precise field locations from a model validator, so that
+    load_yaml_model names the field and its line instead of the model's top level."""
+    raise ValidationError.from_exception_data(
+        title,
+        [
+            InitErrorDetails(
+                type=PydanticCustomError("reference", "{message}", {"message": message}),
+                loc=loc,
+                input=None,
+            )
+            for loc, message in problems
+        ],
+    )
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from qlm.config import QlmConfig, SloClassConfig
 from qlm.types import SloClass
@@ -35,10 +35,19 @@ def _default_classes() -> tuple[SloClassConfig, ...]:
 class ApiKey(_Strict):
     """One key and the tenant it authenticates. The key never appears in repr or logs."""
 
-    key: SecretStr = Field(min_length=8, max_length=512, description="The bearer token.")
+    key: SecretStr = Field(description="The bearer token: 8 to 512 characters, no spaces.")
     tenant: str = Field(
         min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$", description="Tenant name."
     )
+
+    @field_validator("key")
+    @classmethod
+    def _usable(cls, key: SecretStr) -> SecretStr:
+        """Says what is wrong without repeating the key or its length."""
+        text = key.get_secret_value()
+        if not 8 <= len(text) <= 512 or any(c.isspace() for c in text):
+            raise ValueError("a key must have 8 to 512 characters and no whitespace")
+        return key
 
 
 class QuotaSettings(_Strict):

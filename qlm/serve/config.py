@@ -1,19 +1,32 @@
 """The fleet file (`qlm serve --config FLEET.yaml`): one validated model for the whole live
 control plane. Errors name file, line and field (qlm.config.load_yaml_model). Nothing here
-reads the environment; secrets such as a Redis password travel in the queue URL, which the
-command line may take from an environment variable named in the file."""
+reads the environment or secret files: the file names where secrets are (an environment
+variable holding the queue URL or the Redis password, a mounted file with the password or
+the API keys), and qlm/serve/secrets.py reads them when a process starts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from qlm.agents.reconcile import ReconcileOptions
-from qlm.config import QlmConfig
+from qlm.api.settings import QuotaSettings
+from qlm.config import Problem, QlmConfig, fail_at
 from qlm.engine.profile import GIB, Profile
 from qlm.metrics.settings import MetricsSettings
+from qlm.queue.bounds import QueueBounds
 from qlm.snapshot import ProfileSpec
 from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance
 
@@ -31,6 +44,44 @@ class QueueSettings(_Strict):
         default=None, description="Name of an environment variable holding the URL (secrets)."
     )
     key_prefix: str = Field(default="qlm", min_length=1, description="Redis key namespace.")
+    username: str | None = Field(default=None, description="Redis ACL user; overrides the URL's.")
+    password_env: str | None = Field(
+        default=None, description="Environment variable holding the Redis password."
+    )
+    password_file: Path | None = Field(
+        default=None, description="File holding the Redis password (a mounted Secret)."
+    )
+    ssl_ca_certs: Path | None = Field(default=None, description="CA bundle (rediss://).")
+    ssl_certfile: Path | None = Field(default=None, description="Client certificate (mTLS).")
+    ssl_keyfile: Path | None = Field(default=None, description="Client key (mTLS).")
+    ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
+    max_queued: int | None = Field(
+        default=None, ge=0, description="Queued requests at most (429 beyond); none: unbounded."
+    )
+    max_queued_per_tenant: int | None = Field(
+        default=None, ge=0, description="Queued requests of one tenant at most (429 beyond)."
+    )
+    reserved_queued: int = Field(
+        default=0, ge=0, description="Places of max_queued only reserved_classes may take."
+    )
+    reserved_classes: tuple[str, ...] | None = Field(
+        default=None,
+        description="Classes that may take reserved places; none: the classes "
+        "of the highest priority (interactive).",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str | None) -> str | None:
+        if url is not None and urlsplit(url).scheme not in ("memory", "redis", "rediss", "unix"):
+            raise ValueError("must start with memory://, redis://, rediss:// (TLS) or unix://")
+        return url
+
+    @model_validator(mode="after")
+    def _one_password_source(self) -> QueueSettings:
+        if self.password_env is not None and self.password_file is not None:
+            fail_at("QueueSettings", [(("password_file",), "set password_env or password_file")])
+        return self
 
 
 class ApiServerSettings(_Strict):
@@ -38,6 +89,32 @@ class ApiServerSettings(_Strict):
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port.")
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     completion_timeout_s: float = Field(default=600.0, gt=0)
+    keys: dict[str, SecretStr | list[SecretStr]] = Field(
+        default_factory=dict,
+        description="Inline tenant -> API key(s), for demos; real keys go in keys_file or "
+        "keys_env. Any key configured turns authentication on.",
+    )
+    keys_file: Path | None = Field(
+        default=None, description="YAML file of tenant -> key(s) (a mounted Secret)."
+    )
+    keys_env: str | None = Field(
+        default="QLM_API_KEYS",
+        description="Environment variable holding tenant -> key(s) as YAML, if set.",
+    )
+    quota: QuotaSettings = Field(
+        default_factory=QuotaSettings, description="Every tenant's request and token quotas."
+    )
+    tenant_quotas: dict[str, QuotaSettings] = Field(
+        default_factory=dict, description="Quotas of named tenants (replace `quota` for them)."
+    )
+    queue_full_retry_after_s: int = Field(
+        default=1, ge=1, description="Retry-After of a 429 when the queue is full."
+    )
+    reject_unattainable_slo: bool = Field(
+        default=False, description="Refuse requests the latest plan predicts will be late."
+    )
+    plan_max_age_s: float = Field(default=30.0, gt=0, description="Older plans say nothing.")
+    plan_refresh_s: float = Field(default=1.0, ge=0, description="Re-read the plan this often.")
 
 
 class ControllerSettings(_Strict):
@@ -142,22 +219,67 @@ class ServeConfig(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> ServeConfig:
+        self.metrics.check_classes({c.name for c in self.qlm.slo_classes})
+        problems = [*self._fleet_problems(), *self._queue_problems(), *self._engine_problems()]
+        if problems:
+            fail_at("ServeConfig", problems)
+        return self
+
+    def _fleet_problems(self) -> Iterator[Problem]:
         names = [m.name for m in self.models]
         if len(names) != len(set(names)):
-            raise ValueError("models: names must be unique")
-        self.metrics.check_classes({c.name for c in self.qlm.slo_classes})
+            yield ("models",), "names must be unique"
+        gpu_types = self._gpu_memory()
         for i, inst in enumerate(self.instances):
-            if inst.gpu_type not in self._gpu_memory():
-                raise ValueError(
-                    f"instances.{i}.gpu_type: {inst.gpu_type!r} unknown; "
-                    f"known: {sorted(self._gpu_memory())} (add it under gpu_memory_gib)"
+            if inst.gpu_type not in gpu_types:
+                yield (
+                    ("instances", i, "gpu_type"),
+                    f"{inst.gpu_type!r} unknown; known: {sorted(gpu_types)} "
+                    "(add it under gpu_memory_gib)",
                 )
             if inst.model is not None and inst.model not in names:
-                raise ValueError(f"instances.{i}.model: {inst.model!r} is not in models")
-        ids = [i.id for i in self.instance_list()]
-        if len(ids) != len(set(ids)):
-            raise ValueError("instances: ids must be unique")
-        return self
+                yield ("instances", i, "model"), f"{inst.model!r} is not in models"
+        if all(inst.gpu_type in gpu_types for inst in self.instances):
+            ids = [i.id for i in self.instance_list()]
+            if len(ids) != len(set(ids)):
+                yield ("instances",), "ids must be unique"
+
+    def _queue_problems(self) -> Iterator[Problem]:
+        queue = self.queue
+        known = [c.name for c in self.qlm.slo_classes]
+        for name in queue.reserved_classes or ():
+            if name not in known:
+                yield ("queue", "reserved_classes"), f"{name!r} is not a class; known: {known}"
+        try:
+            self.queue_bounds()
+        except ValueError as exc:
+            yield ("queue", "reserved_queued"), str(exc)
+
+    def _engine_problems(self) -> Iterator[Problem]:
+        if self.engine.kind != "vllm":
+            return
+        from qlm.engine.vllm import VllmEngineConfig
+
+        try:
+            VllmEngineConfig.model_validate(self.engine.vllm)
+        except ValidationError as exc:
+            for err in exc.errors():
+                yield ("engine", "vllm", *err["loc"]), err["msg"]
+
+    def reserved_classes(self) -> frozenset[str]:
+        """The classes that may take reserved queue places: as configured, else those of the
+        highest priority."""
+        if self.queue.reserved_classes is not None:
+            return frozenset(self.queue.reserved_classes)
+        top = max(c.priority for c in self.qlm.slo_classes)
+        return frozenset(c.name for c in self.qlm.slo_classes if c.priority == top)
+
+    def queue_bounds(self) -> QueueBounds:
+        """The queue's bounds (ValueError when inconsistent)."""
+        q = self.queue
+        return QueueBounds(
+            q.max_queued, q.max_queued_per_tenant, q.reserved_queued, self.reserved_classes()
+        )
 
     def _gpu_memory(self) -> dict[str, int]:
         memory = {name: g.memory_bytes for name, g in DEFAULT_GPU_TYPES.items()}

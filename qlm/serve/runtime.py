@@ -16,11 +16,13 @@ import uvicorn
 from qlm.api.app import create_app
 from qlm.api.settings import ApiSettings, ModelInfo
 from qlm.clock import Clock, WallClock
+from qlm.config import ConfigError
 from qlm.engine.client import EngineClient
 from qlm.metrics import MetricsServer, PlaneMetrics
 from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
 from qlm.registry import Registry
+from qlm.serve import secrets
 from qlm.serve.agent import Agent
 from qlm.serve.config import ServeConfig
 from qlm.serve.loop import ControlLoop
@@ -66,24 +68,34 @@ def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -
 
 def queue_url(config: ServeConfig) -> str | None:
     """The queue URL: from the environment variable the file names, else from the file."""
-    if config.queue.url_env:
-        return os.environ.get(config.queue.url_env) or config.queue.url
-    return config.queue.url
+    return secrets.queue_url(config.queue, os.environ)
 
 
 def open_queue(config: ServeConfig) -> GlobalQueue:
-    return make_queue(queue_url(config), key_prefix=config.queue.key_prefix)
+    """The queue with its bounds, credentials and TLS files (ConfigError when a secret the
+    file names is missing); nothing connects yet."""
+    url = queue_url(config)
+    return make_queue(url, **secrets.queue_options(config, url, os.environ))
 
 
 def api_settings(config: ServeConfig) -> ApiSettings:
+    """The API's settings, with its keys read from where the file says (ConfigError)."""
     models = {
         name: ModelInfo(max_context_tokens=n) for name, n in config.max_context_tokens().items()
     }
+    api = config.api
     return ApiSettings.from_config(
         config.qlm,
         models,
-        max_body_bytes=config.api.max_body_bytes,
-        completion_timeout_s=config.api.completion_timeout_s,
+        max_body_bytes=api.max_body_bytes,
+        completion_timeout_s=api.completion_timeout_s,
+        api_keys=secrets.api_keys(api, os.environ),
+        quota=api.quota,
+        tenant_quotas=api.tenant_quotas,
+        queue_full_retry_after_s=api.queue_full_retry_after_s,
+        reject_unattainable_slo=api.reject_unattainable_slo,
+        plan_max_age_s=api.plan_max_age_s,
+        plan_refresh_s=api.plan_refresh_s,
     )
 
 
@@ -126,8 +138,12 @@ def plane_metrics(config: ServeConfig, clock: Clock, instance_ids: Sequence[str]
     )
 
 
-async def _start_api(plane: Plane, config: ServeConfig, clock: Clock) -> None:
-    app = create_app(api_settings(config), plane.queue, clock, metrics=plane.metrics)
+async def _start_api(
+    plane: Plane, config: ServeConfig, settings: ApiSettings, clock: Clock
+) -> None:
+    app = create_app(settings, plane.queue, clock, metrics=plane.metrics)
+    if not settings.auth_required and config.api.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("the API listens on %s without API keys: anyone can submit", config.api.host)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -186,8 +202,11 @@ async def running_plane(
     They share one metrics registry, exposed at the API's /metrics and, with `metrics_port`,
     on a port of its own (0: a free one)."""
     clock = clock or WallClock()
-    plane = Plane(open_queue(config), config.fleet())
+    # Everything the file refers to is read and checked before any part starts.
+    settings = api_settings(config) if api else None
     only = None if agents is True else list(agents or ())
+    _check_instances(config, only)
+    plane = Plane(open_queue(config), config.fleet())
     here = [i.id for i in plane.fleet.instances if only is None or i.id in only]
     plane.metrics = plane_metrics(config, clock, here if agents else [])
     try:
@@ -201,11 +220,18 @@ async def running_plane(
                 config.qlm, plane.fleet, plane.queue, clock, config.controller, plane.metrics
             )
             plane.tasks.append(asyncio.create_task(plane.loop.run(plane.stop)))
-        if api:
-            await _start_api(plane, config, clock)
+        if settings is not None:
+            await _start_api(plane, config, settings, clock)
         yield plane
     finally:
         await _shutdown(plane)
+
+
+def _check_instances(config: ServeConfig, only: Sequence[str] | None) -> None:
+    known = [i.id for i in config.instance_list()]
+    unknown = [i for i in only or () if i not in known]
+    if unknown:
+        raise ConfigError(f"--instance {', '.join(unknown)}: not in the fleet; known: {known}")
 
 
 async def _shutdown(plane: Plane) -> None:
