@@ -4,6 +4,7 @@ fast loops, and helpers to read /metrics."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -96,3 +97,46 @@ def sample(text: str, name: str, **labels: str) -> float:
         for s in family.samples
         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )
+
+
+def serve_fleet(port: int) -> dict[str, Any]:
+    """A fleet file for `qlm serve|api|controller|agent` processes: two emulated instances."""
+    return {
+        "qlm": {"slo_classes": CLASSES, "planner": {"policy": "edf"}},
+        "api": {"host": "127.0.0.1", "port": port},
+        "controller": {"tick_s": 0.05},
+        "agent": {"poll_s": 0.01, "status_every_s": 0.2},
+        "engine": {"kind": "emulated", "speedup": 20.0, "output_length": "cap"},
+        "packaged_profiles": False,
+        "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
+        "models": [{"name": "m-a"}, {"name": "m-b"}],
+        "instances": [{"id": "gpu", "gpu_type": "A100", "model": "m-a", "count": 2}],
+        "metrics": {"sample_every_s": 0.5},
+    }
+
+
+def run_requests(url: str, n_ok: int, n_late: int) -> None:
+    """n_ok interactive requests that meet their SLO, n_late that cannot (1 ms TTFT), and
+    wait until all are done."""
+    ids = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for i in range(n_ok + n_late):
+            body: dict[str, Any] = {
+                "kind": "completion",
+                "model": "m-a",
+                "prompt": f"q{i}",
+                "max_tokens": 4,
+                "slo_class": "interactive",
+            }
+            if i >= n_ok:
+                body["slo_ttft_s"] = 0.001
+            response = http.post("/v1/qlm/requests", json=body)
+            assert response.status_code == 202, response.text
+            ids.append(response.json()["id"])
+        deadline = time.monotonic() + 60
+        while ids and time.monotonic() < deadline:
+            ids = [
+                i for i in ids if http.get(f"/v1/qlm/requests/{i}").json()["state"] != "completed"
+            ]
+            time.sleep(0.1)
+    assert not ids, f"not completed: {ids}"

@@ -9,7 +9,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,26 +19,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.metrics.plane import CLASSES, PROFILE, sample_sums
+from tests.metrics.plane import run_requests, sample_sums, serve_fleet
 from tests.metrics.tools import binary
 from tests.redis_server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-def fleet(port: int) -> dict[str, Any]:
-    return {
-        "qlm": {"slo_classes": CLASSES, "planner": {"policy": "edf"}},
-        "api": {"host": "127.0.0.1", "port": port},
-        "controller": {"tick_s": 0.05},
-        "agent": {"poll_s": 0.01, "status_every_s": 0.2},
-        "engine": {"kind": "emulated", "speedup": 20.0, "output_length": "cap"},
-        "packaged_profiles": False,
-        "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
-        "models": [{"name": "m-a"}, {"name": "m-b"}],
-        "instances": [{"id": "gpu", "gpu_type": "A100", "model": "m-a", "count": 2}],
-        "metrics": {"sample_every_s": 0.5},
-    }
 
 
 @pytest.fixture
@@ -47,7 +31,7 @@ def base_url(tmp_path: Path) -> Iterator[str]:
     """`qlm serve` on a free port, stopped after the test."""
     port = free_port()
     config = tmp_path / "fleet.yaml"
-    config.write_text(yaml.safe_dump(fleet(port)))
+    config.write_text(yaml.safe_dump(serve_fleet(port)))
     qlm = Path(sys.executable).parent / "qlm"
     log = (tmp_path / "qlm.log").open("wb")
     process = subprocess.Popen(
@@ -91,33 +75,6 @@ def browser() -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
-
-
-def run_requests(url: str, n_ok: int, n_late: int) -> None:
-    """n_ok interactive requests that meet their SLO, n_late that cannot (1 ms TTFT), and
-    wait until all are done."""
-    ids = []
-    with httpx.Client(base_url=url, timeout=30) as http:
-        for i in range(n_ok + n_late):
-            body: dict[str, Any] = {
-                "kind": "completion",
-                "model": "m-a",
-                "prompt": f"q{i}",
-                "max_tokens": 4,
-                "slo_class": "interactive",
-            }
-            if i >= n_ok:
-                body["slo_ttft_s"] = 0.001
-            response = http.post("/v1/qlm/requests", json=body)
-            assert response.status_code == 202, response.text
-            ids.append(response.json()["id"])
-        deadline = time.monotonic() + 60
-        while ids and time.monotonic() < deadline:
-            ids = [
-                i for i in ids if http.get(f"/v1/qlm/requests/{i}").json()["state"] != "completed"
-            ]
-            time.sleep(0.1)
-    assert not ids, f"not completed: {ids}"
 
 
 def metrics_attainment(url: str) -> tuple[int, int]:

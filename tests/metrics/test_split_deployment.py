@@ -16,8 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.metrics.plane import sample_sums
-from tests.metrics.test_dashboard_browser import fleet, run_requests
+from tests.metrics.plane import run_requests, sample_sums, serve_fleet
 from tests.metrics.tools import PrometheusServer, binary
 from tests.redis_server import free_port
 
@@ -60,7 +59,7 @@ def prometheus(ports: dict[str, int]) -> Iterator[PrometheusServer]:
 def test_prometheus_aggregates_api_controller_and_agent_processes(
     tmp_path: Path, redis_url: str, ports: dict[str, int], prometheus: PrometheusServer
 ) -> None:
-    cfg = fleet(ports["api"])
+    cfg = serve_fleet(ports["api"])
     cfg["queue"] = {"url": redis_url}
     cfg["metrics"] = {"sample_every_s": 0.5, "prometheus_url": prometheus.url}
     config = tmp_path / "fleet.yaml"
