@@ -103,23 +103,22 @@ class TenantQuotas:
                 return None
             self._prune(now_s)
             state = self._tenants[tenant] = _TenantBuckets(quota, now_s)
-        for bucket in state.buckets():
-            bucket.refill(now_s)
-        waits = [
-            (b.wait_s(amount), what)
-            for b, amount, what in (
-                (state.requests, 1, "request rate"),
-                (state.tokens, tokens, "token"),
-            )
-            if b is not None
-        ]
-        wait_s, what = max(waits)
+        requests, tokens_bucket = state.requests, state.tokens
+        wait_s, what = 0.0, ""
+        if requests is not None:
+            requests.refill(now_s)
+            wait_s, what = requests.wait_s(1), "request rate"
+        if tokens_bucket is not None:
+            tokens_bucket.refill(now_s)
+            tokens_wait_s = tokens_bucket.wait_s(tokens)
+            if tokens_wait_s > wait_s:
+                wait_s, what = tokens_wait_s, "token"
         if wait_s > 0:
             raise _over_quota(tenant, what, wait_s)
-        if state.requests is not None:
-            state.requests.level -= 1
-        if state.tokens is not None:
-            state.tokens.level -= tokens
+        if requests is not None:
+            requests.level -= 1
+        if tokens_bucket is not None:
+            tokens_bucket.level -= tokens
         return Charge(tenant, 1, tokens)
 
     def refund(self, charge: Charge | None) -> None:
