@@ -315,23 +315,32 @@ async def test_routing_errors_use_the_same_format(
 async def test_bad_requests_do_not_disturb_accepted_ones(
     client: httpx.AsyncClient, queue: MemoryQueue, agent: FakeAgent
 ) -> None:
+    """Requests accepted before and after the whole error matrix are all still there, with
+    their views unchanged by it, and all served."""
     agent.serving = False
-    ids = []
-    for i in range(3):
-        resp = await client.post(
-            SUBMIT, json={"kind": "completion", "model": "m7b", "prompt": i * "p"}
-        )
-        assert resp.status_code == 202
-        ids.append(resp.json()["id"])
+
+    async def accept(n: int, word: str) -> list[str]:
+        ids = []
+        for i in range(n):
+            body = {"kind": "completion", "model": "m7b", "prompt": f"{word} {i}"}
+            resp = await client.post(SUBMIT, json=body)
+            assert resp.status_code == 202
+            ids.append(resp.json()["id"])
+        return ids
+
+    ids = await accept(3, "before")
+    views = [(await client.get(f"{SUBMIT}/{i}")).json() for i in ids]
     for case in CASES:
         path, body, headers, status, *_ = case.values
         assert (await send(client, path, body, headers)).status_code == status
-    assert (await queue.counts())[RequestState.QUEUED] == 3
+    assert [(await client.get(f"{SUBMIT}/{i}")).json() for i in ids] == views
+    ids += await accept(3, "after")
+    assert (await queue.counts())[RequestState.QUEUED] == 6
     agent.serving = True
 
     async def all_done() -> bool:
         states = [(await client.get(f"{SUBMIT}/{i}")).json()["state"] for i in ids]
-        return states == ["completed"] * 3
+        return states == ["completed"] * 6
 
     await wait_until(all_done)
-    assert agent.served == 3
+    assert agent.served == 6

@@ -7,15 +7,23 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from qlm.api import create_app
 from qlm.cli import main
+from qlm.clock import VirtualClock
+from qlm.config import load_yaml_model
+from qlm.queue.memory import MemoryQueue
+from qlm.serve.config import ServeConfig
+from qlm.serve.runtime import api_settings
 
 ROOT = Path(__file__).parent.parent.parent
 FLEET = (ROOT / "examples" / "fleet.yaml").read_text()
 SCENARIO = (ROOT / "sims" / "wa-quick.yaml").read_text()
 SECRET = "sk-supersecret-0123456789"
 KEY_RULE = "a key must have 8 to 512 characters and no whitespace"
+SUBMIT = "/v1/qlm/requests"
 
 
 def line_of(text: str, needle: str) -> int:
@@ -232,3 +240,33 @@ def test_a_scenario_that_is_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = run_cli(["simulate", str(path)], capsys)
     assert f"{path}: invalid YAML" in err
     assert "line 2" in err
+
+
+async def test_context_lengths_and_body_limit_come_from_the_fleet_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The models' context lengths and the body limit the API enforces are the fleet file's."""
+    monkeypatch.delenv("QLM_API_KEYS", raising=False)
+    text = FLEET.replace("api: {host: 127.0.0.1, port: 8000}", "api: {max_body_bytes: 40000}")
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    config = load_yaml_model(path, ServeConfig)
+    app = create_app(api_settings(config), MemoryQueue(), VirtualClock(0.0))
+    prompt = "word " * 4000  # 5,000 tokens by the default counter: over 4,096, under 8,192
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
+        small = await c.post(
+            SUBMIT, json={"kind": "completion", "model": "vicuna-13b", "prompt": prompt}
+        )
+        assert (small.status_code, small.json()["error"]["code"]) == (
+            400,
+            "context_length_exceeded",
+        )
+        assert "maximum context length is 4096 tokens" in small.json()["error"]["message"]
+        big = await c.post(
+            SUBMIT, json={"kind": "completion", "model": "mistral-7b", "prompt": prompt}
+        )
+        assert big.status_code == 202
+        huge = await c.post(
+            SUBMIT, json={"kind": "completion", "model": "m", "prompt": "x" * 40_001}
+        )
+        assert huge.status_code == 413
