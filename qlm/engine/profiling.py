@@ -147,13 +147,14 @@ class ProfileGrid(BaseModel):
             for x in once
         )
 
-    def background_tokens(self, limits: EngineLimits) -> int:
-        """Output cap of the background requests: as long as context and KV cache allow, so
-        they outlast the probe request even when the client sees their tokens late."""
-        longest = limits.max_model_len - max(self.context_tokens)
+    def background_tokens(self, limits: EngineLimits, context_tokens: int) -> int:
+        """Output cap of a probe's background requests: as long as context and KV cache
+        allow, so they outlast the probe request even when the client sees tokens late (on a
+        busy host vLLM's API server can deliver a second of tokens at once)."""
+        longest = limits.max_model_len - context_tokens
         if limits.kv_capacity_tokens is not None:
             per_seq = limits.kv_capacity_tokens // max(self.batch_sizes)
-            longest = min(longest, per_seq - max(self.context_tokens))
+            longest = min(longest, per_seq - context_tokens)
         return longest
 
     def problems(self, limits: EngineLimits) -> list[str]:
@@ -170,7 +171,7 @@ class ProfileGrid(BaseModel):
             )
         if max(self.context_tokens) + max(self.batch_sizes) - 1 > budget:
             found.append(f"context_tokens + batch size exceed the token budget {budget}")
-        if self.background_tokens(limits) < 4 * self.decode_tokens:
+        if self.background_tokens(limits, max(self.context_tokens)) < 4 * self.decode_tokens:
             found.append(
                 "context_tokens: too long for background requests that outlast the probe "
                 f"(4 x decode_tokens within max_model_len {limits.max_model_len} and the KV "

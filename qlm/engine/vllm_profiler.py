@@ -52,6 +52,8 @@ METRICS_TIMEOUT_S = 20.0  # histograms are recorded when a request finishes, a l
 IDLE_TIMEOUT_S = 60.0
 QUIET_S = 0.1
 MAX_ATTEMPTS = 5
+SCRAPE_TIMEOUT_S = 30.0
+SCRAPE_ATTEMPTS = 3
 RETRY_PAUSE_S = 1.0  # a void attempt usually means the host stalled: give it a moment
 
 Progress = Callable[[str], None]
@@ -232,10 +234,10 @@ class VllmProfiler:
     async def _probes(self, limits: EngineLimits) -> tuple[list[LabeledSample], list[float]]:
         await self._warm_up()
         probes = self.grid.probes()
-        background = self.grid.background_tokens(limits)
         samples: list[LabeledSample] = []
         overheads: list[float] = []
         for i, probe in enumerate(probes, 1):
+            background = self.grid.background_tokens(limits, probe.context_tokens)
             got, overhead = await self._attempts(probe, background)
             if overhead is not None:
                 overheads.append(overhead)
@@ -371,9 +373,20 @@ class VllmProfiler:
     # ------------------------------------------------------------------ metrics
 
     async def _metrics_text(self) -> str:
-        response = await self._client().get(f"{self._base_url()}/metrics", timeout=10.0)
-        response.raise_for_status()
-        return response.text
+        """/metrics, patiently: on a busy host the server may not even accept a connection
+        for seconds."""
+        for attempt in range(1, SCRAPE_ATTEMPTS + 1):
+            try:
+                response = await self._client().get(
+                    f"{self._base_url()}/metrics", timeout=SCRAPE_TIMEOUT_S
+                )
+                response.raise_for_status()
+                return response.text
+            except httpx.TransportError as exc:
+                if attempt == SCRAPE_ATTEMPTS:
+                    raise ProfilingError(f"/metrics unreachable: {exc!r}") from None
+                self._progress(f"/metrics: {exc!r}; again")
+        raise AssertionError("unreachable")
 
     async def _totals(self) -> dict[str, HistogramTotal]:
         return histogram_totals(await self._metrics_text())

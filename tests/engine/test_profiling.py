@@ -91,8 +91,9 @@ def test_a_grid_that_does_not_fit_the_engine_says_why() -> None:
 
 def test_background_requests_run_as_long_as_context_and_kv_allow() -> None:
     grid = ProfileGrid()
-    assert grid.background_tokens(LIMITS) == 4096 - 1536
-    assert grid.background_tokens(EngineLimits(8, 4096, 2048, 16_000)) == 2000 - 1536
+    assert grid.background_tokens(LIMITS, 1536) == 4096 - 1536
+    assert grid.background_tokens(LIMITS, 64) == 4096 - 64
+    assert grid.background_tokens(EngineLimits(8, 4096, 2048, 16_000), 1536) == 2000 - 1536
 
 
 def test_grid_sizes_are_validated_and_sorted() -> None:
