@@ -7,8 +7,8 @@ through the now_s it is given.
 When to re-plan follows the paper: a full re-plan (regroup + solve) when there is no plan yet,
 when queued requests are not covered by the plan and could not be inserted into a planned
 group, when grouping asks for a rebalance, or when the estimator's violation check finds a
-group predicted to miss its deadline that the last plan did not already expect to miss (a
-group planned onto an instance that is down, i.e. has no view, counts as such).
+group predicted to miss its deadline that the last plan did not already expect to miss, or
+when the instances that are up (those with a view) differ from the last re-plan's.
 New arrivals otherwise join their nearest planned group (`on_arrival`) without solving.
 """
 
@@ -64,6 +64,7 @@ class Controller:
         self._published: PublishedPlan | None = None
         self._solved: Plan | None = None
         self._late_at_plan: frozenset[str] = frozenset()
+        self._up_at_plan: frozenset[str] = frozenset()  # instances the last re-plan could use
         self._member_of: dict[str, str] = {}
         self._placed: frozenset[str] = frozenset()
         self._epoch = 0
@@ -92,6 +93,7 @@ class Controller:
         waits = self._predicted_waits(solved, groups, fleet, busy)
         self._solved = solved
         self._late_at_plan = frozenset(solved.late_groups)
+        self._up_at_plan = frozenset(v.instance_id for v in instances)
         self._member_of = {rid: g.id for g in groups for rid in g.request_ids}
         self._placed = frozenset(g for q in solved.queues.values() for g in q)
         return self._publish(
@@ -159,6 +161,9 @@ class Controller:
             return ReplanReason(True, f"{uncovered} queued requests outside the plan")
         if self._grouping.needs_regroup:
             return ReplanReason(True, "grouping rebalance due")
+        up = frozenset(v.instance_id for v in instances)
+        if queued and up != self._up_at_plan:  # one went down, or one is back (or new)
+            return ReplanReason(True, f"instances up changed: {sorted(up ^ self._up_at_plan)}")
         late = self._newly_late(queued, instances, now_s)
         if late:
             return ReplanReason(True, f"groups newly predicted late: {sorted(late)[:5]}")

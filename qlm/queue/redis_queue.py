@@ -19,6 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
@@ -110,6 +112,16 @@ class RedisQueueConfig(BaseModel):
         description="Connections for blocking reads: one per open stream() or wait_for_change().",
     )
     health_check_interval_s: float = Field(default=30.0, ge=0)
+    retries: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="Retries of a command after a connection error or timeout, reconnecting "
+        "each time, with jittered exponential backoff: about 6 s in all at the defaults, "
+        "which rides out a Redis restart on its AOF.",
+    )
+    retry_backoff_base_s: float = Field(default=0.05, gt=0, description="First backoff step.")
+    retry_backoff_cap_s: float = Field(default=1.0, gt=0, description="Longest backoff step.")
     ssl_ca_certs: str | None = Field(default=None, description="CA bundle for rediss://.")
     ssl_certfile: str | None = Field(default=None, description="Client certificate (mTLS).")
     ssl_keyfile: str | None = Field(default=None, description="Client key (mTLS).")
@@ -163,6 +175,13 @@ class RedisQueueConfig(BaseModel):
             "socket_connect_timeout": self.socket_connect_timeout_s,
             "socket_timeout": self.socket_timeout_s,
             "health_check_interval": self.health_check_interval_s,
+            # Both pools need it: a pool built outside Redis() gets no retries by default.
+            "retry": Retry(
+                ExponentialWithJitterBackoff(
+                    cap=self.retry_backoff_cap_s, base=self.retry_backoff_base_s
+                ),
+                self.retries,
+            ),
         }
         if self.username is not None or self.password is not None:
             options["username"] = self.username or parts.username

@@ -68,7 +68,11 @@ class ControlLoop:
             except Exception:
                 self.counters.failures += 1
                 log.exception("control loop round failed; the last plan stays")
-            await self.queue.wait_for_change(self.settings.tick_s)
+            try:
+                await self.queue.wait_for_change(self.settings.tick_s)
+            except Exception as exc:  # the queue is unreachable: the loop must outlive that
+                log.warning("waiting for queue changes failed (%r); next round in a tick", exc)
+                await asyncio.sleep(self.settings.tick_s)
             # Under a flood of arrivals, one round takes many of them (a round's cost grows
             # with the queue, not with the arrivals it takes).
             rest_s = self.settings.min_round_interval_s - (self.clock.monotonic_s() - started_s)

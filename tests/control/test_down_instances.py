@@ -78,3 +78,18 @@ def test_with_every_instance_down_a_replan_places_nothing() -> None:
     ctl = setup()
     plan = ctl.replan(batch(3), [], 0.0)
     assert not any(plan.queues.values())
+
+
+def test_an_instance_that_comes_back_gets_work_at_the_next_round() -> None:
+    ctl = setup()
+    queued = batch(8)
+    only_i1 = [InstanceView("i1", "m7b", 0.0)]
+    plan = ctl.replan(queued, only_i1, 0.0)
+    assert not plan.queues.get("i0")
+    both = [InstanceView("i0", "m7b", 0.0), *only_i1]
+    reason = ctl.needs_replan(queued, both, 1.0)
+    assert reason.needed
+    assert "i0" in reason.why
+    assert ctl.replan(queued, both, 1.0).queues.get("i0"), "the idle instance is used again"
+    assert not ctl.needs_replan(queued, both, 2.0).needed
+    assert not ctl.needs_replan([], only_i1, 3.0).needed  # nothing queued: nothing to move

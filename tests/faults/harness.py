@@ -28,7 +28,7 @@ import redis.asyncio as aredis
 import yaml
 
 from qlm.queue.records import InstanceStatus, RequestRecord
-from qlm.queue.redis_queue import RedisQueue
+from qlm.queue.redis_queue import RedisQueue, RedisQueueConfig
 from tests.faults.report import FaultReport
 from tests.redis_server import RedisServer, RedisServerError, free_port, redis_server_binary
 
@@ -71,6 +71,7 @@ def fleet_config(redis_url: str, *, instances: int = 2, **sections: Any) -> dict
         "controller": {"tick_s": 0.1, "leader_lease_s": 1.0, "instance_timeout_s": 1.5},
         "agent": {"poll_s": 0.01, "lease_s": LEASE_S, "status_every_s": 0.25},
         "engine": {"kind": "emulated", "speedup": 1.0, "output_length": "cap"},
+        "metrics": {"host": "127.0.0.1", "port": 0},  # several processes share a host
         "packaged_profiles": False,
         "profiles": [PROFILE],
         "models": [{"name": MODEL, "max_context_tokens": 4096}],
@@ -199,7 +200,9 @@ class FaultPlane:
         self.redis_url = str(config["queue"]["url"])
         self.processes: list[QlmProcess] = []
         self.queue = RedisQueue.from_url(self.redis_url, key_prefix=KEY_PREFIX)
-        self.raw = aredis.Redis.from_url(self.redis_url, decode_responses=True)
+        # The queue's own retry settings: the test's reads ride out a Redis restart too.
+        options = RedisQueueConfig(url=self.redis_url).client_options()
+        self.raw = aredis.Redis.from_url(self.redis_url, **options)
 
     def __enter__(self) -> FaultPlane:
         return self
