@@ -5,15 +5,16 @@ off by default).
 The estimate is deliberately simple and cheap. The control loop inserts a new arrival at the
 end of the nearest planned group of its model and class, so a newcomer waits about as long as
 the last member of such a group; the plan carries each member's predicted wait (the RWT
-estimator's mean time to first token, from the plan's creation). For every (model, class) the
-gate keeps the earliest of those groups' predicted last first-token times:
+estimator's mean time to first token, measured from `waits_at_s`, the plan's last full
+re-plan; plans derived since by inserting arrivals keep it). For every (model, class) the gate
+keeps the earliest of those groups' predicted last first-token times:
 
-    first_token_at_s(model, class) = plan.created_at_s + min over groups (max member wait)
+    first_token_at_s(model, class) = waits_at_s + min over groups (max member wait)
 
-and refuses a request when that time is later than its TTFT deadline. Without a fresh plan
-(none, or older than `plan_max_age_s`) or without a planned group of the request's model and
-class, nothing is known and the request is admitted. The table is rebuilt only when the plan's
-epoch changes, and the plan is re-read at most every `plan_refresh_s`.
+and refuses a request when that time is later than its TTFT deadline. Without fresh waits
+(no plan, or waits older than `plan_max_age_s`) or without a planned group of the request's
+model and class, nothing is known and the request is admitted. The table is rebuilt only
+when the plan's epoch changes, and the plan is re-read at most every `plan_refresh_s`.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def first_token_times(plan: PublishedPlan) -> Mapping[Key, float]:
     """(model, class) -> the earliest predicted first-token time of a newcomer."""
     table: dict[Key, float] = {}
     waits = plan.predicted_wait_s
+    origin_s = _waits_origin_s(plan)
     for group in plan.groups.values():
         member_waits = [waits[rid] for rid in group.request_ids if rid in waits]
         if not member_waits:
             continue
-        at_s = plan.created_at_s + max(member_waits)
+        at_s = origin_s + max(member_waits)
         key = (group.model, group.slo_class)
         table[key] = min(at_s, table.get(key, at_s))
     return MappingProxyType(table)
@@ -84,6 +86,10 @@ class SloGate:
                 self._table = first_token_times(plan)
             self._plan = plan
         plan = self._plan
-        if plan is None or self._clock.now_s() - plan.created_at_s > self._max_age_s:
+        if plan is None or self._clock.now_s() - _waits_origin_s(plan) > self._max_age_s:
             return MappingProxyType({})
         return self._table
+
+
+def _waits_origin_s(plan: PublishedPlan) -> float:
+    return plan.created_at_s if plan.waits_at_s is None else plan.waits_at_s

@@ -105,6 +105,7 @@ class Controller:
                 policy=solved.policy,
                 status=str(solved.status),
                 predicted_wait_s=waits,
+                waits_at_s=now_s,
             )
         )
 

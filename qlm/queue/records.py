@@ -190,6 +190,9 @@ class PublishedPlan:
     policy: str = ""
     status: str = ""
     predicted_wait_s: Mapping[str, float] = field(default_factory=dict)  # by request id
+    # When the predicted waits were computed (the last full re-plan): plans derived since
+    # (arrivals inserted) move created_at_s but not the waits. None: created_at_s.
+    waits_at_s: float | None = None
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
@@ -220,6 +223,7 @@ class PublishedPlan:
                 "policy": self.policy,
                 "status": self.status,
                 "predicted_wait_s": dict(self.predicted_wait_s),
+                "waits_at_s": self.waits_at_s,
             },
             separators=(",", ":"),
         )
@@ -246,6 +250,7 @@ class PublishedPlan:
             policy=data.get("policy", ""),
             status=data.get("status", ""),
             predicted_wait_s=data.get("predicted_wait_s", {}),
+            waits_at_s=data.get("waits_at_s"),
         )
 
 

@@ -176,7 +176,9 @@ async def test_openai_client_sees_rate_limit_errors(clients: Any, clock: Virtual
 # -- the SLO gate -------------------------------------------------------------------------------
 
 
-def plan_with_waits(created_at_s: float, **waits: float) -> PublishedPlan:
+def plan_with_waits(
+    created_at_s: float, waits_at_s: float | None = None, **waits: float
+) -> PublishedPlan:
     """One planned group per (model, class) key given as model__class=wait_s."""
     groups = {}
     predicted: dict[str, float] = {}
@@ -185,7 +187,10 @@ def plan_with_waits(created_at_s: float, **waits: float) -> PublishedPlan:
         rid = f"q-{key}"
         groups[key] = PlannedGroup(key, model, slo_class.replace("_", "-"), (rid,))
         predicted[rid] = wait_s
-    return PublishedPlan(0, created_at_s, {"i0": tuple(groups)}, groups, predicted_wait_s=predicted)
+    queues = {"i0": tuple(groups)}
+    return PublishedPlan(
+        0, created_at_s, queues, groups, predicted_wait_s=predicted, waits_at_s=waits_at_s
+    )
 
 
 async def test_the_gate_refuses_what_the_plan_says_will_be_late(
@@ -216,6 +221,17 @@ async def test_the_gate_refuses_what_the_plan_says_will_be_late(
     clock.advance_by(61.0)
     assert (await client.post(SUBMIT, json=body())).status_code == 202
     assert (await queue.counts())[RequestState.QUEUED] == 4
+
+
+async def test_the_gate_measures_waits_from_the_last_full_replan(clients: Any) -> None:
+    """Arrivals inserted since the re-plan move created_at_s, not the waits' origin."""
+    settings = make_settings(reject_unattainable_slo=True, plan_refresh_s=0.0)
+    client, queue = clients(settings)
+    plan = plan_with_waits(NOW_S + 10.0, waits_at_s=NOW_S, m7b__interactive=15.0)
+    assert PublishedPlan.from_json(plan.to_json()).waits_at_s == NOW_S
+    await queue.publish_plan(plan)
+    assert (await client.post(SUBMIT, json=body())).status_code == 202  # NOW + 15 s <= + 20 s
+    assert (await client.post(SUBMIT, json=body(slo_ttft_s=14.0))).status_code == 429
 
 
 async def test_the_gate_is_off_by_default(clients: Any) -> None:

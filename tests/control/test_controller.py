@@ -52,6 +52,7 @@ def test_arrival_joins_a_planned_group_without_solving() -> None:
     assert updated.epoch == plan.epoch + 1
     assert updated.group_of(late.id) is not None
     assert updated.queues == plan.queues
+    assert (updated.created_at_s, updated.waits_at_s) == (1.0, 0.0)  # the waits are the re-plan's
     assert not ctl.needs_replan([*queued, late], views(), 1.0).needed
 
 
