@@ -24,14 +24,15 @@ CORE = [
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {
     "queue/redis_queue.py": {"redis"},
-    "engine/vllm.py": {"httpx"},
+    "queue/redis_pokes.py": {"redis"},
+    "engine/vllm.py": {"aiohttp"},
     "engine/vllm_profiler.py": {"httpx"},
     "engine/tiny_models.py": set(),
 }
 # Where each I/O library may be imported at all (STYLE.md: only the queue's Redis adapter
-# imports redis, only the api imports fastapi).
+# imports redis (redis_queue.py and its stream wake-ups), only the api imports fastapi).
 ONLY_IN: dict[str, tuple[str, ...]] = {
-    "redis": ("queue/redis_queue.py",),
+    "redis": ("queue/redis_queue.py", "queue/redis_pokes.py"),
     "fastapi": ("api",),
 }
 

@@ -40,10 +40,11 @@ import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -74,6 +75,7 @@ DEFAULT_SERVER_ENV: Mapping[str, str] = {
     "TRANSFORMERS_OFFLINE": "1",
 }
 HEALTH_POLL_S = 0.25
+_PROBE = aiohttp.ClientTimeout(total=5.0)  # /health and /metrics requests
 GROUP_EXIT_POLL_S = 0.1
 STRAY_GRACE_S = 5.0  # SIGTERM grace for the engine core and workers of a server that died
 LOG_TAIL_BYTES = 4096
@@ -203,8 +205,8 @@ def completion_body(request: Request, max_tokens: int, config: VllmEngineConfig)
 class SseLines:
     """Splits a server-sent-event byte stream into lines at LF (a CR before it is dropped).
 
-    Not httpx's aiter_lines: like str.splitlines it also splits at U+0085, U+2028 and U+2029,
-    which JSON leaves unescaped inside a token's text, and the JSON of such a chunk breaks."""
+    Not str.splitlines, which also splits at U+0085, U+2028 and U+2029: JSON leaves those
+    unescaped inside a token's text, and the JSON of such a chunk would break."""
 
     def __init__(self) -> None:
         self._pending = b""
@@ -403,7 +405,7 @@ class VllmEngine:
         self._state = EngineState.EMPTY
         self._model: str | None = None
         self._server: _Server | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._http: aiohttp.ClientSession | None = None
         self._flights: dict[str, _Flight] = {}
         self._events = EventBuffer()
         self._metrics = VllmMetrics()
@@ -422,12 +424,16 @@ class VllmEngine:
         does not come up. Like the other engines, a started engine has its model without a
         ModelLoaded event; last_load_s says how long the start took."""
         if self._http is None:
-            timeout = httpx.Timeout(10.0, read=self.config.read_timeout_s, pool=None)
+            # aiohttp, not httpx: a third of the CPU per streamed token here (benchmarks/
+            # engine_http.py), and the agent's process streams every token of its engine.
             # No keep-alive: a pooled connection that the server closes as idle (uvicorn, after
-            # 5 s) while a new request goes out on it breaks that request (ReadError). A fresh
-            # local connection per request costs well under a millisecond.
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-            self._http = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+            # 5 s) while a new request goes out on it breaks that request. A fresh local
+            # connection per request costs well under a millisecond.
+            timeout = aiohttp.ClientTimeout(connect=10.0, sock_read=self.config.read_timeout_s)
+            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            self._http = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, trust_env=False
+            )
             self._spawn(self._scrape_loop(), "metrics")
         model = model or self.instance.loaded_model
         if model is not None:  # the engine starts loaded: no ModelLoaded event (last_load_s)
@@ -452,7 +458,7 @@ class VllmEngine:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
             self._http = None
         self._state, self._model = EngineState.EMPTY, None
 
@@ -592,13 +598,13 @@ class VllmEngine:
         rid = flight.request.id
         url = f"{server.base_url}/v1/completions"
         try:
-            async with self._http.stream("POST", url, json=body) as response:
-                if response.status_code != httpx.codes.OK:
-                    detail = (await response.aread()).decode(errors="replace")[:300]
-                    self._end(flight, f"vllm http {response.status_code}: {detail}")
+            async with self._http.post(url, json=body) as response:
+                if response.status != HTTPStatus.OK:
+                    detail = (await response.read()).decode(errors="replace")[:300]
+                    self._end(flight, f"vllm http {response.status}: {detail}")
                     return
                 lines = SseLines()
-                async for data in response.aiter_bytes():
+                async for data in response.content.iter_any():
                     for line in lines.feed(data):
                         delta = parse_sse_line(line)
                         if delta is not None:
@@ -687,7 +693,7 @@ class VllmEngine:
             server = await self._launch(model)
             await self._wait_healthy(server)
             await self._scrape(server)
-        except (EngineError, OSError, httpx.HTTPError, ValueError) as exc:
+        except (EngineError, OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self._fail(f"loading {model}: {exc}")
             await self._stop_server()
             return
@@ -737,10 +743,10 @@ class VllmEngine:
                     f"vllm server exited with code {server.proc.returncode} while starting: "
                     f"{_log_tail(server.log_path)}"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                response = await self._http.get(f"{server.base_url}/health", timeout=5.0)
-                if response.status_code == httpx.codes.OK:
-                    return
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with self._http.get(f"{server.base_url}/health", timeout=_PROBE) as r:
+                    if r.status == HTTPStatus.OK:
+                        return
             if loop.time() > deadline:
                 raise EngineError(
                     f"vllm server not healthy after {self.config.startup_timeout_s} s "
@@ -780,13 +786,14 @@ class VllmEngine:
         while True:
             server = self._server
             if server is not None and self._state is EngineState.READY:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                     await self._scrape(server)
             await asyncio.sleep(self.config.metrics_interval_s)
 
     async def _scrape(self, server: _Server) -> None:
         assert self._http is not None
-        response = await self._http.get(f"{server.base_url}/metrics", timeout=5.0)
-        response.raise_for_status()
+        async with self._http.get(f"{server.base_url}/metrics", timeout=_PROBE) as response:
+            response.raise_for_status()
+            text = await response.text()
         if self._server is server:
-            self._metrics = parse_metrics(response.text, self.clock.now_s())
+            self._metrics = parse_metrics(text, self.clock.now_s())
