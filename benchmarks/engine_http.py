@@ -161,7 +161,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    header = run_header("benchmarks/engine_http.py", sys.argv[1:], "shared machine")
+    header = run_header("engine_http.py", sys.argv[1:], "shared machine")
     port = free_port()
     server = multiprocessing.Process(target=serve, args=(port, args.tokens, args.gap_ms / 1000))
     server.start()
