@@ -1,0 +1,181 @@
+"""benchmarks/fidelity.py: its comparison and estimator checks on hand-made runs, the scenario
+files it writes, and (marked vllm) the --quick run end to end against real vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import fidelity as fb
+from qlm.engine.library import save_profile
+from qlm.engine.profile import Profile
+from qlm.engine.step import StepTime
+from qlm.sim.result import OutcomeState, RequestOutcome, SimResult
+from tests.vllm_fixtures import vllm_python  # noqa: F401
+
+STEP = StepTime(base_s=2e-3, per_prefill_token_s=1e-4, per_decode_seq_s=1e-4, per_context_token_s=0)
+
+
+def outcome(rid: str, arrival: float, dispatch: float, first: float, finish: float) -> fb.Outcome:
+    return fb.Outcome(rid, "interactive", "tiny-a", arrival, dispatch, first, finish, True, 0, "i")
+
+
+def sim_result(outcomes: list[fb.Outcome], scale: float) -> SimResult:
+    """The same requests, every duration after arrival `scale` times the live one."""
+    rows = tuple(
+        RequestOutcome(
+            request_id=o.id,
+            slo_class=o.slo_class,
+            model=o.model,
+            instance_id="i",
+            arrival_s=o.arrival_s,
+            dispatch_s=o.arrival_s + scale * ((o.dispatch_s or 0.0) - o.arrival_s),
+            first_token_s=o.arrival_s + scale * ((o.first_token_s or 0.0) - o.arrival_s),
+            finish_s=o.arrival_s + scale * ((o.finish_s or 0.0) - o.arrival_s),
+            ttft_deadline_s=o.arrival_s + 1.0,
+            completion_deadline_s=None,
+            evictions=0,
+            state=OutcomeState.COMPLETED,
+        )
+        for o in outcomes
+    )
+    return SimResult("qlm", 0, ("interactive",), rows, (), (), {}, 0, (), 0, 0.0, 10.0, 0.1)
+
+
+def live_run(outcomes: list[fb.Outcome], predictions: dict[str, fb.Prediction]) -> fb.LiveRun:
+    return fb.LiveRun(outcomes, [], predictions, [0.01], swaps=1, evictions=2, replans=3)
+
+
+OUTCOMES = [outcome(f"r{i}", float(i), i + 0.1, i + 0.2 * (1 + i), i + 1.0 + i) for i in range(9)]
+
+
+def test_a_simulator_ten_percent_slow_shows_ten_percent_errors() -> None:
+    comparison = fb.compare("run", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.1))
+    assert comparison.requests == 9
+    for metric in ("ttft", "e2e"):
+        for q in ("p50", "p90", "p99"):
+            assert comparison.error(metric, q) == pytest.approx(0.1)
+    assert comparison.ttft_paired_median_error == pytest.approx(0.1)
+    assert comparison.e2e_live["p50"] == pytest.approx(5.0)  # finish - arrival: 1 + i
+    assert (comparison.swaps_live, comparison.evictions_live) == (1, 2)
+    assert comparison.attainment_live["overall"] == 1.0
+    assert fb.misses([comparison]) == []
+    slow = fb.compare("slow", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.5))
+    assert fb.misses([slow]) == [
+        "slow: TTFT p50 error 50.0% > 15.0%",
+        "slow: end-to-end p50 error 50.0% > 10.0%",
+    ]
+    table = "\n".join(fb.error_table([comparison, slow]))
+    assert "**50.0%**" in table
+    assert "| 10.0% |" in table
+
+
+def test_the_estimator_check_measures_from_the_plan_and_counts_the_bound() -> None:
+    outs = [outcome("a", 0.0, 2.0, 2.5, 9.0), outcome("b", 1.0, 3.0, 3.5, 9.0)]
+    evicted = fb.Outcome("c", "batch-1", "tiny-a", 0.0, 5.0, 6.0, 9.0, True, 1, "i")
+    predictions = {
+        # planned at 1.0: predicted first token at 1.0 + 1.0 = 2.0 (bound 3.0)
+        "a": fb.Prediction(plan_s=1.0, ttft_mean_s=1.0, ttft_p_s=2.0),
+        # planned at 1.5: predicted at 1.5 + 3.0 = 4.5 (bound 3.2 < first token 3.5)
+        "b": fb.Prediction(plan_s=1.5, ttft_mean_s=3.0, ttft_p_s=1.7, annotated_mean_s=3.25),
+        "c": fb.Prediction(plan_s=0.0, ttft_mean_s=1.0, ttft_p_s=2.0),
+    }
+    check = fb.check_estimator("run", live_run([*outs, evicted], predictions))
+    assert (check.predicted, check.annotated, check.requests) == (2, 1, 3)  # c was evicted
+    # a: predicted wait 2.0 vs dispatch 2.0 (0), TTFT 2.0 vs 2.5 (0.5)
+    # b: predicted 3.5 vs dispatch 2.0 (1.5), TTFT 3.5 vs 2.5 (1.0)
+    assert check.wait_abs_error_p50_s == pytest.approx(0.75)
+    assert check.ttft_abs_error_p50_s == pytest.approx(0.75)
+    assert check.ttft_bound_held == 0.5
+    assert check.wait_bound_held == 1.0
+    assert check.annotation_max_diff_s == pytest.approx(0.25)
+
+
+def tiny(model: str, load_s: float) -> Profile:
+    return Profile(
+        model=model,
+        gpu_type="cpu",
+        gpu_count=1,
+        weight_bytes=300_000,
+        kv_bytes_per_token=1024,
+        decode_batch_sizes=(1, 8),
+        decode_step_s=(STEP.decode_step_s(1, 500), STEP.decode_step_s(8, 500)),
+        prefill_tokens_per_s=STEP.prefill_tokens_per_s,
+        output_tokens_mean=150,
+        output_tokens_std=80,
+        load_s=load_s,
+        max_batch_size=8,
+        min_kv_tokens=1024,
+        gpu_memory_utilization=0.07,
+        step_time=STEP,
+    )
+
+
+def test_capacity_is_a_full_batch_plus_each_prefill() -> None:
+    # per request: 500 prompt tokens x 0.1 ms + 150 tokens x (2 + 0.8 ms) / 8
+    per_request_s = 500 * 1e-4 + 150 * (2e-3 + 8e-4) / 8
+    assert fb.capacity_rps(tiny("tiny-a", 30), 500, 150) == pytest.approx(1 / per_request_s)
+
+
+def test_each_run_writes_a_scenario_that_reads_the_fitted_profiles(tmp_path: Path) -> None:
+    args = argparse.Namespace(quick=True, docs=tmp_path / "fid.md")
+    paths = fb.Paths.of(args)
+    paths.folder.mkdir(parents=True)
+    for model in ("tiny-a", "tiny-b"):
+        save_profile(tiny(model, 20.0), paths.profile(model))
+    run = fb.RunSpec("2x-swap", 2, 0.5, 10, {"tiny-a": 3.0, "tiny-b": 1.0})
+    scenario = fb.write_scenario(paths, run, 2.0, ["tiny-a", "tiny-b"])
+    assert (paths.scenarios / "2x-swap.yaml").exists()
+    fleet = scenario.fleet()
+    assert [i.id for i in fleet.instances] == ["cpu-0", "cpu-1"]
+    assert fleet.profile("tiny-b", fleet.instances[0]) == tiny("tiny-b", 20.0)
+    requests = scenario.requests()
+    assert requests == scenario.requests()  # the same draws every time
+    assert {r.model for r in requests} == {"tiny-a", "tiny-b"}
+    assert {r.slo_class for r in requests} == {"interactive", "batch-1"}
+    assert max(r.prompt_tokens for r in requests) <= fb.MAX_PROMPT_TOKENS
+    assert max(r.max_output_tokens for r in requests) <= fb.MAX_OUTPUT_TOKENS
+    assert 10 <= len(requests) <= 35  # Poisson at 2/s for 10 s
+
+
+def test_quick_runs_write_nowhere_near_the_committed_report() -> None:
+    paths = fb.Paths.of(argparse.Namespace(quick=True, docs=None))
+    assert paths.docs != fb.DOCS
+    assert "docs" not in paths.folder.relative_to(fb.ROOT).parts
+    full = fb.Paths.of(argparse.Namespace(quick=False, docs=None))
+    assert full.docs == fb.DOCS
+    assert full.folder == fb.ROOT / "docs" / "fidelity"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.benchmark
+@pytest.mark.timeout(1500)
+def test_the_quick_benchmark_compares_live_vllm_with_the_simulator(
+    vllm_python: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    docs = tmp_path / "fidelity.md"
+    assert fb.main(["--quick", "--docs", str(docs)]) == 0
+    text = docs.read_text()
+    assert "## Error table" in text
+    assert "## The estimator on live runs" in text
+    data = json.loads((tmp_path / "fidelity.json").read_text())
+    (comparison,) = data["comparisons"]
+    assert comparison["requests"] > 5
+    assert comparison["completed_live"] == comparison["requests"]  # every request finished
+    assert comparison["completed_sim"] == comparison["requests"]
+    for q in ("p50", "p90", "p99"):
+        assert comparison["ttft_live"][q] > 0
+        assert comparison["ttft_sim"][q] > 0
+    assert comparison["e2e_live"]["p50"] > comparison["ttft_live"]["p50"]
+    assert comparison["e2e_paired_median_error"] is not None
+    (fit,) = data["fits"].values()
+    assert fit["samples"] == 11
+    for name in ("latency_cdf.png", "per_request.png", "profile_fit.png", "estimator.png"):
+        assert (tmp_path / "fidelity" / name).stat().st_size > 1000
+    assert (tmp_path / "fidelity" / "tiny-a_cpu.yaml").exists()
+    assert (tmp_path / "fidelity" / "scenarios" / "1x-load60.yaml").exists()
