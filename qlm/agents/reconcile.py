@@ -75,6 +75,12 @@ class ReconcileOptions:
     # kv_reserve_output_tokens, admitting more and letting the engine preempt.
     reserve_full_output: bool = True
     kv_reserve_output_tokens: int = 16
+    # Requests admitted beyond the engine's sequence slots, to wait inside the engine: the
+    # next one starts at the engine's next step instead of a round trip through the agent
+    # after each completion. Only requests that outrank nothing in the engine wait there (a
+    # more urgent one preempts instead). 0 keeps all waiting in the global queue (the
+    # simulator's model).
+    engine_backlog: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +136,18 @@ def _change_model(
 class _Budget:
     """Free sequence slots and KV tokens, spent as requests are admitted."""
 
-    def __init__(self, obs: EngineObservation, opts: ReconcileOptions) -> None:
+    def __init__(
+        self, obs: EngineObservation, opts: ReconcileOptions, priority: Mapping[str, int]
+    ) -> None:
         self.full = opts.reserve_full_output
         self.reserve = opts.kv_reserve_output_tokens
-        self.slots = min(obs.free_slots, opts.max_pull)
+        # Negative while requests wait inside the engine: preempting for an urgent request
+        # must then free those places too before one of its sequences runs.
+        self.slots = min(obs.max_num_seqs - len(obs.active), opts.max_pull)
+        waiting = max(0, -self.slots)
+        self.backlog = max(0, min(opts.engine_backlog - waiting, opts.max_pull - self.slots))
+        ranks = [_rank(priority, r.slo_class) for r in obs.active]
+        self.floor_rank = min(ranks) if ranks else None  # least urgent in the engine
         held = sum(self.held(r) for r in obs.active)
         self.kv_tokens = obs.kv_capacity_tokens - max(obs.kv_used_tokens, held)
         self.empty = not obs.active
@@ -151,10 +165,25 @@ class _Budget:
         # An empty engine always takes one request, however large: the engine decides.
         return self.slots > 0 and (self.need(item) <= self.kv_tokens or self.empty)
 
-    def spend(self, item: QueuedItem) -> None:
+    def spend(self, item: QueuedItem, rank: int) -> None:
         self.slots -= 1
         self.kv_tokens -= self.need(item)
         self.empty = False
+        self.floor_rank = rank if self.floor_rank is None else min(self.floor_rank, rank)
+
+    def parks(self, item: QueuedItem, rank: int) -> bool:
+        """Whether the item may wait inside the engine: a backlog place, KV for it, and
+        nothing in the engine that it outranks (it would wait behind that work)."""
+        return (
+            self.backlog > 0
+            and self.need(item) <= self.kv_tokens
+            and self.floor_rank is not None
+            and rank <= self.floor_rank
+        )
+
+    def park(self, item: QueuedItem) -> None:
+        self.backlog -= 1
+        self.kv_tokens -= self.need(item)
 
     def release(self, request: EngineRequest) -> None:
         self.slots += 1
@@ -167,7 +196,7 @@ def _serve(
     priority: Mapping[str, int],
     opts: ReconcileOptions,
 ) -> tuple[Action, ...]:
-    budget = _Budget(obs, opts)
+    budget = _Budget(obs, opts, priority)
     head = queue[0]
     preempt = _preempt_for(obs, head, budget, priority, opts)
     pulled = _admit(queue, obs.model, budget, priority)
@@ -191,9 +220,13 @@ def _admit(
         if group.model != model:
             break  # never pull past the point where the plan swaps models
         for item in group.ranked(priority):
-            if not budget.admits(item):
+            rank = _rank(priority, group.class_of(item))
+            if budget.admits(item):
+                budget.spend(item, rank)
+            elif budget.parks(item, rank):
+                budget.park(item)
+            else:
                 return tuple(pulled)
-            budget.spend(item)
             pulled.append(item.request_id)
     return tuple(pulled)
 

@@ -162,11 +162,19 @@ class AgentSettings(_Strict):
     allow_model_swap: bool = True
     allow_kv_swap: bool = True
 
+    engine_backlog: int = Field(
+        default=4,
+        ge=0,
+        description="Requests admitted beyond the engine's sequence slots (they wait inside "
+        "the engine, so a finished sequence is replaced at the engine's next step).",
+    )
+
     def reconcile_options(self) -> ReconcileOptions:
         return ReconcileOptions(
             allow_evict=self.allow_evict,
             allow_model_swap=self.allow_model_swap,
             allow_kv_swap=self.allow_kv_swap,
+            engine_backlog=self.engine_backlog,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -52,13 +53,29 @@ def group(gid: str, n: int, model: str = "a", slo: str = "batch-2", prompt: int 
     return QueueHead(gid, model, slo, items)
 
 
-def run(o: EngineObservation, *queue: QueueHead, **opts: bool) -> tuple[object, ...]:
+def run(o: EngineObservation, *queue: QueueHead, **opts: bool | int) -> tuple[object, ...]:
     return reconcile(ReconcileInput(o, tuple(queue), PRIORITY), ReconcileOptions(**opts))
 
 
 def test_pulls_in_plan_order_up_to_free_slots() -> None:
     actions = run(obs(running=[running("x")]), group("g1", 2), group("g2", 5))
     assert actions == (Pull("i0", ("g1.0", "g1.1", "g2.0")),)
+
+
+def test_an_engine_backlog_admits_beyond_the_sequence_slots() -> None:
+    full = obs(running=[running(f"x{i}") for i in range(4)])
+    assert run(full, group("g1", 5)) == ()
+    assert run(full, group("g1", 5), engine_backlog=2) == (Pull("i0", ("g1.0", "g1.1")),)
+    waiting = obs(running=[running(f"x{i}") for i in range(5)])  # one already waits inside
+    assert run(waiting, group("g1", 5), engine_backlog=2) == (Pull("i0", ("g1.0",)),)
+    tight = obs(running=[running(f"x{i}") for i in range(4)], kv_capacity=1_300)
+    assert run(tight, group("g1", 5), engine_backlog=2) == ()  # KV still bounds admission
+    # An urgent request does not wait behind batch work inside the engine: it preempts, and
+    # what waits in the engine goes first, then enough running work to free a sequence.
+    parked = [running(f"x{i}") for i in range(4)] + [replace(running("w", out=0), started=False)]
+    urgent = run(obs(running=parked), group("g1", 1, slo="interactive"), engine_backlog=2)
+    assert urgent[0] == Evict("i0", ("w", "x0"), urgent[0].reason)  # type: ignore[union-attr]
+    assert urgent[1] == Pull("i0", ("g1.0",))
 
 
 def test_pull_stops_at_kv_room() -> None:
