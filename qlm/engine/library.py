@@ -171,6 +171,9 @@ class Measurement(_Strict):
         default_factory=dict, description="The planned grid (qlm/engine/profiling.py)."
     )
     load_s_samples: tuple[float, ...] = Field(default=(), description="Each model load.")
+    skipped_probes: tuple[str, ...] = Field(
+        default=(), description="Probes that never got a clean measurement window."
+    )
     request_overhead_s: float | None = Field(
         default=None,
         description="Median client-seen time to first token minus the engine's own prefill "

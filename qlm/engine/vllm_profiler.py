@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import platform
-import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,7 +41,14 @@ from qlm.engine.profiling import (
     kv_facts,
     prefill_sample,
 )
-from qlm.engine.vllm import SseLines, VllmEngine, VllmEngineConfig, parse_metrics, parse_sse_line
+from qlm.engine.vllm import (
+    SseLines,
+    VllmEngine,
+    VllmEngineConfig,
+    VllmMetrics,
+    parse_metrics,
+    parse_sse_line,
+)
 from qlm.types import Instance
 
 VLLM_DEFAULT_TOKEN_BUDGET = 2048  # vLLM 0.32 SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -106,7 +112,6 @@ class _Stream:
     started_s: float
     first_token_s: float | None = None
     tokens: int = 0
-    first: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     error: str | None = None
     task: asyncio.Task[None] | None = None
@@ -139,6 +144,7 @@ class VllmProfiler:
         self._progress = progress or (lambda _: None)
         self._engine: VllmEngine | None = None
         self._http: httpx.AsyncClient | None = None
+        self.skipped: list[str] = []
 
     async def run(self) -> ProfileRun:
         started_s = self.clock.monotonic_s()
@@ -172,6 +178,7 @@ class VllmProfiler:
             samples=tuple(samples),
             load_s=tuple(load_s),
             overhead_s=tuple(overheads),
+            skipped=tuple(self.skipped),
             engine=f"vllm {version}",
             engine_settings=self._settings(),
             measured_at=measured_at,
@@ -249,8 +256,8 @@ class VllmProfiler:
     async def _attempts(
         self, probe: Probe, background: int
     ) -> tuple[tuple[LabeledSample, ...], float | None]:
-        """Run a probe on a quiet engine; again (up to MAX_ATTEMPTS) when another request's
-        times landed in its window."""
+        """Run a probe on a quiet engine; again (up to MAX_ATTEMPTS) when its window caught
+        something else; then it is skipped (listed in the measurement)."""
         for attempt in range(1, MAX_ATTEMPTS + 1):
             await self._wait_quiet()
             try:
@@ -260,7 +267,9 @@ class VllmProfiler:
                 return await self._batch(probe, background), None
             except VoidProbeError as exc:
                 if attempt == MAX_ATTEMPTS:
-                    raise ProfilingError(f"{probe.label}: {exc}") from None
+                    self._progress(f"{probe.label}: {exc}; skipped")
+                    self.skipped.append(probe.label)
+                    return (), None
                 self._progress(f"{probe.label}: {exc}; again")
                 await asyncio.sleep(RETRY_PAUSE_S)
         raise AssertionError("unreachable")
@@ -283,16 +292,15 @@ class VllmProfiler:
         return prefill_sample(probe, prefill_s), client_ttft_s - prefill_s
 
     async def _batch(self, probe: Probe, background: int) -> tuple[LabeledSample, ...]:
-        others = [
-            self._start(probe.context_tokens, background) for _ in range(probe.batch_size - 1)
-        ]
+        """The server's own counters say when the background requests decode and how many
+        tokens they hold (k0): its API server can stall for seconds on a busy host, and its
+        streams then deliver late, but its counters are current whenever it answers."""
+        n = probe.batch_size - 1
+        start = parse_metrics(await self._metrics_text())
+        others = [self._start(probe.context_tokens, background) for _ in range(n)]
         try:
-            await self._first_tokens(others)
-            before = await self._totals()
-            sent = _mean_tokens(others)
+            before, k0 = await self._background_decoding(start, n)
             request = self._start(probe.context_tokens, probe.decode_tokens)
-            await self._first_tokens([request])
-            k0 = (sent + _mean_tokens(others)) / 2.0
             await self._finish([request])
             after = await self._totals_until(before, 1)
             if any(s.done.is_set() for s in others):
@@ -302,6 +310,22 @@ class VllmProfiler:
         prefill_s = histogram_delta(before, after, PREFILL_TIME).sum_s
         decode_s = histogram_delta(before, after, DECODE_TIME).sum_s
         return batch_samples(probe, prefill_s, decode_s, k0)
+
+    async def _background_decoding(
+        self, start: VllmMetrics, n: int
+    ) -> tuple[dict[str, HistogramTotal], float]:
+        """Scrape until n requests run and each has generated a token (its prefill is done);
+        the histograms then, and the tokens each background request holds (k0)."""
+        deadline = self.clock.monotonic_s() + METRICS_TIMEOUT_S
+        while True:
+            text = await self._metrics_text()
+            m = parse_metrics(text)
+            generated = m.generation_tokens_total - start.generation_tokens_total
+            if n == 0 or (m.num_requests_running == n and generated >= n):
+                return histogram_totals(text), generated / n if n else 0.0
+            if self.clock.monotonic_s() > deadline:
+                raise VoidProbeError("the background requests did not start decoding")
+            await asyncio.sleep(POLL_S)
 
     # ------------------------------------------------------------------ requests
 
@@ -335,7 +359,6 @@ class VllmProfiler:
         except httpx.HTTPError as exc:
             stream.error = f"stream broken: {exc!r}"
         finally:
-            stream.first.set()
             stream.done.set()
 
     def _on_line(self, stream: _Stream, line: str) -> None:
@@ -347,12 +370,7 @@ class VllmProfiler:
         elif delta.completion_tokens is not None and delta.completion_tokens > stream.tokens:
             if stream.first_token_s is None:
                 stream.first_token_s = self.clock.monotonic_s()
-                stream.first.set()
             stream.tokens = delta.completion_tokens
-
-    async def _first_tokens(self, streams: list[_Stream]) -> None:
-        await asyncio.gather(*(s.first.wait() for s in streams))
-        self._raise_errors(streams)
 
     async def _finish(self, streams: list[_Stream]) -> None:
         await asyncio.gather(*(s.done.wait() for s in streams))
@@ -434,7 +452,3 @@ class VllmProfiler:
         if url is None:
             raise ProfilingError("the engine has no server")
         return url
-
-
-def _mean_tokens(streams: list[_Stream]) -> float:
-    return statistics.fmean(s.tokens for s in streams) if streams else 0.0
