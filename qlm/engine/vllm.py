@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import signal
+import sys
 import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
@@ -101,6 +104,13 @@ class VllmEngineConfig(BaseModel):
         default=False,
         description="Generate max_tokens even past end-of-sequence (benchmarks; tests on "
         "random models). Requests without prompt text always do.",
+    )
+    seed_requests: bool = Field(
+        default=True,
+        description="Seed each request's sampling from its id unless the client chose a "
+        "seed, so that a request run again (evicted, or its agent died) repeats the text its "
+        "stream already sent. vLLM samples seeded requests one by one: turn this off where "
+        "large batches make that cost more than consistent re-runs are worth.",
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="vLLM --dtype."
@@ -190,7 +200,9 @@ def completion_body(request: Request, max_tokens: int, config: VllmEngineConfig)
         if request.prompt is not None
         else synthetic_prompt(request.id, request.prompt_tokens, config.synthetic_token_ids)
     )
+    seed = {"seed": zlib.crc32(request.id.encode())} if config.seed_requests else {}
     return {
+        **seed,  # the client's own seed, if any, wins
         **{k: v for k, v in request.sampling.items() if k in SAMPLING_FIELDS},
         "model": request.model,
         "prompt": prompt,
@@ -326,6 +338,19 @@ async def _free_port(host: str) -> int:
     server.close()
     await server.wait_closed()
     return port
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Runs in the server's process between fork and exec: Linux sends it SIGTERM when the
+    agent that started it dies, even by SIGKILL, so a server never outlives its agent (it
+    would hold its GPU memory, and a restarted agent would start a second one). The server
+    stops its engine core and workers on SIGTERM. No-op elsewhere."""
+    if sys.platform != "linux":
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the agent died before prctl took effect
+        os._exit(1)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -721,6 +746,7 @@ class VllmEngine:
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
             )
         server = _Server(proc, model, port, self.config.host, log_path)
         self._server = server

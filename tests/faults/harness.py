@@ -55,7 +55,7 @@ PROFILE: dict[str, Any] = {
 }
 
 
-def fleet_config(redis_url: str, *, instances: int = 2, **sections: Any) -> dict[str, Any]:
+def fleet_config(redis_url: str, *, count: int = 2, **sections: Any) -> dict[str, Any]:
     """The fault tests' fleet file as a dict; `sections` replace top-level sections."""
     config: dict[str, Any] = {
         "qlm": {
@@ -75,7 +75,7 @@ def fleet_config(redis_url: str, *, instances: int = 2, **sections: Any) -> dict
         "packaged_profiles": False,
         "profiles": [PROFILE],
         "models": [{"name": MODEL, "max_context_tokens": 4096}],
-        "instances": [{"id": "i", "gpu_type": "A100", "model": MODEL, "count": instances}],
+        "instances": [{"id": "i", "gpu_type": "A100", "model": MODEL, "count": count}],
     }
     return config | sections
 
@@ -335,7 +335,12 @@ class StreamResult:
 
 
 async def stream_completion(
-    base_url: str, max_tokens: int, result: StreamResult, *, timeout_s: float = 90.0
+    base_url: str,
+    max_tokens: int,
+    result: StreamResult,
+    *,
+    timeout_s: float = 90.0,
+    model: str = MODEL,
 ) -> StreamResult:
     """One streamed completion through the official openai client (no retries), filling
     `result` as chunks arrive so the test can watch progress. A connection error or an error
@@ -345,7 +350,7 @@ async def stream_completion(
     try:
         async with asyncio.timeout(timeout_s):
             stream = await client.completions.create(
-                model=MODEL,
+                model=model,
                 prompt="a streamed question",
                 max_tokens=max_tokens,
                 stream=True,

@@ -61,7 +61,7 @@ async def test_killed_agents_requests_complete_once_on_another_agent(
     fault_redis: FaultRedis, tmp_path: Path
 ) -> None:
     report = FaultReport("agent kill -9")
-    config = fleet_config(fault_redis.url, instances=len(INSTANCES))
+    config = fleet_config(fault_redis.url, count=len(INSTANCES))
     with FaultPlane(config, tmp_path) as plane:
         try:
             api, controller = plane.api(), plane.controller()

