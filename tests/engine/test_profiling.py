@@ -258,6 +258,7 @@ def profile_run(samples: list[LabeledSample]) -> ProfileRun:
         host="Linux x86_64, 2 CPUs",
         load_average=(1.0, 1.5, 2.0),
         wall_s=61.0,
+        skipped=("batch b=2 C=64 #1",),
     )
 
 
@@ -288,6 +289,7 @@ def test_the_profile_file_round_trips_and_reproduces_the_engine(tmp_path: Path) 
         )
     assert spec.measurement is not None
     assert spec.measurement.request_overhead_s == pytest.approx(0.005)
+    assert spec.measurement.skipped_probes == ("batch b=2 C=64 #1",)
     assert len(spec.measurement.iterations) == len(fit.samples) == len(samples) // 3
     assert spec.measurement.grid["batch_sizes"] == (1, 2, 4, 8)
     assert {r.kind for r in spec.measurement.iterations} == {"prefill", "decode", "mixed"}
