@@ -8,7 +8,7 @@ import asyncio
 import time
 from dataclasses import replace
 
-from qlm.queue.base import GlobalQueue
+from qlm.queue.base import DuplicateRequestError, GlobalQueue
 from qlm.queue.records import PlannedGroup, PublishedPlan, StreamEvent, StreamKind
 from tests.factories import make_request
 from tests.queue import test_contract as contract
@@ -101,3 +101,18 @@ async def test_sampling_settings_survive_the_store(queue: GlobalQueue) -> None:
     assert queued.sampling == request.sampling
     (pulled,) = await queue.pull("i0", ["s0"], lease_s=5.0, now_s=0.0)
     assert pulled.sampling == request.sampling
+
+
+async def test_concurrent_enqueues_each_get_their_own_outcome(queue: GlobalQueue) -> None:
+    """Redis sends enqueues made together in one pipeline: a refused one must not affect
+    the others, and each caller sees its own result."""
+    await queue.enqueue(make_request(id="dup"))
+    ids = [f"c{i}" for i in range(40)]
+    outcomes = await asyncio.gather(
+        *(queue.enqueue(make_request(id=rid)) for rid in [*ids[:20], "dup", *ids[20:]]),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[20], DuplicateRequestError)
+    assert [o for i, o in enumerate(outcomes) if i != 20] == [None] * 40
+    queued_ids = {r.id for r in await queue.queued()}
+    assert queued_ids == {"dup", *ids}
