@@ -71,6 +71,10 @@ def test_verdict_allows_only_429_and_needs_every_accepted_request_completed() ->
     assert soak.verdict(bad)["unexpected_errors"] == 3
     short = {**good, "final_counts": {"completed": 9, "failed": 1, "cancelled": 0}}
     assert not soak.verdict(short)["all_accepted_completed"]
+    redis_grows = {**good, "memory": {"api": {"flat": True}, "redis-server": {"flat": False}}}
+    assert soak.verdict(redis_grows)["memory_flat"]  # retention of finished requests
+    api_grows = {**good, "memory": {"api": {"flat": False}}}
+    assert not soak.verdict(api_grows)["memory_flat"]
 
 
 @pytest.mark.redis

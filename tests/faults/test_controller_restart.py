@@ -31,8 +31,8 @@ from tests.faults.report import FaultReport
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
 
 TOKENS = 100  # 2 s each at 20 ms per token; 16 run at once on the two instances
-BACKLOG = 40
-LATE = 10
+BACKLOG = 24
+LATE = 8
 STREAM_TOKENS = 200
 
 
