@@ -20,8 +20,6 @@ import logging
 from collections.abc import Iterator
 
 import redis.asyncio as redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +71,27 @@ class StreamPokes:
 
     async def _listen(self) -> None:
         while True:
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            # Subscribe confirmations are kept: redis-py reconnects and re-subscribes on its
+            # own, and each confirmation is the moment to wake every reader, whose pokes may
+            # have been lost while the connection was down.
+            pubsub = self._client.pubsub(ignore_subscribe_messages=False)
             try:
                 await pubsub.psubscribe(self._pattern)
-                self._subscribed.set()
-                self._wake_all()  # whatever was published before the subscription
                 async for message in pubsub.listen():
-                    if message.get("type") == "pmessage":
+                    kind = message.get("type")
+                    if kind == "pmessage":
                         self._wake(str(message["channel"]))
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                self._subscribed.clear()
-                log.warning("stream pokes: subscription lost (%s); resubscribing", exc)
-                self._wake_all()
+                    elif kind == "psubscribe":
+                        self._subscribed.set()
+                        self._wake_all()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure: resubscribe rather than go quiet
+                log.warning("stream pokes: subscription lost (%r); resubscribing", exc)
                 await asyncio.sleep(self._retry_s)
             finally:
+                self._subscribed.clear()
+                self._wake_all()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 

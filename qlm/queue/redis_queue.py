@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
@@ -23,6 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
@@ -45,6 +47,7 @@ from qlm.queue.records import (
 from qlm.queue.redis_pokes import StreamPokes
 from qlm.types import TRANSITIONS, Request, RequestState
 
+log = logging.getLogger(__name__)
 _LIVE = (RequestState.DISPATCHED, RequestState.RUNNING)
 _READ_BATCH = 1000  # requests per pipelined read
 
@@ -328,6 +331,7 @@ class RedisQueue:
         self._plan_epoch = 0  # newest epoch the watcher saw (0: none yet)
         self._plan_signal = asyncio.Event()
         self._plan_watcher: asyncio.Task[None] | None = None
+        self._plan_heard_at_s = float("-inf")  # when the watcher's last read returned
         self._pokes = StreamPokes(self._blocking, f"{self._keys.prefix}s:*")
 
     @classmethod
@@ -527,13 +531,12 @@ class RedisQueue:
             for event in events:
                 await self.emit(event)
             return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for event in events:
-                if event.kind is StreamKind.DONE:
-                    raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
-                keys, args = self._emit_call(event)
-                await self._emit(keys, args, client=pipe)
-            await pipe.execute()
+        if any(event.kind is StreamKind.DONE for event in events):
+            raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
+        calls = [self._emit_call(event) for event in events]
+        for result in await _pipelined(self._redis, self._emit, calls):
+            if isinstance(result, Exception):
+                raise result
 
     def _emit_call(self, event: StreamEvent) -> tuple[list[str], list[str | int]]:
         rid = event.request_id
@@ -603,7 +606,7 @@ class RedisQueue:
     async def wait_for_plan(self, newer_than_epoch: int, timeout_s: float) -> bool:
         """Served by one watcher task per queue that blocks on the plan-change stream, so
         any number of waiters (and their cancellation) cost no Redis connection."""
-        if self._plan_watcher is None:
+        if self._plan_watcher is None or self._plan_watcher.done():
             self._plan_watcher = asyncio.create_task(self._watch_plans(), name="qlm-plan-watch")
         deadline_s = time.monotonic() + timeout_s
         while self._plan_epoch <= max(newer_than_epoch, 0):  # 0: no plan seen yet
@@ -618,7 +621,14 @@ class RedisQueue:
 
     @property
     def _watching(self) -> bool:
-        return self._plan_watcher is not None and not self._plan_watcher.done()
+        """The watcher runs and heard from Redis within a blocking read's length (a
+        half-open connection would otherwise freeze its epoch, and agents on the cache)."""
+        fresh_s = self.config.block_chunk_s + 1.0
+        return (
+            self._plan_watcher is not None
+            and not self._plan_watcher.done()
+            and time.monotonic() - self._plan_heard_at_s < fresh_s
+        )
 
     async def _watch_plans(self) -> None:
         last_id = "0-0"
@@ -627,10 +637,15 @@ class RedisQueue:
             try:
                 streams: dict[KeyT, StreamIdT] = {self._keys.plan_changes: last_id}
                 reply = _entries(await self._blocking.xread(streams, count=16, block=block_ms))
-            except (RedisConnectionError, RedisTimeoutError):
-                self._plan_epoch = 0  # unknown while disconnected: readers ask Redis
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure: readers ask Redis until it is back
+                if not isinstance(exc, RedisConnectionError | RedisTimeoutError):
+                    log.warning("plan watcher: %r; retrying", exc)
+                self._plan_epoch = 0
                 await asyncio.sleep(0.1)
                 continue
+            self._plan_heard_at_s = time.monotonic()
             for entry_id, fields in reply:
                 last_id = entry_id
                 self._plan_epoch = max(self._plan_epoch, int(fields["e"]))
@@ -653,6 +668,29 @@ class RedisQueue:
         if self._owns_client:
             await self._redis.aclose()
             await self._blocking.aclose()
+
+
+async def _pipelined(
+    client: redis.Redis,
+    script: AsyncScript,
+    calls: Sequence[tuple[list[str], list[str | int]]],
+) -> list[Any]:
+    """Each call's result (or error) from one pipeline of EVALSHAs. Not redis-py's Script
+    in a pipeline, which asks SCRIPT EXISTS first (a second round trip per pipeline); a
+    server that lost the script (restart, SCRIPT FLUSH) gets it loaded by the calls that
+    then run again, in order."""
+    async with client.pipeline(transaction=False) as pipe:
+        for keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+    if any(isinstance(r, NoScriptError) for r in results):
+        results = []
+        for keys, args in calls:  # Script.__call__ loads the script on NOSCRIPT
+            try:
+                results.append(await script(keys, args))
+            except Exception as exc:
+                results.append(exc)
+    return results
 
 
 class _GroupCommit:
@@ -689,10 +727,8 @@ class _GroupCommit:
                 keys, args, _ = batch[0]
                 results: list[Any] = [await self._script(keys, args)]
             else:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for keys, args, _ in batch:
-                        await self._script(keys, args, client=pipe)
-                    results = await pipe.execute(raise_on_error=False)
+                calls = [(keys, args) for keys, args, _ in batch]
+                results = await _pipelined(self._client, self._script, calls)
         except Exception as exc:  # the connection failed: every call in the batch fails
             results = [exc] * len(batch)
         for (_, _, future), result in zip(batch, results, strict=True):

@@ -56,6 +56,9 @@ class ControlLoop:
         self._planned_ids: set[str] = set()
         self._annotated: dict[str, tuple[str, float | None]] = {}  # what records say now
         self._last_replan_s = float("-inf")
+        self._replan_due = False  # a re-plan is needed but min_replan_interval_s holds it
+        self._shown: tuple[tuple[str, tuple[str, ...]], ...] = ()  # what agents were shown
+        self._published_epoch = -1  # the controller epoch of the last publish
         self._liveness = InstanceLiveness(
             (i.id for i in fleet.instances), settings.instance_timeout_s, clock.monotonic_s()
         )
@@ -69,7 +72,7 @@ class ControlLoop:
                 self.counters.failures += 1
                 log.exception("control loop round failed; the last plan stays")
             try:
-                await self.queue.wait_for_change(self.settings.tick_s)
+                await self.queue.wait_for_change(self._wait_s())
             except Exception as exc:  # the queue is unreachable: the loop must outlive that
                 log.warning("waiting for queue changes failed (%r); next round in a tick", exc)
                 await asyncio.sleep(self.settings.tick_s)
@@ -78,6 +81,14 @@ class ControlLoop:
             rest_s = self.settings.min_round_interval_s - (self.clock.monotonic_s() - started_s)
             if rest_s > 0:
                 await asyncio.sleep(rest_s)
+
+    def _wait_s(self) -> float:
+        """Until the next round at the latest: a tick, or sooner when a re-plan is due but
+        was held back by min_replan_interval_s."""
+        if not self._replan_due:
+            return self.settings.tick_s
+        allowed_at_s = self._last_replan_s + self.settings.min_replan_interval_s
+        return max(0.0, min(self.settings.tick_s, allowed_at_s - self.clock.now_s()))
 
     async def step(self) -> PublishedPlan | None:
         self.counters.rounds += 1
@@ -90,16 +101,25 @@ class ControlLoop:
         self.counters.expired += len(await self.queue.expire_leases(now_s))
         queued = await self.queue.queued()
         views = self._views(await self.queue.instances())
+        self._planned_ids.intersection_update(r.id for r in queued)  # a requeued one returns
         plan = self._insert_arrivals(queued, now_s)
         reason = self.controller.needs_replan(queued, views, now_s)
-        if reason.needed and self._may_replan(now_s):
+        self._replan_due = reason.needed and not self._may_replan(now_s)
+        if reason.needed and not self._replan_due:
             plan = await self._replan(queued, views, now_s, reason.why) or plan
         self.metrics.queue_snapshot(queued, self.controller.plan)
+        plan = plan or self.controller.plan
         if plan is None:
             return None
-        members = self.settings.published_members_per_instance
-        published = await self.queue.publish_plan(_for_agents(plan, queued, members))
-        await self.queue.annotate(self._changed_annotations(plan))
+        view = _for_agents(plan, queued, self.settings.published_members_per_instance)
+        shown = _shown(view)
+        if shown == self._shown and plan.epoch == self._published_epoch:
+            return None  # agents see this already; a new plan or moved heads republish
+        published = await self.queue.publish_plan(view)
+        self._shown, self._published_epoch = shown, plan.epoch
+        changed, current = self._changed_annotations(plan)
+        await self.queue.annotate(changed)
+        self._annotated = current  # only once written: a failed write is retried next round
         return published
 
     def _may_replan(self, now_s: float) -> bool:
@@ -111,9 +131,12 @@ class ControlLoop:
             return True
         return now_s - self._last_replan_s >= self.settings.min_replan_interval_s
 
-    def _changed_annotations(self, plan: PublishedPlan) -> PublishedPlan:
+    def _changed_annotations(
+        self, plan: PublishedPlan
+    ) -> tuple[PublishedPlan, dict[str, tuple[str, float | None]]]:
         """The part of the plan whose group or predicted wait differs from what the
-        records hold, so that a round costs the queue writes of what changed."""
+        records hold (so that a round costs the queue writes of what changed), and the
+        annotations the records will hold once it is written."""
         changed: dict[str, list[str]] = {}
         current: dict[str, tuple[str, float | None]] = {}
         for gid, group in plan.groups.items():
@@ -122,8 +145,8 @@ class ControlLoop:
                 current[rid] = mark
                 if self._annotated.get(rid) != mark:
                     changed.setdefault(gid, []).append(rid)
-        self._annotated = current
-        return replace(plan, groups={g: _subset(plan.groups[g], ids) for g, ids in changed.items()})
+        subsets = {g: _subset(plan.groups[g], ids) for g, ids in changed.items()}
+        return replace(plan, groups=subsets), current
 
     def _insert_arrivals(self, queued: Sequence[Request], now_s: float) -> PublishedPlan | None:
         plan = None
@@ -134,7 +157,7 @@ class ControlLoop:
                 continue
             updated = self.controller.on_arrival(request, now_s)
             if updated is None:
-                break  # not insertable: needs_replan will ask for a full re-plan
+                continue  # not insertable: needs_replan will ask for a full re-plan
             self._planned_ids.add(request.id)
             self.counters.inserts += 1
             plan = updated
@@ -210,6 +233,14 @@ def _for_agents(plan: PublishedPlan, queued: Sequence[Request], members: int) ->
         if rid in plan.predicted_wait_s
     }
     return replace(plan, queues=queues, groups=groups, predicted_wait_s=waits)
+
+
+def _shown(view: PublishedPlan) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """What agents see of a plan: per instance, the requests in queue order."""
+    return tuple(
+        (instance_id, tuple(rid for g in view.queue_of(instance_id) for rid in g.request_ids))
+        for instance_id in sorted(view.queues)
+    )
 
 
 def _subset(group: PlannedGroup, request_ids: Sequence[str]) -> PlannedGroup:

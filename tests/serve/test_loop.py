@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.queue.memory import MemoryQueue
@@ -52,8 +54,12 @@ def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
     assert "g3" not in pruned.groups
 
 
-def _loop(queue: MemoryQueue, clock: VirtualClock, interval_s: float) -> ControlLoop:
-    settings = ControllerSettings(min_replan_interval_s=interval_s)
+def _loop(
+    queue: MemoryQueue, clock: VirtualClock, interval_s: float, members: int = 512
+) -> ControlLoop:
+    settings = ControllerSettings(
+        min_replan_interval_s=interval_s, published_members_per_instance=members, tick_s=1.0
+    )
     fleet = Fleet.of([make_instance("i0")], [make_profile("m7b"), make_profile("m13b")])
     return ControlLoop(QlmConfig(), fleet, queue, clock, settings)
 
@@ -70,7 +76,7 @@ def test_second_round_annotates_only_new_members() -> None:
         await queue.enqueue(make_request(id="late", arrival_at_s=100.0))
         plan = loop.controller.plan
         assert plan is not None
-        changed = loop._changed_annotations(plan)
+        changed, _ = loop._changed_annotations(plan)
         return first, sum(len(g.request_ids) for g in changed.groups.values())
 
     first, changed_after = asyncio.run(run())
@@ -98,3 +104,48 @@ def test_replans_are_rate_limited_once_a_plan_exists() -> None:
         return replans
 
     assert asyncio.run(run()) == [1, 1, 1, 2]
+
+
+def _shown_ids(plan: PublishedPlan | None) -> list[str]:
+    assert plan is not None
+    return [rid for g in plan.queue_of("i0") for rid in g.request_ids]
+
+
+def test_the_next_heads_are_published_once_agents_took_the_first() -> None:
+    async def run() -> tuple[list[str], list[str], PublishedPlan | None]:
+        clock = VirtualClock(100.0)
+        queue = MemoryQueue(clock=clock)
+        loop = _loop(queue, clock, interval_s=60.0, members=2)
+        for i in range(5):
+            await queue.enqueue(make_request(id=f"r{i}", slo_class="batch-2", arrival_at_s=100.0))
+        await loop.step()
+        first = _shown_ids(await queue.current_plan())
+        await queue.pull("i0", first, lease_s=1e6, now_s=100.0)
+        clock.advance_by(1.0)
+        await loop.step()  # no arrival, no re-plan: only the heads moved
+        second = _shown_ids(await queue.current_plan())
+        return first, second, await loop.step()
+
+    first, second, third = asyncio.run(run())
+    assert len(first) == 2
+    assert len(second) == 2
+    assert not set(first) & set(second)
+    assert third is None  # nothing moved since: no publish
+
+
+def test_a_held_back_replan_shortens_the_wait_for_the_next_round() -> None:
+    async def run() -> tuple[float, float]:
+        clock = VirtualClock(100.0)
+        queue = MemoryQueue(clock=clock)
+        loop = _loop(queue, clock, interval_s=0.5)
+        await queue.enqueue(make_request(id="a", arrival_at_s=100.0))
+        await loop.step()
+        idle = loop._wait_s()
+        await queue.enqueue(make_request(id="b", model="m13b", arrival_at_s=100.0))
+        clock.advance_by(0.2)
+        await loop.step()  # a re-plan is due (new model) but held back until 100.5
+        return idle, loop._wait_s()
+
+    idle, due = asyncio.run(run())
+    assert idle == 1.0  # the tick
+    assert due == pytest.approx(0.3)
