@@ -53,9 +53,9 @@ class _Common(_Body):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # what engines accept
     user: str | None = Field(default=None, max_length=256)
     # QLM's SLO tags (see qlm/api/README.md).
     slo_class: str | None = Field(default=None, min_length=1, max_length=128)

@@ -105,31 +105,37 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            settled = False
             try:
-                await self.step()
+                settled = await self.step() is not None
             except Exception:  # a failed round must not kill the agent
                 log.exception("agent %s: round failed", self.instance.id)
-            await self._idle(stop)
+            await self._idle(stop, wake_on_plan=settled)
 
-    async def _idle(self, stop: asyncio.Event) -> None:
+    async def _idle(self, stop: asyncio.Event, *, wake_on_plan: bool) -> None:
         """Sleep until there is work: engine events (tokens, completions), a newer plan, the
-        stop signal, or `poll_s` at the latest (leases, status, time-driven decisions)."""
+        stop signal, or `poll_s` at the latest (leases, status, time-driven decisions).
+        After a round that failed or found no plan, a newer plan does not wake it: the
+        same failure would come back at once, round after round."""
         timeout_s = self.settings.poll_s
-        waits = [
-            asyncio.ensure_future(stop.wait()),
-            asyncio.ensure_future(self.queue.wait_for_plan(self._epoch, timeout_s)),
-        ]
+        waits: list[asyncio.Future[bool]] = [asyncio.ensure_future(stop.wait())]
+        if wake_on_plan:
+            waits.append(asyncio.ensure_future(self.queue.wait_for_plan(self._epoch, timeout_s)))
         if isinstance(self.engine, EventWaiter):
             waits.append(asyncio.ensure_future(self.engine.wait_events(timeout_s)))
-        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
-    async def step(self) -> tuple[Action, ...]:
-        """One round: events, reconcile, apply, leases, status."""
+    async def step(self) -> tuple[Action, ...] | None:
+        """One round: events, reconcile, apply, leases, status. None when there is no plan
+        to reconcile against."""
         await self._handle(self.engine.poll())
         plan = await self.queue.current_plan()
-        actions: tuple[Action, ...] = ()
+        actions: tuple[Action, ...] | None = None
         if plan is not None:
             if plan.epoch != self._epoch:
                 self._epoch, self._taken = plan.epoch, set()
@@ -284,8 +290,32 @@ class Agent:
     async def _aborted(self, event: Aborted) -> None:
         evicted = event.request_id in self._evicting
         self._evicting.discard(event.request_id)
-        if event.request_id in self._held:
+        held = self._held.get(event.request_id)
+        if held is None:
+            return
+        if not evicted and held.attempt >= self.settings.max_dispatches:
+            await self._fail(held, event)  # the engine keeps refusing it: stop retrying
+        else:
             await self._requeue([event.request_id], evicted=evicted)
+
+    async def _fail(self, held: _Held, event: Aborted) -> None:
+        del self._held[event.request_id]
+        log.warning(
+            "agent %s: %s failed after %d dispatches: %s",
+            self.instance.id,
+            event.request_id,
+            held.attempt,
+            event.reason,
+        )
+        result = RequestResult(
+            request_id=event.request_id,
+            state=RequestState.FAILED,
+            instance_id=self.instance.id,
+            dispatched_at_s=held.dispatched_at_s,
+            finished_at_s=event.at_s,
+            error=f"the engine aborted it {held.attempt} times; last: {event.reason}",
+        )
+        await self.queue.complete(result)
 
     async def _requeue(self, request_ids: Sequence[str], *, evicted: bool) -> None:
         held = {rid: self._held.pop(rid).request for rid in request_ids if rid in self._held}

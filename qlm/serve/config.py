@@ -162,6 +162,12 @@ class AgentSettings(_Strict):
     allow_model_swap: bool = True
     allow_kv_swap: bool = True
 
+    max_dispatches: int = Field(
+        default=3,
+        ge=1,
+        description="A request its engine aborted (not an eviction) this many times fails "
+        "instead of going back to the queue again.",
+    )
     engine_backlog: int = Field(
         default=4,
         ge=0,
