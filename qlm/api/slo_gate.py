@@ -39,10 +39,13 @@ def first_token_times(plan: PublishedPlan) -> Mapping[Key, float]:
     waits = plan.predicted_wait_s
     origin_s = _waits_origin_s(plan)
     for group in plan.groups.values():
-        member_waits = [waits[rid] for rid in group.request_ids if rid in waits]
-        if not member_waits:
-            continue
-        at_s = origin_s + max(member_waits)
+        last_wait_s = plan.group_wait_s.get(group.group_id)  # plans cut for agents
+        if last_wait_s is None:
+            member_waits = [waits[rid] for rid in group.request_ids if rid in waits]
+            if not member_waits:
+                continue
+            last_wait_s = max(member_waits)
+        at_s = origin_s + last_wait_s
         key = (group.model, group.slo_class)
         table[key] = min(at_s, table.get(key, at_s))
     return MappingProxyType(table)

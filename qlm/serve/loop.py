@@ -205,34 +205,34 @@ class ControlLoop:
 
 
 def _for_agents(plan: PublishedPlan, queued: Sequence[Request], members: int) -> PublishedPlan:
-    """The plan as agents need it: each instance's virtual queue cut after its first
+    """The plan as agents need it: each instance's virtual queue listing only its first
     `members` requests still queued (agents admit from the head of their queue; the rest
-    follows in later epochs as the head leaves). Keeps each publish, and each agent's read
-    of it, small however long the queue, and keeps agents from walking requests that other
-    instances took."""
+    follows in later epochs as the head leaves). Groups past the head stay, empty, with the
+    predicted wait of their last member (`group_wait_s`, for the API's SLO gate). Keeps each
+    publish, and each agent's read of it, small however long the queue, and keeps agents from
+    walking requests that other instances took."""
     queued_ids = {r.id for r in queued}
-    queues: dict[str, tuple[str, ...]] = {}
     groups: dict[str, PlannedGroup] = {}
-    for instance_id, group_ids in plan.queues.items():
+    group_wait_s: dict[str, float] = {}
+    for group_ids in plan.queues.values():
         budget = members
-        kept: list[str] = []
         for gid in group_ids:
             group = plan.groups.get(gid)
-            if group is None or budget <= 0:
+            if group is None:
                 continue
-            keep = [rid for rid in group.request_ids if rid in queued_ids][:budget]
-            if keep:
-                budget -= len(keep)
-                kept.append(gid)
-                groups[gid] = group if len(keep) == len(group.request_ids) else _subset(group, keep)
-        queues[instance_id] = tuple(kept)
+            keep = [rid for rid in group.request_ids if rid in queued_ids][: max(budget, 0)]
+            budget -= len(keep)
+            groups[gid] = group if len(keep) == len(group.request_ids) else _subset(group, keep)
+            member_waits = [plan.predicted_wait_s.get(rid) for rid in group.request_ids]
+            if known := [w for w in member_waits if w is not None]:
+                group_wait_s[gid] = max(known)
     waits = {
         rid: plan.predicted_wait_s[rid]
         for group in groups.values()
         for rid in group.request_ids
         if rid in plan.predicted_wait_s
     }
-    return replace(plan, queues=queues, groups=groups, predicted_wait_s=waits)
+    return replace(plan, groups=groups, predicted_wait_s=waits, group_wait_s=group_wait_s)
 
 
 def _shown(view: PublishedPlan) -> tuple[tuple[str, tuple[str, ...]], ...]:

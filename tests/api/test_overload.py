@@ -238,3 +238,15 @@ async def test_the_gate_is_off_by_default(clients: Any) -> None:
     client, queue = clients(make_settings())
     await queue.publish_plan(plan_with_waits(NOW_S, m7b__interactive=500.0))
     assert (await client.post(SUBMIT, json=body())).status_code == 202
+
+
+def test_the_gate_reads_the_length_of_groups_cut_from_the_agents_plan() -> None:
+    """Plans published for agents list only each queue's head; a group past it keeps the
+    predicted wait of its last member, and the gate's table uses that."""
+    from qlm.api.slo_gate import first_token_times
+    from qlm.queue.records import PlannedGroup as Group
+    from qlm.queue.records import PublishedPlan as Plan
+
+    cut = Group("g", "m7b", "batch-1", ())  # no member listed
+    plan = Plan(1, 100.0, {"i0": ("g",)}, {"g": cut}, waits_at_s=100.0, group_wait_s={"g": 90.0})
+    assert dict(first_token_times(plan)) == {("m7b", "batch-1"): 190.0}

@@ -42,16 +42,22 @@ def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
     g1 = PlannedGroup("g1", "m7b", "interactive", ("a", "b"), (1, 2), (3, 4), ("x", "y"))
     g2 = PlannedGroup("g2", "m7b", "batch-2", ("c", "d"), (5, 6), (7, 8), ("z", "z"))
     g3 = PlannedGroup("g3", "m7b", "batch-2", ("e",), (9,), (1,), ("z",))
+    waits = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0, "e": 5.0}
     plan = PublishedPlan(
-        1, 0.0, {"i0": ("g1", "g2", "g3"), "i1": ()}, {"g1": g1, "g2": g2, "g3": g3}
+        1, 0.0, {"i0": ("g1", "g2", "g3"), "i1": ()}, {"g1": g1, "g2": g2, "g3": g3}, "", "", waits
     )
     queued = [make_request(id=i) for i in "abcde"]
     pruned = _for_agents(plan, queued, members=3)
-    assert pruned.queues == {"i0": ("g1", "g2"), "i1": ()}
+    assert pruned.queues == plan.queues
     assert pruned.groups["g1"] == g1
     assert pruned.groups["g2"].request_ids == ("c",)
     assert pruned.groups["g2"].prompt_tokens == (5,)
-    assert "g3" not in pruned.groups
+    assert pruned.groups["g3"].request_ids == ()  # past the head: listed, empty
+    assert dict(pruned.predicted_wait_s) == {"a": 1.0, "b": 2.0, "c": 3.0}
+    # each group's last member's wait survives the cut (the API's SLO gate reads it)
+    assert dict(pruned.group_wait_s) == {"g1": 2.0, "g2": 4.0, "g3": 5.0}
+    again = PublishedPlan.from_json(pruned.to_json())
+    assert dict(again.group_wait_s) == dict(pruned.group_wait_s)
 
 
 def _loop(
