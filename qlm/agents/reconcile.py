@@ -199,6 +199,10 @@ def _serve(
     budget = _Budget(obs, opts, priority)
     head = queue[0]
     preempt = _preempt_for(obs, head, budget, priority, opts)
+    victims = {rid for a in preempt if isinstance(a, Evict | SwapKv) for rid in a.request_ids}
+    if victims:  # they are leaving: nothing may park behind them
+        ranks = [_rank(priority, r.slo_class) for r in obs.active if r.request_id not in victims]
+        budget.floor_rank = min(ranks) if ranks else None
     pulled = _admit(queue, obs.model, budget, priority)
     actions: list[Action] = list(preempt)
     if pulled:
