@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,13 +63,14 @@ RESULTS_PATH = RESULTS_DIR / "soak.json"
 QUICK_RESULTS_PATH = RESULTS_DIR / "soak_quick.json"
 DOCS_BLOCK = "soak"
 QLM_MAIN = "import sys; from qlm.cli import main; sys.exit(main())"
-EXPECTED = frozenset({"HTTP 429"})  # the only errors a healthy plane may answer with
+EXPECTED_PREFIX = "HTTP 429"  # the only error a healthy plane may answer with (queue full)
 MIB = 1024 * 1024
 WARMUP_SHARE = 0.2  # the slope leaves out the first 20 % of the run (imports, caches, pools)
 FLAT_MIB = 10.0  # growth after warm-up a healthy process may show over the run (allocator noise)
 # Redis keeps every finished request's record and stream for finished_ttl_s (24 h by default),
 # so its memory grows with the requests served, by design: reported, not judged.
 NOT_JUDGED = frozenset({"redis-server"})
+IN_FLIGHT = "in_flight_peak"  # key of the client's concurrency in the memory samples
 
 
 @dataclass(frozen=True)
@@ -194,13 +195,22 @@ def rss_mib(pid: int) -> float | None:
 
 
 async def sample_memory(
-    pids: dict[str, int], every_s: float, t0: float, out: list[dict[str, Any]], stop: asyncio.Event
+    pids: dict[str, int],
+    every_s: float,
+    t0: float,
+    out: list[dict[str, Any]],
+    stop: asyncio.Event,
+    stats: LoadStats,
 ) -> None:
+    """RSS of each process every every_s, with the most requests the client had open at
+    once since the previous sample (memory high-water marks follow concurrency peaks)."""
     while not stop.is_set():
         row: dict[str, Any] = {"t_s": round(time.monotonic() - t0, 1)}
         for role, pid in pids.items():
             value = rss_mib(pid)
             row[role] = None if value is None else round(value, 2)
+        row[IN_FLIGHT] = stats.in_flight_peak
+        stats.in_flight_peak = stats.in_flight
         out.append(row)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
@@ -222,7 +232,7 @@ def slope_mib_per_hour(times_s: Sequence[float], values: Sequence[float]) -> flo
 def memory_summary(samples: Sequence[dict[str, Any]], duration_s: float) -> dict[str, Any]:
     """Per process: RSS at start, after warm-up and at the end; the slope after warm-up; and
     whether it stayed flat (the fitted growth over the rest of the run within FLAT_MIB)."""
-    roles = [k for k in samples[0] if k != "t_s"] if samples else []
+    roles = [k for k in samples[0] if k not in ("t_s", IN_FLIGHT)] if samples else []
     warm_s = WARMUP_SHARE * duration_s
     summary: dict[str, Any] = {}
     for role in roles:
@@ -250,14 +260,34 @@ def memory_summary(samples: Sequence[dict[str, Any]], duration_s: float) -> dict
 class LoadStats:
     offered: Counter[str] = field(default_factory=Counter)
     ok: Counter[str] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)  # error kind -> count
+    errors: Counter[str] = field(default_factory=Counter)  # "what [kind]" -> count
+    transport_errors: int = 0  # no HTTP answer: the plane may have taken the request or not
+    error_details: list[str] = field(default_factory=list)  # the first few, for the report
     enqueue_ms: dict[str, list[float]] = field(  # async POST -> 202: steady, burst
         default_factory=lambda: {"steady": [], "burst": []}
     )
     ttft_ms: list[float] = field(default_factory=list)  # interactive streams
+    in_flight: int = 0
+    in_flight_peak: int = 0  # since the last memory sample
 
-    def error(self, kind: str) -> None:
-        self.outcomes[kind] += 1
+    def error(self, what: str, kind: str, detail: str = "") -> None:
+        self.errors[f"{what} [{kind}]"] += 1
+        if not what.startswith(EXPECTED_PREFIX) and len(self.error_details) < 20:
+            self.error_details.append(f"{kind}: {what} {detail}"[:300])
+
+    def transport(self, exc: httpx.HTTPError, kind: str) -> None:
+        self.transport_errors += 1
+        self.error(type(exc).__name__, kind, str(exc))
+
+    @contextlib.contextmanager
+    def request(self, kind: str) -> Iterator[None]:
+        self.offered[kind] += 1
+        self.in_flight += 1
+        self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
 
 def completion(i: int, slo_class: str, max_tokens: int) -> dict[str, Any]:
@@ -273,22 +303,22 @@ def completion(i: int, slo_class: str, max_tokens: int) -> dict[str, Any]:
 async def submit_async(
     http: httpx.AsyncClient, stats: LoadStats, i: int, slo: str, kind: str = "steady"
 ) -> None:
-    stats.offered[slo] += 1
-    sent = time.perf_counter()
-    try:
-        response = await http.post("/v1/qlm/requests", json=completion(i, slo, 64 + i % 192))
-    except httpx.HTTPError as exc:
-        stats.error(type(exc).__name__)
-        return
-    if response.status_code == 202:
-        stats.ok[slo] += 1
-        stats.enqueue_ms[kind].append((time.perf_counter() - sent) * 1000.0)
-    else:
-        stats.error(f"HTTP {response.status_code}")
+    with stats.request(slo):
+        sent = time.perf_counter()
+        try:
+            response = await http.post("/v1/qlm/requests", json=completion(i, slo, 64 + i % 192))
+        except httpx.HTTPError as exc:
+            stats.transport(exc, slo)
+            return
+        if response.status_code == 202:
+            stats.ok[slo] += 1
+            stats.enqueue_ms[kind].append((time.perf_counter() - sent) * 1000.0)
+        else:
+            stats.error(f"HTTP {response.status_code}", slo, response.text[:200])
 
 
 async def interactive_stream(http: httpx.AsyncClient, stats: LoadStats, i: int) -> None:
-    stats.offered["interactive-stream"] += 1
+    kind = "interactive-stream"
     body = {
         "model": "mistral-7b",
         "messages": [{"role": "user", "content": f"question {i}"}],
@@ -296,45 +326,47 @@ async def interactive_stream(http: httpx.AsyncClient, stats: LoadStats, i: int) 
         "stream": True,
     }
     headers = {"x-qlm-slo-class": "interactive"}
-    sent = time.perf_counter()
-    first: float | None = None
-    try:
-        async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                stats.error(f"HTTP {r.status_code}")
-                return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    stats.error(f"stream error: {chunk['error'].get('code')}")
+    with stats.request(kind):
+        sent = time.perf_counter()
+        first: float | None = None
+        try:
+            async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+                if r.status_code != 200:
+                    stats.error(f"HTTP {r.status_code}", kind, (await r.aread()).decode()[:200])
                     return
-                content = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
-                if content and first is None:
-                    first = time.perf_counter()
-    except httpx.HTTPError as exc:
-        stats.error(type(exc).__name__)
-        return
-    if first is not None:
-        stats.ttft_ms.append((first - sent) * 1000.0)
-    stats.ok["interactive-stream"] += 1
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        stats.error(f"stream error {chunk['error'].get('code')}", kind)
+                        return
+                    content = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
+                    if content and first is None:
+                        first = time.perf_counter()
+        except httpx.HTTPError as exc:
+            stats.transport(exc, kind)
+            return
+        if first is not None:
+            stats.ttft_ms.append((first - sent) * 1000.0)
+        stats.ok[kind] += 1
 
 
 async def interactive_plain(http: httpx.AsyncClient, stats: LoadStats, i: int) -> None:
-    stats.offered["interactive"] += 1
+    kind = "interactive"
     body = {"model": "mistral-7b", "prompt": f"quick {i}", "max_tokens": 16}
-    try:
-        response = await http.post(
-            "/v1/completions", json=body, headers={"x-qlm-slo-class": "interactive"}
-        )
-    except httpx.HTTPError as exc:
-        stats.error(type(exc).__name__)
-        return
-    if response.status_code == 200:
-        stats.ok["interactive"] += 1
-    else:
-        stats.error(f"HTTP {response.status_code}")
+    with stats.request(kind):
+        try:
+            response = await http.post(
+                "/v1/completions", json=body, headers={"x-qlm-slo-class": "interactive"}
+            )
+        except httpx.HTTPError as exc:
+            stats.transport(exc, kind)
+            return
+        if response.status_code == 200:
+            stats.ok[kind] += 1
+        else:
+            stats.error(f"HTTP {response.status_code}", kind, response.text[:200])
 
 
 def arrivals(rate_per_s: float, duration_s: float, rng: random.Random) -> list[float]:
@@ -348,7 +380,9 @@ def arrivals(rate_per_s: float, duration_s: float, rng: random.Random) -> list[f
 async def drive(base_url: str, opts: SoakOptions, duration_s: float, stats: LoadStats) -> None:
     """Schedule every arrival of the run up front (open loop), then wait for all of them."""
     rng = random.Random(opts.seed)
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    # Idle connections expire before uvicorn's 5 s keep-alive closes them: a request sent on a
+    # connection the server is closing at that moment fails (ReadError) without reaching it.
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=2.0)
     async with httpx.AsyncClient(
         base_url=base_url, timeout=180.0, limits=limits, trust_env=False
     ) as http:
@@ -424,15 +458,20 @@ def memory_rows(samples: Sequence[dict[str, Any]], rows: int = 11) -> list[dict[
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    unexpected = {k: v for k, v in report["errors"].items() if k not in EXPECTED}
+    """Memory flat (qlm processes); errors other than 429; and every request the plane
+    accepted completed: all the client saw accepted, plus at most the requests whose answer
+    the client never got (transport errors), none failed, none left in the queue."""
+    errors = report["errors"]
+    unexpected = {k: v for k, v in errors.items() if not k.startswith(EXPECTED_PREFIX)}
     counts = report["final_counts"]
-    accepted = report["accepted_total"]
+    unanswered = counts.get("completed", 0) + counts.get("cancelled", 0) - report["accepted_total"]
+    live = sum(counts.get(s, 0) for s in ("queued", "dispatched", "running"))
     return {
         "memory_flat": all(m["flat"] for r, m in report["memory"].items() if r not in NOT_JUDGED),
         "unexpected_errors": sum(unexpected.values()),
-        "all_accepted_completed": counts.get("completed", 0) == accepted
-        and counts.get("failed", 0) == 0
-        and counts.get("cancelled", 0) == 0,
+        "all_accepted_completed": counts.get("failed", 0) == 0
+        and live == 0
+        and 0 <= unanswered <= report.get("transport_errors", 0),
     }
 
 
@@ -455,11 +494,12 @@ def render(report: dict[str, Any]) -> str:
         "",
         "Resident memory (MiB) over time:",
         "",
-        "| t (s) | " + " | ".join(roles) + " |",
-        "|---:|" + "---:|" * len(roles),
+        "| t (s) | " + " | ".join(roles) + " | client requests open (peak) |",
+        "|---:|" + "---:|" * (len(roles) + 1),
     ]
     for row in memory_rows(report["memory_samples"]):
         cells = ["-" if row.get(r) is None else f"{row[r]:.1f}" for r in roles]
+        cells.append(str(row.get(IN_FLIGHT, "-")))
         lines.append(f"| {row['t_s']:.0f} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -494,6 +534,9 @@ def render(report: dict[str, Any]) -> str:
         f"Verdict: memory flat {v['memory_flat']}, every accepted request completed "
         f"{v['all_accepted_completed']}, unexpected errors {v['unexpected_errors']}.",
     ]
+    if report["error_details"]:
+        lines += ["", "Unexpected errors (first few):", ""]
+        lines += [f"- `{detail}`" for detail in report["error_details"][:5]]
     return "\n".join(lines)
 
 
@@ -515,7 +558,9 @@ async def soak(opts: SoakOptions, work_dir: Path) -> dict[str, Any]:
             stats = LoadStats()
             done = asyncio.Event()
             t0 = time.monotonic()
-            sampler = asyncio.create_task(sample_memory(pids, opts.sample_s, t0, samples, done))
+            sampler = asyncio.create_task(
+                sample_memory(pids, opts.sample_s, t0, samples, done, stats)
+            )
             await drive(base_url, opts, duration_s, stats)
             load_s = time.monotonic() - t0
             counts = await drain(base_url, opts.drain_timeout_s)
@@ -523,7 +568,7 @@ async def soak(opts: SoakOptions, work_dir: Path) -> dict[str, Any]:
             await sampler
             for proc in procs:
                 if proc.popen.poll() is not None:
-                    stats.error(f"{proc.role} exited")
+                    stats.error("exited", proc.role)
         finally:
             stop(procs)
     return {
@@ -532,7 +577,10 @@ async def soak(opts: SoakOptions, work_dir: Path) -> dict[str, Any]:
         "offered_per_s": sum(stats.offered.values()) / max(load_s, 1e-9),
         "accepted": dict(stats.ok),
         "accepted_total": sum(stats.ok.values()),
-        "errors": dict(stats.outcomes),
+        "errors": dict(stats.errors),
+        "transport_errors": stats.transport_errors,
+        "error_details": stats.error_details,
+        "log_tails": {p.role: p.log_tail(20) for p in procs} if stats.error_details else {},
         "final_counts": counts,
         "enqueue_latency": latency_summary(stats.enqueue_ms["steady"]),
         "enqueue_latency_burst": latency_summary(stats.enqueue_ms["burst"]),

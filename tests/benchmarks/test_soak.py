@@ -57,8 +57,9 @@ def test_memory_rows_keep_first_and_last_sample() -> None:
 def test_verdict_allows_only_429_and_needs_every_accepted_request_completed() -> None:
     memory = {"api": {"flat": True}}
     good = {
-        "errors": {"HTTP 429": 7},
-        "final_counts": {"completed": 10, "failed": 0, "cancelled": 0},
+        "errors": {"HTTP 429 [batch-2]": 7},
+        "transport_errors": 0,
+        "final_counts": {"completed": 10, "failed": 0, "cancelled": 0, "queued": 0},
         "accepted_total": 10,
         "memory": memory,
     }
@@ -67,10 +68,16 @@ def test_verdict_allows_only_429_and_needs_every_accepted_request_completed() ->
         "unexpected_errors": 0,
         "all_accepted_completed": True,
     }
-    bad = {**good, "errors": {"HTTP 429": 1, "HTTP 500": 2, "ReadTimeout": 1}}
-    assert soak.verdict(bad)["unexpected_errors"] == 3
+    bad = {**good, "errors": {"HTTP 429 [batch-1]": 1, "HTTP 500 [interactive]": 2}}
+    assert soak.verdict(bad)["unexpected_errors"] == 2
     short = {**good, "final_counts": {"completed": 9, "failed": 1, "cancelled": 0}}
     assert not soak.verdict(short)["all_accepted_completed"]
+    stuck = {**good, "final_counts": {"completed": 10, "queued": 1}}
+    assert not soak.verdict(stuck)["all_accepted_completed"]
+    # the plane completed one request whose answer the client lost to a transport error
+    unanswered = {**good, "final_counts": {"completed": 11}, "transport_errors": 1}
+    assert soak.verdict(unanswered)["all_accepted_completed"]
+    assert not soak.verdict({**unanswered, "transport_errors": 0})["all_accepted_completed"]
     redis_grows = {**good, "memory": {"api": {"flat": True}, "redis-server": {"flat": False}}}
     assert soak.verdict(redis_grows)["memory_flat"]  # retention of finished requests
     api_grows = {**good, "memory": {"api": {"flat": False}}}
@@ -96,6 +103,7 @@ def test_quick_soak_runs_and_reports(tmp_path: Path) -> None:
     assert set(report["memory"]) == {"api", "controller", "agent", "redis-server"}
     assert len(report["memory_samples"]) >= 5
     assert all(m["end_mib"] > 0 for m in report["memory"].values())
+    assert all("in_flight_peak" in row for row in report["memory_samples"])
     assert report["accepted_total"] > 0
     assert report["enqueue_latency"]["n"] > 0
     assert report["verdict"]["unexpected_errors"] == 0, report["errors"]
