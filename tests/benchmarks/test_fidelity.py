@@ -65,8 +65,8 @@ def test_a_simulator_ten_percent_slow_shows_ten_percent_errors() -> None:
     assert fb.misses([comparison]) == []
     slow = fb.compare("slow", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.5))
     assert fb.misses([slow]) == [
-        "slow: TTFT p50 error 50.0% > 15.0%",
-        "slow: end-to-end p50 error 50.0% > 10.0%",
+        "slow (up-front profile): TTFT p50 error 50.0% > 15.0%",
+        "slow (up-front profile): end-to-end p50 error 50.0% > 10.0%",
     ]
     table = "\n".join(fb.error_table([comparison, slow]))
     assert "**50.0%**" in table
