@@ -480,7 +480,7 @@ def render(report: dict[str, Any]) -> str:
     minutes = report["duration_s"] / 60.0
     roles = list(report["memory"])
     lines = [
-        f"### Soak: mixed interactive + batch load for {minutes:.0f} minutes",
+        f"## Soak: mixed interactive + batch load for {minutes:.0f} minutes",
         "",
         *header_lines(report["header"]),
         "",

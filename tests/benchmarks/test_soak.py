@@ -108,4 +108,4 @@ def test_quick_soak_runs_and_reports(tmp_path: Path) -> None:
     assert report["enqueue_latency"]["n"] > 0
     assert report["verdict"]["unexpected_errors"] == 0, report["errors"]
     assert report["verdict"]["all_accepted_completed"], report["final_counts"]
-    assert "### Soak" in done.stdout
+    assert "## Soak" in done.stdout

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+# Every report checked in this test session, for the terminal summary (tests/faults/conftest.py
+# prints them at the end of the run, so CI logs show the counts of passing tests too).
+CHECKED: list[FaultCounts] = []
+
 
 class Outcome(StrEnum):
     COMPLETED = "completed"
@@ -103,6 +107,7 @@ class FaultReport:
         """Print the report, then assert: nothing lost, nothing duplicated, at most
         `max_failed` clean failures."""
         counts = self.counts()
+        CHECKED.append(counts)
         print(counts.line())
         for note in counts.notes:
             print(f"[fault report] {self.test}: {note}")
