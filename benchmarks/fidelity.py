@@ -69,7 +69,7 @@ from qlm.engine.profiling import (  # noqa: E402
     build_profile_file,
     fit_profile,
 )
-from qlm.engine.vllm import VllmEngineConfig  # noqa: E402
+from qlm.engine.vllm import VllmEngineConfig, parse_metrics  # noqa: E402
 from qlm.engine.vllm_profiler import VllmProfiler  # noqa: E402
 from qlm.estimator import make_estimator  # noqa: E402
 from qlm.queue.group import RequestGroup  # noqa: E402
@@ -147,9 +147,9 @@ FULL_RUNS = (
     RunSpec("1x-load30", 1, 0.3, 30),
     RunSpec("1x-load60", 1, 0.6, 30),
     RunSpec("1x-load90", 1, 0.9, 30),
+    RunSpec("2x-load30", 2, 0.3, 30),
     RunSpec("2x-load60", 2, 0.6, 30),
-    RunSpec("2x-load90", 2, 0.9, 30),
-    RunSpec("2x-swap", 2, 0.5, 60, {"tiny-a": 3.0, "tiny-b": 1.0}),
+    RunSpec("2x-swap", 2, 0.4, 60, {"tiny-a": 3.0, "tiny-b": 1.0}),
 )
 QUICK_RUNS = (RunSpec("1x-load60", 1, 0.6, 20),)
 
@@ -476,6 +476,29 @@ class LiveRun:
     swaps: int
     evictions: int
     replans: int
+    engine_itl_s: float = math.nan  # the engines' own mean decode step over the run (metrics)
+
+
+async def engine_decode_totals(plane: Plane) -> tuple[float, float]:
+    """Summed over the plane's vLLM engines: seconds of decoding and decode steps taken by
+    finished requests (vLLM's decode-time histogram; generated tokens minus one per request)."""
+    import httpx
+
+    from qlm.engine.profiling import DECODE_TIME, histogram_totals
+
+    seconds = steps = 0.0
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+        for engine in plane.engines:
+            url = getattr(engine, "base_url", None)
+            if url is None:
+                continue
+            with contextlib.suppress(httpx.HTTPError):
+                text = (await http.get(f"{url}/metrics")).text
+                total = histogram_totals(text)[DECODE_TIME]
+                generated = parse_metrics(text).generation_tokens_total
+                seconds += total.sum_s
+                steps += generated - total.count
+    return seconds, steps
 
 
 class PlanObserver:
@@ -550,6 +573,7 @@ async def live_run(
     observer = PlanObserver(plane, qlm, by_id)
     stop = asyncio.Event()
     watcher = asyncio.create_task(observer.run(stop))
+    decode0 = await engine_decode_totals(plane)
     swaps0 = sum(a.counters.swaps for a in plane.agents)
     evictions0 = sum(a.counters.evictions for a in plane.agents)
     replans0 = plane.loop.counters.replans if plane.loop else 0
@@ -570,6 +594,9 @@ async def live_run(
     stop.set()
     await watcher
     outcomes = [await _live_outcome(plane, r, t0) for r in enqueued]
+    decode1 = await engine_decode_totals(plane)
+    decode_steps = decode1[1] - decode0[1]
+    engine_itl = (decode1[0] - decode0[0]) / decode_steps if decode_steps > 0 else math.nan
     predictions = {rid: replace(p, plan_s=p.plan_s - t0) for rid, p in observer.predictions.items()}
     shifted = [_shift(r, t0) for r in enqueued]
     return LiveRun(
@@ -580,6 +607,7 @@ async def live_run(
         swaps=sum(a.counters.swaps for a in plane.agents) - swaps0,
         evictions=sum(a.counters.evictions for a in plane.agents) - evictions0,
         replans=(plane.loop.counters.replans if plane.loop else 0) - replans0,
+        engine_itl_s=engine_itl,
     )
 
 
@@ -752,6 +780,9 @@ class Comparison:
     wait_p50_sim_s: float
     service_ttft_p50_live_s: float  # first token - dispatch
     service_ttft_p50_sim_s: float
+    itl_engine_live_s: float  # mean decode step inside the live engines (vLLM's own times)
+    itl_live_s: float  # mean (finish - first token) / (tokens - 1), as QLM saw it
+    itl_sim_s: float
 
     def error(self, metric: str, q: str) -> float:
         live = getattr(self, f"{metric}_live")[q]
@@ -762,6 +793,7 @@ def compare(name: str, live: LiveRun, sim: SimResult, profile: str = UP_FRONT) -
     lv = {o.id: o for o in live.outcomes}
     sv = {o.id: o for o in sim_outcomes(sim)}
     both = [i for i in lv if i in sv]
+    tokens = {r.id: r.max_output_tokens for r in live.requests}
 
     def dist(outcomes: Mapping[str, Outcome], attr: str) -> dict[str, float]:
         values = [v for i in both if (v := getattr(outcomes[i], attr)) is not None]
@@ -814,7 +846,21 @@ def compare(name: str, live: LiveRun, sim: SimResult, profile: str = UP_FRONT) -
         wait_p50_sim_s=median_of([sv[i].wait_s for i in both]),
         service_ttft_p50_live_s=median_of([service(lv[i]) for i in both]),
         service_ttft_p50_sim_s=median_of([service(sv[i]) for i in both]),
+        itl_engine_live_s=live.engine_itl_s,
+        itl_live_s=_mean_itl(lv, tokens, both),
+        itl_sim_s=_mean_itl(sv, tokens, both),
     )
+
+
+def _mean_itl(outcomes: Mapping[str, Outcome], tokens: Mapping[str, int], ids: list[str]) -> float:
+    """Decode time over decode steps, summed over completed requests."""
+    seconds = steps = 0.0
+    for i in ids:
+        o = outcomes[i]
+        if o.finish_s is not None and o.first_token_s is not None and tokens.get(i, 0) > 1:
+            seconds += o.finish_s - o.first_token_s
+            steps += tokens[i] - 1
+    return seconds / steps if steps else math.nan
 
 
 def _share(flags: Sequence[bool]) -> float:
@@ -1022,8 +1068,9 @@ def attainment_table(comparisons: Sequence[Comparison]) -> list[str]:
     lines = [
         "| run | profile | overall live / sim | interactive live / sim | batch-1 live / sim "
         "| swaps live / sim | evictions live / sim | median wait live / sim (s) "
-        "| median first token - dispatch live / sim (s) |",
-        "|" + "---|" * 9,
+        "| median first token - dispatch live / sim (s) | mean decode step: live engine / "
+        "live as QLM saw it / sim (ms) |",
+        "|" + "---|" * 10,
     ]
     for c in comparisons:
         cells = []
@@ -1036,9 +1083,14 @@ def attainment_table(comparisons: Sequence[Comparison]) -> list[str]:
             f"| {c.run} | {c.profile} | {' | '.join(cells)} | {c.swaps_live} / {c.swaps_sim} "
             f"| {c.evictions_live} / {c.evictions_sim} | {_s(c.wait_p50_live_s)} / "
             f"{_s(c.wait_p50_sim_s)} | {_s(c.service_ttft_p50_live_s)} / "
-            f"{_s(c.service_ttft_p50_sim_s)} |"
+            f"{_s(c.service_ttft_p50_sim_s)} | {_ms(c.itl_engine_live_s)} / "
+            f"{_ms(c.itl_live_s)} / {_ms(c.itl_sim_s)} |"
         )
     return lines
+
+
+def _ms(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{1e3 * x:.2f}"
 
 
 def fit_table(fits: Mapping[str, tuple[ProfileFile, ProfileFit]]) -> list[str]:
