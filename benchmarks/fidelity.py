@@ -1269,7 +1269,9 @@ async def main_async(args: argparse.Namespace) -> int:
     await meter_task
     fit_only = {m: f for m, (_, f) in fits.items()}
     figures = plot_all(paths, comparisons, results, fit_only, checks)
-    write_results(paths, args, runs, capacity, fits, comparisons, checks, meter.samples, results)
+    write_results(
+        paths, args, runs, capacity, fits, refits, comparisons, checks, meter.samples, results
+    )
     write_docs(
         paths, args, runs, capacity, fits, refits, comparisons, checks, meter.samples, figures
     )
@@ -1303,6 +1305,7 @@ def write_results(
     runs: Sequence[RunSpec],
     capacity: float,
     fits: Mapping[str, tuple[ProfileFile, ProfileFit]],
+    refits: Mapping[str, ProfileFit],
     comparisons: Sequence[Comparison],
     checks: Sequence[EstimatorCheck],
     host: Sequence[HostSample],
@@ -1315,6 +1318,10 @@ def write_results(
         "capacity_rps_per_instance": capacity,
         "runs": [asdict(r) | {"models": dict(r.models)} for r in runs],
         "fits": {m: f.quality().model_dump() for m, (_, f) in fits.items()},
+        "step_models": {
+            "up_front": {m: asdict(f.fit.step_time) for m, (_, f) in fits.items()},
+            "just_before": {run: asdict(f.fit.step_time) for run, f in refits.items()},
+        },
         "comparisons": [asdict(c) for c in comparisons],
         "estimator": [{k: v for k, v in asdict(c).items() if k != "pairs"} for c in checks],
         "host": [asdict(s) for s in host],
@@ -1477,22 +1484,32 @@ def write_docs(
 
 
 WHY = [
-    "Where the simulator and the live plane differ, by construction:",
+    "Why, from the columns above (each cause is measured in this report, not assumed):",
     "",
-    "- **Fixed costs outside the engine.** The live path adds, per request, the control "
-    "loop's reaction (woken by the enqueue, then a round), the agent's poll period (20 ms), "
-    "the HTTP request to vLLM, vLLM's API server (scheduling into the engine, detokenising, "
-    "streaming) and the stream back. The simulator dispatches at once and its first token "
-    "is the end of the prefill iteration. On the tiny model a prefill takes milliseconds, so "
-    "these costs are most of an unloaded request's TTFT: compare the median "
-    "'first token - dispatch' columns and the profile's request overhead.",
-    "- **A shared 2-core host.** The profile is measured at one moment's load; the live runs "
-    "at another's (see Host load). Other engineers' jobs change the engine's speed between "
-    "and during runs, and the benchmark itself (vLLM API servers, engine cores, the control "
-    "plane) competes for the same two cores; the simulator assumes the profiled speed "
-    "throughout. Two instances share the cores too, unlike two GPUs.",
+    "- **The engine runs slower inside the live plane than when profiled.** Compare the mean "
+    "decode step inside the live engines (vLLM's own decode-time histogram over the run) "
+    "with the simulated one: on this 2-core host the engines share the cores with vLLM's "
+    "API servers, the control plane and agents (this benchmark's process) and other "
+    "people's jobs; when profiled, only the profiler's light client ran beside the engine. "
+    "The simulator assumes the profiled speed throughout, so where the live engine is "
+    "slower the simulated queue drains faster, and near saturation (the load-90 and two-"
+    "instance runs) the gap compounds into queueing: live TTFT and end-to-end grow, "
+    "attainment falls, the simulator does not see it. The `just-before` rows re-measure "
+    "the engine right before each run: they remove drift between runs but not the "
+    "contention during a run (the plane is idle while re-measuring).",
+    "- **Fixed costs outside the engine.** The live first token passes through the agent's "
+    "poll (20 ms), the HTTP request, vLLM's API server (scheduling, detokenising, "
+    "streaming) and the stream back; the simulator's first token is the end of the prefill "
+    "iteration. Compare the median 'first token - dispatch' columns with the profile's "
+    "request overhead. On a busy host vLLM's API server also stalls: while developing this "
+    "benchmark its streams repeatedly delivered half a second to several seconds of tokens "
+    "in one burst (the engine kept stepping; its own timestamps are regular), and the "
+    "profiler's voided and skipped probes (in the profile files) come from such stalls. A "
+    "first token caught in a burst arrives late, which hits TTFT far more than end-to-end.",
+    "- **Two instances are not two GPUs.** Both engines, both API servers and the plane "
+    "share two cores; the profile is of one engine alone.",
     "- **Model swaps.** The simulated swap takes the profile's median load time; a live "
-    "restart depends on the host's load at that moment.",
+    "restart (stop, start, /health) depends on the host's load at that moment.",
     "- **Scheduler details** not modelled (qlm/engine/README.md): KV blocks and watermark, "
     "vLLM's own admission order within its waiting queue, the API server's batching of "
     "outputs.",
