@@ -164,15 +164,19 @@ def test_the_quick_benchmark_compares_live_vllm_with_the_simulator(
     assert "## Error table" in text
     assert "## The estimator on live runs" in text
     data = json.loads((tmp_path / "fidelity.json").read_text())
-    (comparison,) = data["comparisons"]
-    assert comparison["requests"] > 5
-    assert comparison["completed_live"] == comparison["requests"]  # every request finished
-    assert comparison["completed_sim"] == comparison["requests"]
-    for q in ("p50", "p90", "p99"):
-        assert comparison["ttft_live"][q] > 0
-        assert comparison["ttft_sim"][q] > 0
-    assert comparison["e2e_live"]["p50"] > comparison["ttft_live"]["p50"]
-    assert comparison["e2e_paired_median_error"] is not None
+    # the simulator on the up-front profile and on the one re-measured just before the run
+    assert [c["profile"] for c in data["comparisons"]] == [fb.UP_FRONT, fb.JUST_BEFORE]
+    for comparison in data["comparisons"]:
+        assert comparison["requests"] > 5
+        assert comparison["completed_live"] == comparison["requests"]  # every request finished
+        assert comparison["completed_sim"] == comparison["requests"]
+        for q in ("p50", "p90", "p99"):
+            assert comparison["ttft_live"][q] > 0
+            assert comparison["ttft_sim"][q] > 0
+        assert comparison["e2e_live"]["p50"] > comparison["ttft_live"]["p50"]
+        assert comparison["e2e_paired_median_error"] is not None
+        assert comparison["itl_engine_live_s"] > 0
+    assert set(data["step_models"]["just_before"]) == {"1x-load60"}
     (fit,) = data["fits"].values()
     assert fit["samples"] == 11
     for name in ("latency_cdf.png", "per_request.png", "profile_fit.png", "estimator.png"):
