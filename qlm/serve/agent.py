@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
 from qlm.agents.drain import drain_estimate_s
@@ -51,11 +51,28 @@ class _Held:
 
 
 @dataclass
+class _Chunks:
+    """Token chunks of one request in one round, merged into one stream event."""
+
+    attempt: int
+    offset_tokens: int
+    at_s: float
+    texts: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+
+    def event(self, request_id: str) -> StreamEvent:
+        text, n = "".join(self.texts), self.num_tokens
+        return StreamEvent(
+            request_id, StreamKind.TOKENS, self.attempt, self.at_s, text, n, self.offset_tokens
+        )
+
+
+@dataclass
 class _Batch:
     """One round's queue updates, waiting to be written together."""
 
     running: list[str] = field(default_factory=list)
-    chunks: dict[str, StreamEvent] = field(default_factory=dict)  # merged, per request
+    chunks: dict[str, _Chunks] = field(default_factory=dict)  # merged, per request
     finished: list[RequestResult] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # of `finished`, for metrics
 
@@ -100,6 +117,7 @@ class Agent:
         self._evicting: set[str] = set()
         self._taken: set[str] = set()  # planned ids that another instance got first
         self._epoch = -1
+        self._last_reconcile_s = float("-inf")
         self._last_renew_s = 0.0
         self._last_status_s = -1e18
 
@@ -133,12 +151,17 @@ class Agent:
     async def step(self) -> tuple[Action, ...] | None:
         """One round: events, reconcile, apply, leases, status. None when there is no plan
         to reconcile against."""
-        await self._handle(self.engine.poll())
+        events = self.engine.poll()
+        await self._handle(events)
         plan = await self.queue.current_plan()
         actions: tuple[Action, ...] | None = None
         if plan is not None:
-            if plan.epoch != self._epoch:
+            new_plan = plan.epoch != self._epoch
+            if new_plan:
                 self._epoch, self._taken = plan.epoch, set()
+            if not (new_plan or self._reconcile_due(events)):
+                return ()  # only tokens streamed: nothing to decide, the next round will
+            self._last_reconcile_s = self.clock.monotonic_s()
             actions = reconcile(
                 ReconcileInput(self.engine.observe(), self._heads(plan), self.priority),
                 self.settings.reconcile_options(),
@@ -146,6 +169,15 @@ class Agent:
             await self._apply(actions)
         await self._housekeeping()
         return actions
+
+    def _reconcile_due(self, events: Sequence[EngineEvent]) -> bool:
+        """Whether a round must decide again: anything but streamed tokens happened (room
+        freed, a model loaded, a failure), or a poll period passed. Rounds woken by tokens
+        alone only forward them: deciding on every token costs a reconcile over the whole
+        virtual queue per token and starved the event loop under long generations."""
+        if any(not isinstance(e, FirstToken | TokenChunk) for e in events) or not events:
+            return True
+        return self.clock.monotonic_s() - self._last_reconcile_s >= self.settings.poll_s
 
     def _heads(self, plan: PublishedPlan) -> tuple[QueueHead, ...]:
         heads = []
@@ -232,7 +264,7 @@ class Agent:
             marks = (self.queue.mark_running(rid, self.instance.id) for rid in batch.running)
             await asyncio.gather(*marks)
         if batch.chunks:
-            await self.queue.emit_many(list(batch.chunks.values()))
+            await self.queue.emit_many([c.event(rid) for rid, c in batch.chunks.items()])
         if batch.finished:
             done = await asyncio.gather(*(self.queue.complete(r) for r in batch.finished))
             self.counters.completed += sum(done)
@@ -245,25 +277,12 @@ class Agent:
         held = self._held.get(event.request_id)
         if held is None:
             return
-        before = batch.chunks.get(event.request_id)
-        batch.chunks[event.request_id] = (
-            StreamEvent(
-                event.request_id,
-                StreamKind.TOKENS,
-                held.attempt,
-                event.at_s,
-                text=event.text,
-                num_tokens=event.num_tokens,
-                offset_tokens=held.sent_tokens,
-            )
-            if before is None
-            else replace(
-                before,
-                at_s=event.at_s,
-                text=before.text + event.text,
-                num_tokens=before.num_tokens + event.num_tokens,
-            )
-        )
+        chunks = batch.chunks.get(event.request_id)
+        if chunks is None:
+            chunks = batch.chunks[event.request_id] = _Chunks(held.attempt, held.sent_tokens, 0.0)
+        chunks.at_s = event.at_s
+        chunks.texts.append(event.text)
+        chunks.num_tokens += event.num_tokens
         held.sent_tokens += event.num_tokens
         held.text.append(event.text)
 

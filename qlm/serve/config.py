@@ -169,7 +169,7 @@ class AgentSettings(_Strict):
         "instead of going back to the queue again.",
     )
     engine_backlog: int = Field(
-        default=4,
+        default=0,
         ge=0,
         description="Requests admitted beyond the engine's sequence slots (they wait inside "
         "the engine, so a finished sequence is replaced at the engine's next step).",

@@ -45,7 +45,10 @@ def tiny_profile(model: str) -> dict[str, Any]:
 
 
 def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
-    engine = tiny_engine_config(models, max_num_seqs=4, max_model_len=2048)
+    # Two engines on a CPU machine: vLLM's automatic thread binding puts both on core 0 (the
+    # fidelity benchmark measured it), so one engine's decode stalls the other's prefill.
+    unbound = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+    engine = tiny_engine_config(models, max_num_seqs=4, max_model_len=2048, env=unbound)
     return ServeConfig.model_validate(
         {
             "qlm": {
@@ -59,6 +62,9 @@ def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
                     {"name": "batch-2", "ttft_s": 1200.0, "priority": 0, "lateness_weight": 1},
                 ],
                 "planner": {"policy": "milp", "time_limit_s": 0.3},
+                # groups sized to these 4-slot engines (the defaults suit GPU batch sizes):
+                # a 16-request backlog becomes several groups the plan spreads over both
+                "grouping": {"policy": "kmeans", "avg_batch_size": 4, "delta": 2},
             },
             "queue": {"url": redis_url, "key_prefix": "e2e:"},
             "api": {"port": 0},
