@@ -24,6 +24,18 @@ import redis
 SAN = "subjectAltName=IP:127.0.0.1"
 
 
+def stop_process(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if it is still running after grace_s; reaped either way."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class RedisServerError(RuntimeError):
     """redis-server is missing or did not come up."""
 
@@ -141,13 +153,8 @@ class RedisServer:
             client.close()
 
     def _kill(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            stop_process(self._process, grace_s=5)
         self._process = None
 
     def stop(self) -> None:

@@ -40,7 +40,7 @@ from tests.deploy.chart import (
     of_kind,
     workloads,
 )
-from tests.redis_server import RedisServer, free_port, redis_server_binary
+from tests.redis_server import RedisServer, free_port, redis_server_binary, stop_process
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -232,12 +232,7 @@ def probe_paths(spec: Mapping[str, object]) -> set[str]:
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, grace_s=15)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.metrics.plane import run_requests, sample_sums, serve_fleet
 from tests.metrics.tools import binary
-from tests.redis_server import free_port
+from tests.redis_server import free_port, stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -42,12 +42,7 @@ def base_url(tmp_path: Path) -> Iterator[str]:
         wait_ready(url, process, tmp_path / "qlm.log")
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace_s=20)
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:

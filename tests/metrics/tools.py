@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from qlm.clock import VirtualClock
 from qlm.metrics import PlaneMetrics
-from tests.redis_server import free_port
+from tests.redis_server import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy/helm/qlm/files/qlm-alerts.yaml"
@@ -162,13 +162,8 @@ class PrometheusServer:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            stop_process(self._process, grace_s=10)
         self._process = None
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
