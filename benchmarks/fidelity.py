@@ -55,13 +55,13 @@ if str(ROOT) not in sys.path:
 
 from qlm.clock import Clock, WallClock  # noqa: E402
 from qlm.config import QlmConfig  # noqa: E402
+from qlm.control.plan import PublishedPlan  # noqa: E402
 from qlm.engine.library import (  # noqa: E402
     ProfileFile,
     StepTimeSpec,
     load_profile_file,
     write_profile_file,
 )
-from qlm.engine.profile import GIB, Profile  # noqa: E402
 from qlm.engine.profiling import (  # noqa: E402
     ProfileFit,
     ProfileGrid,
@@ -72,8 +72,8 @@ from qlm.engine.profiling import (  # noqa: E402
 from qlm.engine.vllm import VllmEngineConfig, parse_metrics  # noqa: E402
 from qlm.engine.vllm_profiler import VllmProfiler  # noqa: E402
 from qlm.estimator import make_estimator  # noqa: E402
-from qlm.queue.group import RequestGroup  # noqa: E402
-from qlm.queue.records import PublishedPlan  # noqa: E402
+from qlm.grouping.group import RequestGroup  # noqa: E402
+from qlm.perf.profile import GIB, Profile  # noqa: E402
 from qlm.serve.config import ServeConfig  # noqa: E402
 from qlm.serve.runtime import Plane, running_plane  # noqa: E402
 from qlm.sim.result import OutcomeState, SimResult  # noqa: E402

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*,
 
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.config import GroupingConfig
-from qlm.queue.grouping import make_grouping
+from qlm.grouping import make_grouping
 from qlm.types import DEFAULT_SLO_CLASSES, Request
 
 MODELS = ("llama-8b", "llama-70b", "mistral-7b")

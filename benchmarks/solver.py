@@ -37,10 +37,10 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.config import EstimatorConfig, PlannerBackend, PlannerConfig
-from qlm.engine.profile import Profile
 from qlm.estimator.rwt import RwtEstimator
-from qlm.queue.group import RequestGroup
-from qlm.solver import Plan, PlanInput, make_planner
+from qlm.grouping.group import RequestGroup
+from qlm.perf.profile import Profile
+from qlm.planner import Plan, PlanInput, make_planner
 from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES, Fleet, Instance
 
 RESULTS_PATH = RESULTS_DIR / "solver.json"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qlm.config import QlmConfig
-from qlm.engine.profile import GIB, Profile
+from qlm.perf.profile import GIB, Profile
 from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance, Request, SloClass
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
-from qlm.engine.profile import GIB, Profile
+from qlm.perf.profile import GIB, Profile
 
 
 class RequestState(StrEnum):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
-from qlm.engine.profile import GIB, Profile
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
+from qlm.perf.profile import GIB, Profile
 from qlm.types import Instance, Request
 
 _ids: Iterator[int] = itertools.count()

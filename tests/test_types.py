@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from qlm.engine.profile import GIB
+from qlm.perf.profile import GIB
 from qlm.types import (
     DEFAULT_GPU_TYPES,
     DEFAULT_SLO_CLASSES,

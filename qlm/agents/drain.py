@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qlm.engine.client import EngineObservation, EngineState
-from qlm.engine.profile import Profile
+from qlm.perf.profile import Profile
 
 
 def drain_estimate_s(obs: EngineObservation, profile: Profile | None) -> float:

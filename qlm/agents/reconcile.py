@@ -43,7 +43,7 @@ class _Ranked:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueHead:
+class QueuedGroup:
     """One planned group as the agent sees it: its members still in the global queue.
     A group may hold members of several classes; each ranks by its own."""
 
@@ -86,7 +86,7 @@ class ReconcileOptions:
 @dataclass(frozen=True, slots=True)
 class ReconcileInput:
     observation: EngineObservation
-    virtual_queue: tuple[QueueHead, ...]  # this instance's groups, in plan order
+    virtual_queue: tuple[QueuedGroup, ...]  # this instance's groups, in plan order
     priority: Mapping[str, int]  # SLO class -> priority (larger is more urgent)
 
 
@@ -105,8 +105,8 @@ def reconcile(inp: ReconcileInput, options: ReconcileOptions | None = None) -> t
 
 
 def _pending(
-    queue: tuple[QueueHead, ...], model: str | None, opts: ReconcileOptions
-) -> tuple[QueueHead, ...]:
+    queue: tuple[QueuedGroup, ...], model: str | None, opts: ReconcileOptions
+) -> tuple[QueuedGroup, ...]:
     groups = tuple(g for g in queue if g.items)
     if not opts.allow_model_swap and model is not None:
         groups = tuple(g for g in groups if g.model == model)
@@ -119,7 +119,7 @@ def _rank(priority: Mapping[str, int], slo_class: str) -> int:
 
 def _change_model(
     obs: EngineObservation,
-    head: QueueHead,
+    head: QueuedGroup,
     priority: Mapping[str, int],
     opts: ReconcileOptions,
 ) -> tuple[Action, ...]:
@@ -192,7 +192,7 @@ class _Budget:
 
 def _serve(
     obs: EngineObservation,
-    queue: tuple[QueueHead, ...],
+    queue: tuple[QueuedGroup, ...],
     priority: Mapping[str, int],
     opts: ReconcileOptions,
 ) -> tuple[Action, ...]:
@@ -214,7 +214,7 @@ def _serve(
 
 
 def _admit(
-    queue: tuple[QueueHead, ...],
+    queue: tuple[QueuedGroup, ...],
     model: str | None,
     budget: _Budget,
     priority: Mapping[str, int],
@@ -237,7 +237,7 @@ def _admit(
 
 def _preempt_for(
     obs: EngineObservation,
-    head: QueueHead,
+    head: QueuedGroup,
     budget: _Budget,
     priority: Mapping[str, int],
     opts: ReconcileOptions,

@@ -25,8 +25,8 @@ from types import MappingProxyType
 from qlm.api.errors import ApiError
 from qlm.api.settings import ApiSettings
 from qlm.clock import Clock
+from qlm.control.plan import PublishedPlan
 from qlm.queue.base import GlobalQueue
-from qlm.queue.records import PublishedPlan
 from qlm.types import Request
 
 Key = tuple[str, str]  # (model, SLO class)

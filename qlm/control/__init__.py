@@ -1,5 +1,3 @@
-"""The control loop: snapshot, group, estimate, plan, publish (pure step in controller.py)."""
-
-from qlm.control.controller import Controller, InstanceView, ReplanReason
-
-__all__ = ["Controller", "InstanceView", "ReplanReason"]
+"""Control: when and what to plan. controller.py is the pure step (snapshot -> plan),
+plan.py the published plan agents read. Import from the modules (this package stays light:
+the queue imports plan.py)."""

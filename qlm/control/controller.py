@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 
 from qlm.clock import Clock
 from qlm.config import QlmConfig
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.estimator import make_estimator
-from qlm.queue.group import RequestGroup
-from qlm.queue.grouping import make_grouping
-from qlm.queue.records import PlannedGroup, PublishedPlan
-from qlm.solver import Plan, PlanInput, make_planner
+from qlm.grouping import make_grouping
+from qlm.grouping.group import RequestGroup
+from qlm.planner import Plan, PlanInput, make_planner
 from qlm.types import Fleet, Request
 
 

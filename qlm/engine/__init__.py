@@ -1,11 +1,3 @@
-"""Engines and the one engine performance model (Profile) they all share.
-
-Only the profile and step-time types are exported here: qlm.types imports this package, so
-the engines (which import qlm.types) are imported from their modules: qlm.engine.model
-(EngineModel, EngineConfig), qlm.engine.simulated, qlm.engine.emulated, qlm.engine.library.
-"""
-
-from qlm.engine.profile import GIB, Profile
-from qlm.engine.step import DecodeRun, StepTime
-
-__all__ = ["GIB", "DecodeRun", "Profile", "StepTime"]
+"""Engines behind one contract (EngineClient): the engine model on a virtual clock (simulated)
+or on the wall clock (emulated), and vLLM. The performance model they share is qlm.perf.
+Import engines from their modules."""

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import nnls
 
-from qlm.engine.step import StepTime
+from qlm.perf.step import StepTime
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from qlm.engine.library import (
     StepTimeSpec,
     write_profile_file,
 )
-from qlm.engine.step import StepTime
+from qlm.perf.step import StepTime
 
 REFERENCES: dict[str, str] = {
     "splitwise": "Mutinifni/splitwise-sim data/perf_model.csv (MIT): measured Llama2-70B prompt "

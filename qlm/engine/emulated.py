@@ -34,7 +34,7 @@ from qlm.engine.client import (
 )
 from qlm.engine.model import EngineConfig, EngineModel, EngineStats
 from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
-from qlm.engine.profile import Profile
+from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request
 
 MIN_WAKE_S = 0.002  # shortest wall-clock sleep of the background task

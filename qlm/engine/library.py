@@ -20,8 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from qlm.config import load_yaml_model
-from qlm.engine.profile import Profile
-from qlm.engine.step import StepTime
+from qlm.perf.profile import Profile
+from qlm.perf.step import StepTime
 
 # Rows of a derived decode table (those up to the profile's max_batch_size are kept).
 DEFAULT_TABLE_BATCH_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -55,7 +55,7 @@ class _Strict(BaseModel):
 
 class StepTimeSpec(_Strict):
     """t = base_s + per_prefill_token_s * prefill + per_decode_seq_s * decodes
-    + per_context_token_s * context (seconds; see qlm/engine/step.py)."""
+    + per_context_token_s * context (seconds; see qlm/perf/step.py)."""
 
     base_s: float = Field(gt=0, description="Fixed cost of one iteration.")
     per_prefill_token_s: float = Field(gt=0, description="Per prompt token prefilled.")

@@ -51,8 +51,8 @@ from qlm.engine.client import (
     FirstToken,
     ModelLoaded,
 )
-from qlm.engine.profile import Profile
-from qlm.engine.step import TIME_EPS_S, DecodeRun
+from qlm.perf.profile import Profile
+from qlm.perf.step import TIME_EPS_S, DecodeRun
 from qlm.types import Fleet, Instance, Request
 
 PreemptionMode = Literal["recompute", "swap"]

@@ -14,7 +14,7 @@ import math
 import random
 from typing import Protocol
 
-from qlm.engine.profile import Profile
+from qlm.perf.profile import Profile
 from qlm.registry import Registry
 from qlm.types import Request
 

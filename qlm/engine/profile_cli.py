@@ -23,7 +23,6 @@ from typing import Any
 from qlm.clock import WallClock
 from qlm.config import load_yaml_model
 from qlm.engine.library import ProfileFile, write_profile_file
-from qlm.engine.profile import GIB
 from qlm.engine.profiling import (
     ModelFacts,
     ProfileFit,
@@ -33,6 +32,7 @@ from qlm.engine.profiling import (
     build_profile_file,
     fit_profile,
 )
+from qlm.perf.profile import GIB
 from qlm.registry import Registry
 from qlm.types import DEFAULT_GPU_TYPES
 

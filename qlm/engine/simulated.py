@@ -16,7 +16,7 @@ from qlm.clock import VirtualClock
 from qlm.engine.client import EngineEvent, EngineObservation
 from qlm.engine.model import EngineConfig, EngineModel, EngineStats
 from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
-from qlm.engine.profile import Profile
+from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request
 
 

@@ -66,7 +66,7 @@ from qlm.engine.client import (
     ModelLoaded,
     TokenChunk,
 )
-from qlm.engine.profile import GIB
+from qlm.perf.profile import GIB
 from qlm.types import Instance, Request
 
 SERVE_MODULE = "vllm.entrypoints.openai.api_server"

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from qlm.config import EstimatorConfig
 from qlm.estimator.rwt import GroupCost, QueueEstimate, RwtEstimator, Violation
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
 from qlm.registry import Registry
 from qlm.types import Fleet, Instance
 

@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from qlm.config import EstimatorConfig
-from qlm.engine.profile import Profile
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
+from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance
 
 FloatArray = npt.NDArray[np.float64]

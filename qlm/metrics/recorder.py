@@ -24,12 +24,13 @@ from prometheus_client import CollectorRegistry
 
 from qlm.clock import Clock
 from qlm.config import QlmConfig
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.client import EngineState
 from qlm.metrics.families import EVICTION_KINDS, PLAN_FAILED, REQUEST_OUTCOMES, Families
 from qlm.metrics.history import History
 from qlm.metrics.settings import MetricsSettings
-from qlm.queue.records import InstanceStatus, PlannedGroup, PublishedPlan, RequestResult
-from qlm.solver.types import Plan, PlanStatus
+from qlm.planner.types import Plan, PlanStatus
+from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.types import Request, RequestState
 
 OTHER = "other"  # label value for a class or model outside the configuration

@@ -1,5 +1,3 @@
-"""The global queue's domain: request groups, grouping policies and (later) queue adapters."""
-
-from qlm.queue.group import RequestGroup
-
-__all__ = ["RequestGroup"]
+"""Storage of the global queue: the GlobalQueue protocol, its records, and two adapters
+(in-memory, Redis). Domain types (requests, groups, plans) live in qlm.types, qlm.grouping
+and qlm.control.plan."""

@@ -11,13 +11,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
-from qlm.queue.records import (
-    InstanceStatus,
-    PublishedPlan,
-    RequestRecord,
-    RequestResult,
-    StreamEvent,
-)
+from qlm.control.plan import PublishedPlan
+from qlm.queue.records import InstanceStatus, RequestRecord, RequestResult, StreamEvent
 from qlm.types import Request, RequestState
 
 

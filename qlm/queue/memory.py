@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from qlm.clock import Clock, WallClock
+from qlm.control.plan import PublishedPlan
 from qlm.queue.base import (
     DuplicateRequestError,
     QueueError,
@@ -22,7 +23,6 @@ from qlm.queue.base import (
 from qlm.queue.bounds import QueueBounds
 from qlm.queue.records import (
     InstanceStatus,
-    PublishedPlan,
     RequestRecord,
     RequestResult,
     StreamEvent,

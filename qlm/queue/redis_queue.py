@@ -28,12 +28,12 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
+from qlm.control.plan import PublishedPlan
 from qlm.queue.base import DuplicateRequestError, QueueError, UnknownRequestError
 from qlm.queue.bounds import QueueBounds
 from qlm.queue.lua import scripts
 from qlm.queue.records import (
     InstanceStatus,
-    PublishedPlan,
     RequestRecord,
     RequestResult,
     StreamEvent,

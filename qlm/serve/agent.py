@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
 from qlm.agents.drain import drain_estimate_s
-from qlm.agents.reconcile import QueuedItem, QueueHead, ReconcileInput, reconcile
+from qlm.agents.reconcile import QueuedGroup, QueuedItem, ReconcileInput, reconcile
 from qlm.clock import Clock
+from qlm.control.plan import PublishedPlan
 from qlm.engine.client import (
     Aborted,
     EngineClient,
@@ -26,13 +27,7 @@ from qlm.engine.client import (
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
-from qlm.queue.records import (
-    InstanceStatus,
-    PublishedPlan,
-    RequestResult,
-    StreamEvent,
-    StreamKind,
-)
+from qlm.queue.records import InstanceStatus, RequestResult, StreamEvent, StreamKind
 from qlm.serve.config import AgentSettings
 from qlm.types import Fleet, Instance, Request, RequestState
 
@@ -179,7 +174,7 @@ class Agent:
             return True
         return self.clock.monotonic_s() - self._last_reconcile_s >= self.settings.poll_s
 
-    def _heads(self, plan: PublishedPlan) -> tuple[QueueHead, ...]:
+    def _heads(self, plan: PublishedPlan) -> tuple[QueuedGroup, ...]:
         heads = []
         for group in plan.queue_of(self.instance.id):
             n = len(group.request_ids)
@@ -191,7 +186,7 @@ class Agent:
                 for rid, p, o, c in zip(group.request_ids, prompts, outputs, classes, strict=True)
                 if rid not in self._taken and rid not in self._held
             )
-            heads.append(QueueHead(group.group_id, group.model, group.slo_class, items))
+            heads.append(QueuedGroup(group.group_id, group.model, group.slo_class, items))
         return tuple(heads)
 
     async def _apply(self, actions: Sequence[Action]) -> None:

@@ -24,8 +24,8 @@ from pydantic import (
 from qlm.agents.reconcile import ReconcileOptions
 from qlm.api.settings import QuotaSettings
 from qlm.config import Problem, QlmConfig, fail_at
-from qlm.engine.profile import GIB, Profile
 from qlm.metrics.settings import MetricsSettings
+from qlm.perf.profile import GIB, Profile
 from qlm.queue.bounds import QueueBounds
 from qlm.snapshot import ProfileSpec
 from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance

@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 
 from qlm.clock import Clock
 from qlm.config import QlmConfig
-from qlm.control import Controller, InstanceView
+from qlm.control.controller import Controller, InstanceView
 from qlm.control.liveness import InstanceLiveness
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
-from qlm.queue.records import InstanceStatus, PlannedGroup, PublishedPlan
+from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerSettings
 from qlm.types import Fleet, Request
 

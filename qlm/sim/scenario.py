@@ -24,7 +24,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from qlm.config import QlmConfig, SloClassConfig, load_yaml_model
 from qlm.engine.library import load_profile, profile_named
-from qlm.engine.profile import GIB, Profile
+from qlm.perf.profile import GIB, Profile
 from qlm.sim.workload import StreamSpec, iter_requests, relative_to, resolve_relative
 from qlm.snapshot import ProfileSpec
 from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES, Fleet, Instance, Request

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from qlm.agents.actions import Evict, KvDirection, LoadModel, Pull, SwapKv
 from qlm.agents.reconcile import (
+    QueuedGroup,
     QueuedItem,
-    QueueHead,
     ReconcileInput,
     ReconcileOptions,
     reconcile,
@@ -48,12 +48,14 @@ def running(rid: str, slo: str = "batch-2", out: int = 10, on_cpu: bool = False)
     return EngineRequest(rid, slo, 100, 200, out, True, on_cpu)
 
 
-def group(gid: str, n: int, model: str = "a", slo: str = "batch-2", prompt: int = 100) -> QueueHead:
+def group(
+    gid: str, n: int, model: str = "a", slo: str = "batch-2", prompt: int = 100
+) -> QueuedGroup:
     items = tuple(QueuedItem(f"{gid}.{i}", prompt, 50) for i in range(n))
-    return QueueHead(gid, model, slo, items)
+    return QueuedGroup(gid, model, slo, items)
 
 
-def run(o: EngineObservation, *queue: QueueHead, **opts: bool | int) -> tuple[object, ...]:
+def run(o: EngineObservation, *queue: QueuedGroup, **opts: bool | int) -> tuple[object, ...]:
     return reconcile(ReconcileInput(o, tuple(queue), PRIORITY), ReconcileOptions(**opts))
 
 
@@ -219,13 +221,13 @@ def test_members_rank_by_their_own_class_in_a_mixed_group() -> None:
     """A batch member of a group labelled interactive must not evict batch work (no thrash),
     while the group's interactive member still does, and is pulled first."""
     full = [running(f"b{i}", "batch-2", out=i) for i in range(4)]
-    mixed = QueueHead(
+    mixed = QueuedGroup(
         "g1",
         "a",
         "interactive",
         (QueuedItem("late-batch", 100, 50, "batch-2"), QueuedItem("chat", 100, 50, "interactive")),
     )
-    only_batch = QueueHead(
+    only_batch = QueuedGroup(
         "g1", "a", "interactive", (QueuedItem("late-batch", 100, 50, "batch-2"),)
     )
     assert run(obs(running=full), only_batch) == ()

@@ -10,8 +10,8 @@ import httpx
 from qlm.api import create_app
 from qlm.api.settings import ApiSettings
 from qlm.clock import VirtualClock
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue, MemoryQueueOptions
-from qlm.queue.records import PlannedGroup, PublishedPlan
 from qlm.types import RequestState
 from tests.api.conftest import NOW_S, wait_until
 from tests.api.fake_agent import INSTANCE, FakeAgent

@@ -15,8 +15,8 @@ from qlm.api import ApiSettings, create_app
 from qlm.api.settings import ApiKey, QuotaSettings
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue, MemoryQueueOptions
-from qlm.queue.records import PlannedGroup, PublishedPlan
 from qlm.types import RequestState
 from tests.api.conftest import NOW_S, make_settings, serving
 
@@ -244,8 +244,8 @@ def test_the_gate_reads_the_length_of_groups_cut_from_the_agents_plan() -> None:
     """Plans published for agents list only each queue's head; a group past it keeps the
     predicted wait of its last member, and the gate's table uses that."""
     from qlm.api.slo_gate import first_token_times
-    from qlm.queue.records import PlannedGroup as Group
-    from qlm.queue.records import PublishedPlan as Plan
+    from qlm.control.plan import PlannedGroup as Group
+    from qlm.control.plan import PublishedPlan as Plan
 
     cut = Group("g", "m7b", "batch-1", ())  # no member listed
     plan = Plan(1, 100.0, {"i0": ("g",)}, {"g": cut}, waits_at_s=100.0, group_wait_s={"g": 90.0})

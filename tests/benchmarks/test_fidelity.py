@@ -11,8 +11,8 @@ import pytest
 
 from benchmarks import fidelity as fb
 from qlm.engine.library import save_profile
-from qlm.engine.profile import Profile
-from qlm.engine.step import StepTime
+from qlm.perf.profile import Profile
+from qlm.perf.step import StepTime
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult
 from tests.vllm_fixtures import vllm_python  # noqa: F401
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
-from qlm.control import Controller, InstanceView
+from qlm.control.controller import Controller, InstanceView
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile, make_request
 

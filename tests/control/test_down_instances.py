@@ -7,7 +7,7 @@ import pytest
 
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
-from qlm.control import Controller, InstanceView
+from qlm.control.controller import Controller, InstanceView
 from qlm.control.liveness import InstanceLiveness
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request

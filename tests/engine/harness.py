@@ -22,8 +22,8 @@ from qlm.clock import VirtualClock, WallClock
 from qlm.engine.client import EngineClient, EngineEvent
 from qlm.engine.emulated import EmulatedEngine
 from qlm.engine.model import EngineConfig
-from qlm.engine.profile import Profile
 from qlm.engine.simulated import SimulatedEngine
+from qlm.perf.profile import Profile
 from qlm.types import Request
 from tests.engine.helpers import exact_instance, exact_profile
 

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from qlm.engine.client import Aborted, EngineEvent, Finished, FirstToken
 from qlm.engine.model import EngineConfig, EngineModel
-from qlm.engine.profile import Profile
-from qlm.engine.step import StepTime
+from qlm.perf.profile import Profile
+from qlm.perf.step import StepTime
 from qlm.types import Instance, Request
 
 # A readable step model: 10 ms per iteration, 0.1 ms per prefill token, 1 ms per decoding

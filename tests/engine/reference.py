@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from qlm.engine.profile import Profile
-from qlm.engine.step import TIME_EPS_S
+from qlm.perf.profile import Profile
+from qlm.perf.step import TIME_EPS_S
 
 
 @dataclass

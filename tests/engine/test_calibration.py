@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qlm.engine.calibration import StepSample, fit_step_time, splitwise_samples
-from qlm.engine.step import StepTime
+from qlm.perf.step import StepTime
 
 TRUE = StepTime(
     base_s=0.03, per_prefill_token_s=2e-4, per_decode_seq_s=1e-4, per_context_token_s=5e-7

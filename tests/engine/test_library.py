@@ -19,8 +19,8 @@ from qlm.engine.library import (
     profile_named,
     save_profile,
 )
-from qlm.engine.profile import Profile
-from qlm.engine.step import StepTime
+from qlm.perf.profile import Profile
+from qlm.perf.step import StepTime
 from qlm.types import DEFAULT_GPU_TYPES
 from tests.factories import make_profile
 

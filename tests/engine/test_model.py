@@ -26,7 +26,7 @@ from qlm.engine.client import (
     ModelLoaded,
 )
 from qlm.engine.model import EngineConfig, EngineModel
-from qlm.engine.step import StepTime
+from qlm.perf.step import StepTime
 from tests.engine.helpers import (
     STEP,
     aborted,

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.engine.profile import GIB, Profile
+from qlm.perf.profile import GIB, Profile
 from tests.factories import make_profile
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from qlm.engine.calibration import StepSample, r_squared
 from qlm.engine.library import load_profile, load_profile_file, write_profile_file
-from qlm.engine.profile import GIB
 from qlm.engine.profiling import (
     DECODE_TIME,
     PREFILL_TIME,
@@ -36,7 +35,8 @@ from qlm.engine.profiling import (
     merge_repeats,
     prefill_sample,
 )
-from qlm.engine.step import StepTime
+from qlm.perf.profile import GIB
+from qlm.perf.step import StepTime
 
 TRUE = StepTime(
     base_s=2.5e-3, per_prefill_token_s=9e-5, per_decode_seq_s=2e-4, per_context_token_s=4e-7

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qlm.engine.step import DecodeRun, StepTime
+from qlm.perf.step import DecodeRun, StepTime
 from tests.factories import make_profile
 
 STEP = StepTime(

@@ -19,7 +19,7 @@ import pytest
 
 from qlm.config import EstimatorConfig
 from qlm.estimator import RwtEstimator
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
 from qlm.types import Fleet, Instance
 from tests.factories import make_group, make_instance, make_profile
 

@@ -7,9 +7,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from qlm.clock import VirtualClock
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.metrics import NO_METRICS, MetricsSettings, PlaneMetrics, met_slo
-from qlm.queue.records import InstanceStatus, PlannedGroup, PublishedPlan, RequestResult
-from qlm.solver.types import Plan, PlanStatus
+from qlm.planner.types import Plan, PlanStatus
+from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.types import Request, RequestState
 from tests.factories import make_request
 

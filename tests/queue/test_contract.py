@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qlm.clock import VirtualClock
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.base import (
     DuplicateRequestError,
     GlobalQueue,
@@ -22,15 +23,7 @@ from qlm.queue.base import (
 )
 from qlm.queue.factory import make_queue
 from qlm.queue.memory import MemoryQueue, MemoryQueueOptions
-from qlm.queue.records import (
-    InstanceStatus,
-    PlannedGroup,
-    PublishedPlan,
-    RequestRecord,
-    RequestResult,
-    StreamEvent,
-    StreamKind,
-)
+from qlm.queue.records import InstanceStatus, RequestRecord, RequestResult, StreamEvent, StreamKind
 from qlm.types import Request, RequestState
 from tests.factories import make_request
 

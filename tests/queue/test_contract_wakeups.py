@@ -8,8 +8,9 @@ import asyncio
 import time
 from dataclasses import replace
 
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.base import DuplicateRequestError, GlobalQueue
-from qlm.queue.records import PlannedGroup, PublishedPlan, StreamEvent, StreamKind
+from qlm.queue.records import StreamEvent, StreamKind
 from tests.factories import make_request
 from tests.queue import test_contract as contract
 from tests.queue.test_contract import QueueMaker, collect, enqueue_n, result

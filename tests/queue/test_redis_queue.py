@@ -13,9 +13,10 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.base import UnknownRequestError
 from qlm.queue.factory import make_queue
-from qlm.queue.records import PlannedGroup, PublishedPlan, RequestResult, StreamEvent, StreamKind
+from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.queue.redis_queue import RedisQueue, RedisQueueConfig
 from qlm.types import RequestState
 from tests.factories import make_request

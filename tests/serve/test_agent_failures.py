@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Sequence
 
 from qlm.clock import VirtualClock
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.client import Aborted, EngineEvent, EngineObservation, EngineState
 from qlm.queue.memory import MemoryQueue
-from qlm.queue.records import PlannedGroup, PublishedPlan
 from qlm.serve.agent import Agent
 from qlm.serve.config import AgentSettings
 from qlm.types import Fleet, Request, RequestState

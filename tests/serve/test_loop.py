@@ -9,8 +9,8 @@ import pytest
 
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
+from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
-from qlm.queue.records import PlannedGroup, PublishedPlan
 from qlm.serve.config import ControllerSettings
 from qlm.serve.loop import ControlLoop, _for_agents
 from qlm.types import Fleet

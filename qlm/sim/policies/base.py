@@ -25,7 +25,7 @@ from qlm.engine.client import (
     ModelLoaded,
     TokenChunk,
 )
-from qlm.engine.profile import Profile
+from qlm.perf.profile import Profile
 from qlm.registry import Registry
 from qlm.types import Fleet, Instance, Request
 

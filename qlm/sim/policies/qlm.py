@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from qlm.agents.actions import Action
 from qlm.agents.drain import drain_estimate_s
 from qlm.agents.reconcile import (
+    QueuedGroup,
     QueuedItem,
-    QueueHead,
     ReconcileInput,
     ReconcileOptions,
     reconcile,
@@ -39,9 +39,9 @@ from qlm.agents.reconcile import (
 from qlm.clock import WallClock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
+from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineEvent, EngineObservation
-from qlm.engine.profile import Profile
-from qlm.queue.records import PublishedPlan
+from qlm.perf.profile import Profile
 from qlm.sim.policies.base import (
     NO_ACTIONS,
     SIM_POLICIES,
@@ -248,13 +248,13 @@ class QlmPolicy(BasePolicy):
             obs = obs or ctx.observe(instance_id)
         return self._decide(obs, heads)
 
-    def _decide(self, obs: EngineObservation, heads: tuple[QueueHead, ...]) -> tuple[Action, ...]:
+    def _decide(self, obs: EngineObservation, heads: tuple[QueuedGroup, ...]) -> tuple[Action, ...]:
         actions = reconcile(ReconcileInput(obs, heads, self._priority), self.settings.reconcile)
         for action in actions:
             self._counts[f"lso_{type(action).__name__.lower()}"] += 1
         return actions
 
-    def _heads(self, instance_id: str, whole: bool) -> tuple[QueueHead, ...]:
+    def _heads(self, instance_id: str, whole: bool) -> tuple[QueuedGroup, ...]:
         """The instance's virtual queue as its agent sees it: each planned group with its
         members still in the global queue, groups with none left out (reconcile skips them).
 
@@ -270,13 +270,13 @@ class QlmPolicy(BasePolicy):
         model = ctx.model_of(instance_id)
         swaps_models = self.settings.reconcile.allow_model_swap
         limit = None if whole else ctx.max_num_seqs(instance_id)
-        heads: list[QueueHead] = []
+        heads: list[QueuedGroup] = []
         seen = 0
         for g in plan.queue_of(instance_id):
             items = tuple(_item(queued[rid]) for rid in g.request_ids if rid in queued)
             if not items:
                 continue
-            heads.append(QueueHead(g.group_id, g.model, g.slo_class, items))
+            heads.append(QueuedGroup(g.group_id, g.model, g.slo_class, items))
             if limit is None:
                 continue
             if not (swaps_models or model is None or g.model == model):

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qlm.config import GroupingConfig
-from qlm.queue.group import RequestGroup
-from qlm.queue.grouping import GROUPING_POLICIES, GroupingPolicy, make_grouping
-from qlm.queue.grouping.kmeans import features_of, num_clusters, request_features
-from qlm.queue.grouping.partition import RequestColumns, halving_sizes
+from qlm.grouping import GROUPING_POLICIES, GroupingPolicy, make_grouping
+from qlm.grouping.group import RequestGroup
+from qlm.grouping.kmeans import features_of, num_clusters, request_features
+from qlm.grouping.partition import RequestColumns, halving_sizes
 from qlm.registry import UnknownPolicyError
 from qlm.types import Request
 from tests.factories import make_request

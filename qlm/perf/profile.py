@@ -14,7 +14,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from qlm.engine.step import DecodeRun, StepTime
+from qlm.perf.step import DecodeRun, StepTime
 
 GIB = 1024**3
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from qlm.config import GroupingConfig
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
 from qlm.registry import Registry
 from qlm.types import Request
 

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from qlm.config import GroupingConfig
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
 from qlm.types import Request
 
 GroupKey = tuple[str, str]  # (model, tag); the key's groups are named f"{model}/{tag}.{part}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qlm.queue.group import RequestGroup
-from qlm.queue.grouping.base import GROUPING_POLICIES
-from qlm.queue.grouping.partition import PartitionedGrouping, RequestColumns
+from qlm.grouping.base import GROUPING_POLICIES
+from qlm.grouping.group import RequestGroup
+from qlm.grouping.partition import PartitionedGrouping, RequestColumns
 from qlm.types import Request
 
 

@@ -1,7 +1,14 @@
 """Planning: virtual queues over instances (QLM's global scheduler) and its baselines."""
 
-from qlm.solver.planner import PLANNERS, EdfPlanner, FcfsPlanner, MilpPlanner, Planner, make_planner
-from qlm.solver.types import GroupPrediction, Plan, PlanInput, PlanStatus
+from qlm.planner.policies import (
+    PLANNERS,
+    EdfPlanner,
+    FcfsPlanner,
+    MilpPlanner,
+    Planner,
+    make_planner,
+)
+from qlm.planner.types import GroupPrediction, Plan, PlanInput, PlanStatus
 
 __all__ = [
     "PLANNERS",

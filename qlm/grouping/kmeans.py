@@ -13,9 +13,9 @@ from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
 from qlm.config import GroupingConfig
-from qlm.queue.group import RequestGroup
-from qlm.queue.grouping.base import GROUPING_POLICIES
-from qlm.queue.grouping.partition import KeyRun, PartitionedGrouping, RequestColumns
+from qlm.grouping.base import GROUPING_POLICIES
+from qlm.grouping.group import RequestGroup
+from qlm.grouping.partition import KeyRun, PartitionedGrouping, RequestColumns
 from qlm.types import Request
 
 Features = NDArray[np.float64]  # rows of (log1p slack_s, log1p prompt_tokens, log1p output cap)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from qlm.queue.group import RequestGroup
+from qlm.grouping.group import RequestGroup
 from qlm.types import DEFAULT_SLO_CLASSES, Fleet, SloClass
 
 

@@ -1,0 +1,140 @@
+"""The controller's output: a published plan (virtual queues of planned groups per instance,
+with each request's predicted wait), as agents read it and the queue stores it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedGroup:
+    """A group in a published plan. prompt_tokens and max_output_tokens run parallel to
+    request_ids, so an agent can budget KV without fetching each request."""
+
+    group_id: str
+    model: str
+    slo_class: str
+    request_ids: tuple[str, ...]
+    prompt_tokens: tuple[int, ...] = ()
+    max_output_tokens: tuple[int, ...] = ()
+    slo_classes: tuple[str, ...] = ()  # each member's own class (a group may mix classes)
+
+    def __post_init__(self) -> None:
+        n = len(self.request_ids)
+        for name in ("prompt_tokens", "max_output_tokens", "slo_classes"):
+            if len(getattr(self, name)) not in (0, n):
+                raise ValueError(f"group {self.group_id}: {name} must match request_ids")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields (dataclasses.asdict deep-copies every tuple element: too slow for a
+        plan published many times a second)."""
+        return {
+            "group_id": self.group_id,
+            "model": self.model,
+            "slo_class": self.slo_class,
+            "request_ids": list(self.request_ids),
+            "prompt_tokens": list(self.prompt_tokens),
+            "max_output_tokens": list(self.max_output_tokens),
+            "slo_classes": list(self.slo_classes),
+        }
+
+    def with_request(
+        self, request_id: str, prompt_tokens: int, max_output_tokens: int, slo_class: str
+    ) -> PlannedGroup:
+        n = len(self.request_ids)
+        return replace(
+            self,
+            request_ids=(*self.request_ids, request_id),
+            prompt_tokens=(*(self.prompt_tokens or (1,) * n), prompt_tokens),
+            max_output_tokens=(*(self.max_output_tokens or (1,) * n), max_output_tokens),
+            slo_classes=(*(self.slo_classes or (self.slo_class,) * n), slo_class),
+        )
+
+
+def _read_only(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return mapping if isinstance(mapping, MappingProxyType) else MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class PublishedPlan:
+    """Virtual queues as the control loop publishes them. `epoch` grows with every publish;
+    agents ignore plans older than the one they hold."""
+
+    epoch: int
+    created_at_s: float
+    queues: Mapping[str, tuple[str, ...]]  # instance id -> group ids, in order
+    groups: Mapping[str, PlannedGroup]
+    policy: str = ""
+    status: str = ""
+    predicted_wait_s: Mapping[str, float] = field(default_factory=dict)  # by request id
+    # When the predicted waits were computed (the last full re-plan): plans derived since
+    # (arrivals inserted) move created_at_s but not the waits. None: created_at_s.
+    waits_at_s: float | None = None
+    # Per group, the predicted wait of its last member. Set on plans cut for agents (only
+    # the head of each queue is listed), so that readers still see how long each group is.
+    group_wait_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A plan derived from another (new epoch, one group grown) shares the mappings it
+        # did not change: they are read-only views already, so copying them again would make
+        # each arrival cost the size of the whole plan.
+        for name in ("queues", "groups", "predicted_wait_s", "group_wait_s"):
+            object.__setattr__(self, name, _read_only(getattr(self, name)))
+
+    def with_epoch(self, epoch: int) -> PublishedPlan:
+        return replace(self, epoch=epoch)
+
+    def queue_of(self, instance_id: str) -> tuple[PlannedGroup, ...]:
+        return tuple(self.groups[g] for g in self.queues.get(instance_id, ()) if g in self.groups)
+
+    def group_of(self, request_id: str) -> str | None:
+        for group in self.groups.values():
+            if request_id in group.request_ids:
+                return group.group_id
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "epoch": self.epoch,
+                "created_at_s": self.created_at_s,
+                "queues": {k: list(v) for k, v in self.queues.items()},
+                "groups": {k: g.to_dict() for k, g in self.groups.items()},
+                "policy": self.policy,
+                "status": self.status,
+                "predicted_wait_s": dict(self.predicted_wait_s),
+                "waits_at_s": self.waits_at_s,
+                "group_wait_s": dict(self.group_wait_s),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PublishedPlan:
+        data = json.loads(text)
+        return cls(
+            epoch=data["epoch"],
+            created_at_s=data["created_at_s"],
+            queues={k: tuple(v) for k, v in data["queues"].items()},
+            groups={
+                k: PlannedGroup(
+                    g["group_id"],
+                    g["model"],
+                    g["slo_class"],
+                    tuple(g["request_ids"]),
+                    tuple(g.get("prompt_tokens", ())),
+                    tuple(g.get("max_output_tokens", ())),
+                    tuple(g.get("slo_classes", ())),
+                )
+                for k, g in data["groups"].items()
+            },
+            policy=data.get("policy", ""),
+            status=data.get("status", ""),
+            predicted_wait_s=data.get("predicted_wait_s", {}),
+            waits_at_s=data.get("waits_at_s"),
+            group_wait_s=data.get("group_wait_s", {}),
+        )

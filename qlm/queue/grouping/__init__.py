@@ -1,6 +1,0 @@
-"""Grouping policies. Importing this package registers the built-in ones."""
-
-from qlm.queue.grouping import exact_key, kmeans  # noqa: F401  (registration)
-from qlm.queue.grouping.base import GROUPING_POLICIES, GroupingPolicy, make_grouping
-
-__all__ = ["GROUPING_POLICIES", "GroupingPolicy", "make_grouping"]
