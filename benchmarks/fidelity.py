@@ -58,7 +58,7 @@ from qlm.config import QlmConfig  # noqa: E402
 from qlm.control.plan import PublishedPlan  # noqa: E402
 from qlm.engine.library import (  # noqa: E402
     ProfileFile,
-    StepTimeSpec,
+    StepTimeConfig,
     load_profile_file,
     write_profile_file,
 )
@@ -703,7 +703,7 @@ async def reprofile(plane: Plane, models: Mapping[str, Path], model: str) -> Pro
 def refit_fleet(fleet: Fleet, spec: ProfileFile, fit: ProfileFit) -> Fleet:
     """The fleet with one profile's step model replaced by a new fit (all else unchanged)."""
     st = fit.fit.step_time
-    step = StepTimeSpec(
+    step = StepTimeConfig(
         base_s=st.base_s,
         per_prefill_token_s=st.per_prefill_token_s,
         per_decode_seq_s=st.per_decode_seq_s,

@@ -72,7 +72,11 @@ def _plan(path: Path, policies: list[str], backend: str | None, limit: float | N
     )
     estimator = make_estimator(config.estimator, fleet)
     inp = PlanInput(
-        groups, fleet, snapshot.now_s, busy_s=snapshot.busy_s(), slo_classes=config.slo_class_map()
+        groups,
+        fleet,
+        snapshot.now_s,
+        busy_s=snapshot.busy_s_by_instance(),
+        slo_classes=config.slo_class_map(),
     )
     by_id = {r.id: r for r in requests}
     classes = [c.name for c in config.slo_classes]
@@ -86,7 +90,7 @@ def _plan(path: Path, policies: list[str], backend: str | None, limit: float | N
         planner_config = config.planner.model_validate({**config.planner.model_dump(), **overrides})
         plan = make_planner(planner_config, estimator, WallClock()).plan(inp)
         met = predicted_attainment(
-            plan, groups, fleet, estimator, snapshot.busy_s(), by_id, snapshot.now_s
+            plan, groups, fleet, estimator, snapshot.busy_s_by_instance(), by_id, snapshot.now_s
         )
         print(_row(name, plan, met, classes))
     return 0

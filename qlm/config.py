@@ -1,11 +1,18 @@
 """Validated configuration, one model per component. Files are YAML; errors name file,
-line and field. Nothing here reads the environment."""
+line and field. Nothing here reads the environment.
+
+Every config model derives from `StrictModel` (unknown fields are errors, instances frozen)
+and is named `...Config`. This module holds the QLM policy core's configuration and the
+loader; the fleet is in qlm/fleet_config.py, each component's section beside the component."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TypeVar
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -14,11 +21,27 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from qlm.types import DEFAULT_SLO_CLASSES, SloClass
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every config model: unknown fields are errors, instances are frozen.
+
+    A model whose file format renamed or moved a field lists it in `moved_fields` (old name
+    -> where it is now): an old file is then refused with that hint at the old field's line
+    instead of a bare "extra inputs are not permitted"."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+    moved_fields: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_fields(cls, data: Any) -> Any:
+        if cls.moved_fields and isinstance(data, Mapping):
+            moved = [(old, new) for old, new in cls.moved_fields.items() if old in data]
+            if moved:
+                fail_at(cls.__name__, [((old,), f"no longer read: {new}") for old, new in moved])
+        return data
 
 
-class SloClassConfig(_Strict):
+class SloClassConfig(StrictModel):
     name: str = Field(min_length=1, description="Class name used in request tags.")
     ttft_s: float = Field(gt=0, le=7 * 24 * 3600, description="Time-to-first-token target.")
     completion_s: float | None = Field(
@@ -41,7 +64,7 @@ class SloClassConfig(_Strict):
         )
 
 
-class GroupingConfig(_Strict):
+class GroupingConfig(StrictModel):
     policy: str = Field(default="kmeans", description="Registered grouping policy name.")
     avg_batch_size: int = Field(default=32, ge=1, description="Typical engine batch size.")
     delta: float = Field(
@@ -62,7 +85,7 @@ class GroupingConfig(_Strict):
         return max(1, int(self.avg_batch_size * self.delta))
 
 
-class EstimatorConfig(_Strict):
+class EstimatorConfig(StrictModel):
     policy: str = Field(default="rwt", description="Registered estimator name.")
     percentile: float = Field(
         default=0.95, gt=0.5, lt=1.0, description="Quantile reported and used for violations."
@@ -72,7 +95,7 @@ class EstimatorConfig(_Strict):
 PlannerBackend = Literal["pulp-cbc", "pulp-highs", "cpsat"]
 
 
-class PlannerConfig(_Strict):
+class PlannerConfig(StrictModel):
     policy: str = Field(default="milp", description="Registered planner: milp, edf or fcfs.")
     backend: PlannerBackend = Field(default="cpsat", description="MILP backend.")
     time_limit_s: float = Field(default=0.8, gt=0, le=600, description="Solver wall limit.")
@@ -95,7 +118,7 @@ class PlannerConfig(_Strict):
     )
 
 
-class QlmConfig(_Strict):
+class QlmConfig(StrictModel):
     slo_classes: tuple[SloClassConfig, ...] = Field(
         default_factory=lambda: tuple(
             SloClassConfig(
@@ -149,11 +172,33 @@ def fail_at(title: str, problems: Sequence[Problem]) -> NoReturn:
     )
 
 
+_BASE_DIR: ContextVar[Path | None] = ContextVar("qlm_config_base_dir", default=None)
+
+
+@contextmanager
+def relative_to(base_dir: Path) -> Iterator[None]:
+    """Resolve relative paths (traces, profile files) validated inside this block against
+    base_dir; load_yaml_model validates a file inside such a block for the file's folder."""
+    token = _BASE_DIR.set(base_dir)
+    try:
+        yield
+    finally:
+        _BASE_DIR.reset(token)
+
+
+def resolve_relative(path: Path) -> Path:
+    """A path as given when absolute (or outside a `relative_to` block), else under the
+    block's base folder; resolved."""
+    base = _BASE_DIR.get()
+    return (path if path.is_absolute() or base is None else base / path).resolve()
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
 def load_yaml_model(path: Path, model: type[M]) -> M:
-    """Parse a YAML file into a pydantic model, with errors naming file, line and field."""
+    """Parse a YAML file into a pydantic model, with errors naming file, line and field.
+    Relative paths in the file (resolve_relative) are relative to the file's folder."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -164,7 +209,8 @@ def load_yaml_model(path: Path, model: type[M]) -> M:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     try:
-        return model.model_validate(data if data is not None else {})
+        with relative_to(path.resolve().parent):
+            return model.model_validate(data if data is not None else {})
     except ValidationError as exc:
         raise ConfigError(_describe(path, root, exc)) from exc
 

@@ -1,4 +1,5 @@
-"""A planning snapshot file: fleet, profiles and a synthetic queue, validated by pydantic.
+"""A planning snapshot file: a fleet (qlm/fleet_config.py), the work already running on it
+and a synthetic queue, validated by pydantic.
 
 Used by `qlm plan` (the embedded main job) to run grouping, estimation and planning once."""
 
@@ -6,69 +7,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from types import MappingProxyType
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, NonNegativeFloat, model_validator
 
-from qlm.config import QlmConfig
-from qlm.perf.profile import GIB, Profile
-from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance, Request, SloClass
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from qlm.config import Problem, QlmConfig, StrictModel, fail_at
+from qlm.fleet_config import FleetConfig
+from qlm.types import Fleet, Request, SloClass
 
 
-class ProfileSpec(_Strict):
-    model: str = Field(min_length=1)
-    gpu_type: str = Field(min_length=1)
-    gpu_count: int = Field(default=1, ge=1)
-    weight_gb: float = Field(gt=0, description="Weights in GiB.")
-    kv_kib_per_token: float = Field(gt=0)
-    decode_batch_sizes: tuple[int, ...] = Field(min_length=1)
-    decode_step_ms: tuple[float, ...] = Field(min_length=1)
-    prefill_tokens_per_s: float = Field(gt=0)
-    output_tokens_mean: float = Field(gt=0)
-    output_tokens_std: float = Field(ge=0)
-    load_s: float = Field(ge=0)
-    max_batch_size: int = Field(default=256, ge=1)
-    provenance: str = ""
-
-    def to_profile(self) -> Profile:
-        return Profile(
-            model=self.model,
-            gpu_type=self.gpu_type,
-            gpu_count=self.gpu_count,
-            weight_bytes=int(self.weight_gb * GIB),
-            kv_bytes_per_token=int(self.kv_kib_per_token * 1024),
-            decode_batch_sizes=self.decode_batch_sizes,
-            decode_step_s=tuple(ms / 1000.0 for ms in self.decode_step_ms),
-            prefill_tokens_per_s=self.prefill_tokens_per_s,
-            output_tokens_mean=self.output_tokens_mean,
-            output_tokens_std=self.output_tokens_std,
-            load_s=self.load_s,
-            max_batch_size=self.max_batch_size,
-            provenance=self.provenance,
-        )
-
-
-class InstanceSpec(_Strict):
-    id: str = Field(min_length=1, description="Id; with count > 1, a numeric suffix is added.")
-    gpu_type: str = Field(min_length=1)
-    gpu_count: int = Field(default=1, ge=1)
-    loaded_model: str | None = None
-    count: int = Field(default=1, ge=1, le=10_000)
-    busy_s: float = Field(default=0.0, ge=0)
-
-    @model_validator(mode="after")
-    def _known_gpu(self) -> InstanceSpec:
-        if self.gpu_type not in DEFAULT_GPU_TYPES:
-            raise ValueError(
-                f"unknown gpu_type {self.gpu_type!r}; known: {sorted(DEFAULT_GPU_TYPES)}"
-            )
-        return self
-
-
-class RequestBatchSpec(_Strict):
+class RequestBatchConfig(StrictModel):
     """`count` requests of one model and SLO class arriving uniformly over `arrival_window_s`
     before the snapshot, with lognormal prompt lengths."""
 
@@ -80,45 +28,67 @@ class RequestBatchSpec(_Strict):
     arrival_window_s: float = Field(default=10.0, ge=0)
 
 
-class Snapshot(_Strict):
+class Snapshot(StrictModel):
+    moved_fields = MappingProxyType(
+        {
+            "instances": "moved to fleet.instances",
+            "profiles": "moved to fleet.profiles (in the profile file format)",
+        }
+    )
+
     now_s: float = 0.0
     seed: int = 0
     config: QlmConfig = Field(default_factory=QlmConfig)
-    profiles: tuple[ProfileSpec, ...] = Field(min_length=1)
-    instances: tuple[InstanceSpec, ...] = Field(min_length=1)
-    requests: tuple[RequestBatchSpec, ...] = Field(min_length=1)
+    fleet_config: FleetConfig = Field(alias="fleet", description="Instances and profiles.")
+    busy_s: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict,
+        description="Seconds of work already in an instance's engine, by instance id or by "
+        "group id (each instance of the group); others are idle.",
+    )
+    requests: tuple[RequestBatchConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _references(self) -> Snapshot:
-        models = {p.model for p in self.profiles}
-        classes = {c.name for c in self.config.slo_classes}
-        for i, batch in enumerate(self.requests):
-            if batch.model not in models:
-                raise ValueError(f"requests.{i}.model: {batch.model!r} has no profile")
-            if batch.slo_class not in classes:
-                raise ValueError(
-                    f"requests.{i}.slo_class: {batch.slo_class!r} not in {sorted(classes)}"
-                )
+        problems = list(self._problems())
+        if problems:
+            fail_at("Snapshot", problems)
         return self
 
-    def fleet(self) -> Fleet:
-        return Fleet.of(self._instances(), (p.to_profile() for p in self.profiles))
-
-    def busy_s(self) -> dict[str, float]:
-        return {inst.id: spec.busy_s for spec, inst in self._expanded()}
-
-    def _instances(self) -> Iterator[Instance]:
-        return (inst for _, inst in self._expanded())
-
-    def _expanded(self) -> Iterator[tuple[InstanceSpec, Instance]]:
-        for spec in self.instances:
-            memory = DEFAULT_GPU_TYPES[spec.gpu_type].memory_bytes
-            for k in range(spec.count):
-                inst_id = spec.id if spec.count == 1 else f"{spec.id}-{k}"
+    def _problems(self) -> Iterator[Problem]:
+        fleet = self.fleet()
+        classes = {c.name for c in self.config.slo_classes}
+        for i, batch in enumerate(self.requests):
+            if not self.fleet_config.can_serve(batch.model, fleet):
                 yield (
-                    spec,
-                    Instance(inst_id, spec.gpu_type, spec.gpu_count, memory, spec.loaded_model),
+                    ("requests", i, "model"),
+                    f"no GPU type in the fleet can serve {batch.model!r} (no profile, or it "
+                    "does not fit)",
                 )
+            if batch.slo_class not in classes:
+                yield ("requests", i, "slo_class"), f"{batch.slo_class!r} not in {sorted(classes)}"
+        groups = {g.prefix for g in self.fleet_config.instances}
+        ids = {inst.id for inst in fleet.instances}
+        for name in self.busy_s:
+            if name not in ids and name not in groups:
+                yield ("busy_s", name), "not an instance or group id of the fleet"
+
+    @property
+    def models(self) -> set[str]:
+        """Every model the snapshot names: queued, loaded or profiled inline."""
+        found = {b.model for b in self.requests}
+        found |= {g.model for g in self.fleet_config.instances if g.model is not None}
+        return found | {p.model for p in self.fleet_config.profiles}
+
+    def fleet(self) -> Fleet:
+        return self.fleet_config.fleet(self.models)
+
+    def busy_s_by_instance(self) -> dict[str, float]:
+        """busy_s by instance id (a group's entry applies to each of its instances)."""
+        out: dict[str, float] = {}
+        for group in self.fleet_config.instances:
+            for inst_id in group.instance_ids():
+                out[inst_id] = self.busy_s.get(inst_id, self.busy_s.get(group.prefix, 0.0))
+        return out
 
     def queued_requests(self) -> list[Request]:
         rng = random.Random(self.seed)

@@ -64,7 +64,7 @@ class QueuedGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class ReconcileOptions:
+class ReconcileConfig:
     allow_evict: bool = True
     allow_model_swap: bool = True
     allow_kv_swap: bool = True
@@ -90,8 +90,8 @@ class ReconcileInput:
     priority: Mapping[str, int]  # SLO class -> priority (larger is more urgent)
 
 
-def reconcile(inp: ReconcileInput, options: ReconcileOptions | None = None) -> tuple[Action, ...]:
-    opts = options or ReconcileOptions()
+def reconcile(inp: ReconcileInput, options: ReconcileConfig | None = None) -> tuple[Action, ...]:
+    opts = options or ReconcileConfig()
     obs = inp.observation
     if obs.state in (EngineState.LOADING, EngineState.FAILED):
         return ()
@@ -105,7 +105,7 @@ def reconcile(inp: ReconcileInput, options: ReconcileOptions | None = None) -> t
 
 
 def _pending(
-    queue: tuple[QueuedGroup, ...], model: str | None, opts: ReconcileOptions
+    queue: tuple[QueuedGroup, ...], model: str | None, opts: ReconcileConfig
 ) -> tuple[QueuedGroup, ...]:
     groups = tuple(g for g in queue if g.items)
     if not opts.allow_model_swap and model is not None:
@@ -121,7 +121,7 @@ def _change_model(
     obs: EngineObservation,
     head: QueuedGroup,
     priority: Mapping[str, int],
-    opts: ReconcileOptions,
+    opts: ReconcileConfig,
 ) -> tuple[Action, ...]:
     if not obs.requests:
         return (LoadModel(obs.instance_id, head.model),)
@@ -137,7 +137,7 @@ class _Budget:
     """Free sequence slots and KV tokens, spent as requests are admitted."""
 
     def __init__(
-        self, obs: EngineObservation, opts: ReconcileOptions, priority: Mapping[str, int]
+        self, obs: EngineObservation, opts: ReconcileConfig, priority: Mapping[str, int]
     ) -> None:
         self.full = opts.reserve_full_output
         self.reserve = opts.kv_reserve_output_tokens
@@ -194,7 +194,7 @@ def _serve(
     obs: EngineObservation,
     queue: tuple[QueuedGroup, ...],
     priority: Mapping[str, int],
-    opts: ReconcileOptions,
+    opts: ReconcileConfig,
 ) -> tuple[Action, ...]:
     budget = _Budget(obs, opts, priority)
     head = queue[0]
@@ -240,7 +240,7 @@ def _preempt_for(
     head: QueuedGroup,
     budget: _Budget,
     priority: Mapping[str, int],
-    opts: ReconcileOptions,
+    opts: ReconcileConfig,
 ) -> tuple[Action, ...]:
     """Free room for the head group's most urgent members by preempting lower-priority
     requests, if they are blocked. Victims go lowest priority first, least progress first,

@@ -2,7 +2,14 @@
 submission, request state. See README.md."""
 
 from qlm.api.app import create_app
-from qlm.api.settings import ApiSettings, ModelInfo
+from qlm.api.settings import ApiAppConfig, ApiConfig, ModelConfig
 from qlm.api.tokens import TOKEN_COUNTERS, TokenCounter
 
-__all__ = ["TOKEN_COUNTERS", "ApiSettings", "ModelInfo", "TokenCounter", "create_app"]
+__all__ = [
+    "TOKEN_COUNTERS",
+    "ApiAppConfig",
+    "ApiConfig",
+    "ModelConfig",
+    "TokenCounter",
+    "create_app",
+]

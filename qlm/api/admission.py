@@ -15,7 +15,7 @@ from starlette.requests import Request as HttpRequest
 
 from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.schemas import Body
-from qlm.api.settings import ApiSettings, ModelInfo
+from qlm.api.settings import ApiAppConfig, ModelConfig
 from qlm.api.slo import SloResolver
 from qlm.api.tokens import TokenCounter
 from qlm.types import Request
@@ -58,12 +58,12 @@ def parse(parser: Callable[[str], T], raw: str) -> T:
 class Admitter:
     """Builds Requests from bodies: token counts, output caps and deadlines."""
 
-    def __init__(self, settings: ApiSettings, counter: TokenCounter) -> None:
-        self._models: Mapping[str, ModelInfo] = dict(settings.models)
+    def __init__(self, settings: ApiAppConfig, counter: TokenCounter) -> None:
+        self._models: Mapping[str, ModelConfig] = settings.model_map()
         self._counter = counter
-        self._default_max_tokens = settings.default_max_tokens
+        self._default_max_tokens = settings.api.default_max_tokens
         self._slo = SloResolver(
-            settings.slo_class_map(), settings.default_slo_class, settings.max_deadline_s
+            settings.slo_class_map(), settings.default_slo_class, settings.api.max_deadline_s
         )
 
     def build(
@@ -95,7 +95,7 @@ class Admitter:
             sampling=body.sampling(),
         )
 
-    def model(self, name: str) -> ModelInfo:
+    def model(self, name: str) -> ModelConfig:
         info = self._models.get(name)
         if info is None:
             raise ApiError(
@@ -106,7 +106,7 @@ class Admitter:
             )
         return info
 
-    def _output_tokens(self, body: Body, info: ModelInfo, prompt_tokens: int) -> int:
+    def _output_tokens(self, body: Body, info: ModelConfig, prompt_tokens: int) -> int:
         room = info.max_context_tokens - prompt_tokens
         if room < 1:
             raise ApiError(

@@ -17,7 +17,7 @@ from qlm.api.metrics_routes import MeteredContext, add_metrics_routes, default_m
 from qlm.api.openai_routes import add_openai_routes
 from qlm.api.openapi import install_openapi
 from qlm.api.qlm_routes import add_qlm_routes
-from qlm.api.settings import ApiSettings
+from qlm.api.settings import ApiAppConfig
 from qlm.api.tokens import TokenCounter
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
@@ -25,7 +25,7 @@ from qlm.queue.base import GlobalQueue
 
 
 def create_app(
-    settings: ApiSettings,
+    settings: ApiAppConfig,
     queue: GlobalQueue,
     clock: Clock,
     *,

@@ -1,7 +1,7 @@
 """API keys: which tenant is calling? `Authorization: Bearer <key>`, as the OpenAI client
 sends it.
 
-Authentication is on exactly when keys are configured (`ApiSettings.api_keys`); without keys
+Authentication is on exactly when keys are configured (`ApiAppConfig.api_keys`); without keys
 every caller is anonymous and a request's tenant is its `user` field (or "default"), as in the
 embedded demo. The ring keeps SHA-256 digests, not keys: a lookup hashes the presented token
 and finds its tenant in a dict, so no key is held in plain text after start-up, and no error

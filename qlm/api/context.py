@@ -19,7 +19,7 @@ from qlm.api.auth import KeyRing
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.quotas import TenantQuotas
 from qlm.api.schemas import Body
-from qlm.api.settings import ApiSettings
+from qlm.api.settings import ApiAppConfig
 from qlm.api.slo_gate import SloGate
 from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.clock import Clock
@@ -47,7 +47,7 @@ _QUEUE_FULL_CODES = {"queue": "queue_full", "reserved": "queue_full", "tenant": 
 
 @dataclass(frozen=True)
 class ApiContext:
-    settings: ApiSettings
+    settings: ApiAppConfig
     queue: GlobalQueue
     clock: Clock
     admitter: Admitter
@@ -59,12 +59,12 @@ class ApiContext:
     @classmethod
     def build(
         cls,
-        settings: ApiSettings,
+        settings: ApiAppConfig,
         queue: GlobalQueue,
         clock: Clock,
         token_counter: TokenCounter | None = None,
     ) -> ApiContext:
-        counter = token_counter or make_token_counter(settings.token_counter)
+        counter = token_counter or make_token_counter(settings.api.token_counter)
         return cls(
             settings,
             queue,
@@ -73,7 +73,7 @@ class ApiContext:
             int(clock.now_s()),
             KeyRing(settings.api_keys),
             TenantQuotas(settings, clock),
-            SloGate(queue, settings, clock) if settings.reject_unattainable_slo else None,
+            SloGate(queue, settings, clock) if settings.api.reject_unattainable_slo else None,
         )
 
     def authenticate(self, http: HttpRequest) -> str | None:
@@ -102,7 +102,7 @@ class ApiContext:
                 f"Refused: {exc}; retry later.",
                 type="rate_limit_error",
                 code=_QUEUE_FULL_CODES.get(exc.scope, "queue_full"),
-                headers={"retry-after": str(self.settings.queue_full_retry_after_s)},
+                headers={"retry-after": str(self.settings.api.queue_full_retry_after_s)},
             ) from None
         except QueueError as exc:
             self.quotas.refund(charge)

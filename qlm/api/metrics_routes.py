@@ -19,7 +19,7 @@ from starlette.responses import RedirectResponse, Response
 from qlm.api.context import ApiContext, json_response
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.schemas import Body
-from qlm.api.settings import ApiSettings
+from qlm.api.settings import ApiAppConfig
 from qlm.api.slo import HEADER_CLASS
 from qlm.clock import Clock
 from qlm.metrics import (
@@ -41,13 +41,13 @@ STATIC = {
 NO_CACHE = {"cache-control": "no-cache"}
 
 
-def default_metrics(settings: ApiSettings, clock: Clock) -> PlaneMetrics:
+def default_metrics(settings: ApiAppConfig, clock: Clock) -> PlaneMetrics:
     """A recorder on a registry of the app's own, for an app built without one."""
     return PlaneMetrics(
         CollectorRegistry(),
         clock,
         slo_classes=[c.name for c in settings.slo_classes],
-        models=list(settings.models),
+        models=list(settings.model_names),
     )
 
 

@@ -31,7 +31,7 @@ CLIENT_CLOSED = 499  # nginx's status for a request the client abandoned
 
 def add_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
     """Register the routes on `app` itself (an included router costs a second match)."""
-    models = model_list(ctx.settings.models, ctx.created)
+    models = model_list(ctx.settings.model_map(), ctx.created)
 
     @app.get("/v1/models")
     async def list_models(http: HttpRequest) -> Response:
@@ -59,11 +59,11 @@ def add_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
 async def generate(ctx: ApiContext, http: HttpRequest, fmt: OutputFormat) -> Response:
     """Authenticate, validate, enqueue, then stream the tokens or wait for the whole result."""
     tenant = ctx.authenticate(http)
-    body = parse(fmt.parse, await read_body(http, ctx.settings.max_body_bytes))
+    body = parse(fmt.parse, await read_body(http, ctx.settings.api.max_body_bytes))
     request = await ctx.admit(body, http, fmt.id_prefix, tenant)
     head = Head(request.id, int(request.arrival_at_s), body.model)
     headers = {REQUEST_ID_HEADER: request.id}
-    timeout_s = ctx.settings.completion_timeout_s
+    timeout_s = ctx.settings.api.completion_timeout_s
     if body.stream:
         job = StreamJob(ctx.queue, fmt, head, request.prompt_tokens, body.include_usage, timeout_s)
         return SseResponse(sse_frames(job), headers, lambda: ctx.cancel(request.id))

@@ -19,7 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter
 
 from qlm.api.schemas import ChatBody, CompletionBody, Submission
-from qlm.api.settings import ApiSettings
+from qlm.api.settings import ApiAppConfig
 from qlm.api.slo import HEADER_CLASS, HEADER_LLMD_TTFT_MS, HEADER_TTFT_MS
 
 Json = dict[str, Any]
@@ -92,7 +92,7 @@ _POSTS: dict[str, tuple[str, Any, str, str]] = {
 }
 
 
-def install_openapi(app: FastAPI, settings: ApiSettings) -> None:
+def install_openapi(app: FastAPI, settings: ApiAppConfig) -> None:
     """Replace app.openapi with one that documents the plain POST routes too."""
 
     def openapi() -> Json:
@@ -106,10 +106,10 @@ def install_openapi(app: FastAPI, settings: ApiSettings) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def complete(schema: Json, settings: ApiSettings) -> Json:
+def complete(schema: Json, settings: ApiAppConfig) -> Json:
     """FastAPI's document plus the POST operations, real error responses and security."""
     bearer_auth = settings.auth_required
-    models = sorted(settings.models)
+    models = sorted(settings.model_names)
     classes = [c.name for c in settings.slo_classes]
     components: Json = schema.setdefault("components", {})
     schemas: Json = components.setdefault("schemas", {})

@@ -37,7 +37,7 @@ def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
 
     async def submit(http: HttpRequest) -> Response:
         tenant = ctx.authenticate(http)
-        body = parse(parse_submission, await read_body(http, ctx.settings.max_body_bytes))
+        body = parse(parse_submission, await read_body(http, ctx.settings.api.max_body_bytes))
         if body.stream:
             raise ApiError(400, "Asynchronous requests do not stream.", param="stream")
         request = await ctx.admit(body, http, "req-", tenant)
@@ -72,7 +72,7 @@ def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
     @app.get("/readyz")
     async def readyz() -> Response:
         try:
-            await asyncio.wait_for(ctx.queue.counts(), ctx.settings.ready_timeout_s)
+            await asyncio.wait_for(ctx.queue.counts(), ctx.settings.api.ready_timeout_s)
         except Exception as exc:
             raise ApiError(
                 503, f"The queue is not reachable: {exc!r}", type=SERVER_ERROR, code="not_ready"

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from qlm.api.errors import ApiError
-from qlm.api.settings import ApiSettings, QuotaSettings
+from qlm.api.settings import ApiAppConfig, QuotaConfig
 from qlm.clock import Clock
 
 _PRUNE_ABOVE = 10_000  # tracked tenants before idle buckets are dropped
@@ -61,7 +61,7 @@ class Charge:
 
 
 class _TenantBuckets:
-    def __init__(self, quota: QuotaSettings, now_s: float) -> None:
+    def __init__(self, quota: QuotaConfig, now_s: float) -> None:
         self.requests = _bucket(quota.requests_per_s, quota.burst_requests, 1.0, now_s)
         tokens_per_s = None if quota.tokens_per_min is None else quota.tokens_per_min / 60.0
         self.tokens = _bucket(tokens_per_s, quota.burst_tokens, 60.0, now_s)
@@ -82,12 +82,12 @@ def _bucket(
 class TenantQuotas:
     """Charges admissions against each tenant's buckets."""
 
-    def __init__(self, settings: ApiSettings, clock: Clock) -> None:
+    def __init__(self, settings: ApiAppConfig, clock: Clock) -> None:
         self._settings = settings
         self._clock = clock
         self._tenants: dict[str, _TenantBuckets] = {}
-        self.enabled = settings.quota.limited or any(
-            q.limited for q in settings.tenant_quotas.values()
+        self.enabled = settings.api.quota.limited or any(
+            q.limited for q in settings.api.tenant_quotas.values()
         )
 
     def charge(self, tenant: str, tokens: int) -> Charge | None:
@@ -98,7 +98,7 @@ class TenantQuotas:
         now_s = self._clock.monotonic_s()
         state = self._tenants.get(tenant)
         if state is None:
-            quota = self._settings.quota_of(tenant)
+            quota = self._settings.api.quota_of(tenant)
             if not quota.limited:
                 return None
             self._prune(now_s)

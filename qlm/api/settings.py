@@ -1,30 +1,32 @@
-"""The API's configuration: what the fleet serves, the SLO classes, the admission limits, the
-API keys with their tenants and the tenants' quotas. Passed to `create_app`; nothing here
-reads the environment or files (qlm/serve/secrets.py does, for the live processes)."""
+"""The API's configuration. `ApiConfig` is the API's own section (the fleet file's `api:`):
+where it listens, its limits, where its keys are, the tenants' quotas and the SLO gate; one
+default per field, here. `ApiAppConfig` is what `create_app` takes: that section with what the
+fleet serves (its models, the SLO classes) and the keys, read. Nothing here reads the
+environment or files (qlm/serve/secrets.py does, for the live processes)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from qlm.config import QlmConfig, SloClassConfig
+from qlm.config import QlmConfig, SloClassConfig, StrictModel
 from qlm.types import SloClass
 
 _WEEK_S = 7 * 24 * 3600.0
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ModelConfig(StrictModel):
+    """A model the fleet serves, as clients see it (the fleet file's `models:` entries)."""
 
-
-class ModelInfo(_Strict):
+    name: str = Field(min_length=1, description="The name clients ask for.")
     max_context_tokens: int = Field(
-        ge=2, le=100_000_000, description="Prompt plus output tokens the model accepts."
+        default=8192, ge=16, le=100_000_000, description="Prompt plus output tokens accepted."
     )
     max_output_tokens: int | None = Field(
-        default=None, ge=1, description="Cap on max_tokens for this model; None: the context."
+        default=None, ge=1, description="Cap on max_tokens for this model; none: the context."
     )
 
 
@@ -32,7 +34,7 @@ def _default_classes() -> tuple[SloClassConfig, ...]:
     return QlmConfig().slo_classes
 
 
-class ApiKey(_Strict):
+class ApiKey(StrictModel):
     """One key and the tenant it authenticates. The key never appears in repr or logs."""
 
     key: SecretStr = Field(description="The bearer token: 8 to 512 characters, no spaces.")
@@ -50,7 +52,7 @@ class ApiKey(_Strict):
         return key
 
 
-class QuotaSettings(_Strict):
+class QuotaConfig(StrictModel):
     """A tenant's admission quotas, each a token bucket (None: no limit). Tokens are charged
     at admission as prompt tokens plus the output cap, the most the request can use."""
 
@@ -70,14 +72,11 @@ class QuotaSettings(_Strict):
         return self.requests_per_s is not None or self.tokens_per_min is not None
 
 
-class ApiSettings(_Strict):
-    models: dict[str, ModelInfo] = Field(
-        min_length=1, description="Every model the fleet can serve, loaded or not."
-    )
-    slo_classes: tuple[SloClassConfig, ...] = Field(
-        default_factory=_default_classes, min_length=1, description="Classes clients may name."
-    )
-    default_slo_class: str = Field(default="interactive", description="Class of untagged requests.")
+class ApiConfig(StrictModel):
+    """The API's settings: the fleet file's `api:` section."""
+
+    host: str = Field(default="127.0.0.1", description="Address `qlm serve` and `qlm api` bind.")
+    port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port.")
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413."
     )
@@ -94,13 +93,22 @@ class ApiSettings(_Strict):
     ready_timeout_s: float = Field(
         default=1.0, gt=0, description="/readyz fails when the queue does not answer in time."
     )
-    api_keys: tuple[ApiKey, ...] = Field(
-        default=(), description="Keys and their tenants; none: no authentication (embedded)."
+    keys: dict[str, SecretStr | list[SecretStr]] = Field(
+        default_factory=dict,
+        description="Inline tenant -> API key(s), for demos; real keys go in keys_file or "
+        "keys_env. Any key configured turns authentication on.",
     )
-    quota: QuotaSettings = Field(
-        default_factory=QuotaSettings, description="Every tenant's quotas, unless overridden."
+    keys_file: Path | None = Field(
+        default=None, description="YAML file of tenant -> key(s) (a mounted Secret)."
     )
-    tenant_quotas: dict[str, QuotaSettings] = Field(
+    keys_env: str | None = Field(
+        default="QLM_API_KEYS",
+        description="Environment variable holding tenant -> key(s) as YAML, if set.",
+    )
+    quota: QuotaConfig = Field(
+        default_factory=QuotaConfig, description="Every tenant's quotas, unless overridden."
+    )
+    tenant_quotas: dict[str, QuotaConfig] = Field(
         default_factory=dict, description="Quotas of named tenants (replace `quota` for them)."
     )
     queue_full_retry_after_s: int = Field(
@@ -117,8 +125,31 @@ class ApiSettings(_Strict):
         default=1.0, ge=0, description="How often admission re-reads the plan from the queue."
     )
 
+    def quota_of(self, tenant: str) -> QuotaConfig:
+        return self.tenant_quotas.get(tenant, self.quota)
+
+
+class ApiAppConfig(StrictModel):
+    """What `create_app` serves with: the API's settings, the fleet's models and SLO classes,
+    and the API keys (read from where `api` says, by qlm/serve/secrets.py)."""
+
+    models: tuple[ModelConfig, ...] = Field(
+        min_length=1, description="Every model the fleet can serve, loaded or not."
+    )
+    slo_classes: tuple[SloClassConfig, ...] = Field(
+        default_factory=_default_classes, min_length=1, description="Classes clients may name."
+    )
+    default_slo_class: str = Field(default="interactive", description="Class of untagged requests.")
+    api_keys: tuple[ApiKey, ...] = Field(
+        default=(), description="Keys and their tenants; none: no authentication (embedded)."
+    )
+    api: ApiConfig = Field(default_factory=ApiConfig, description="The API's settings.")
+
     @model_validator(mode="after")
-    def _default_class_known(self) -> ApiSettings:
+    def _consistent(self) -> ApiAppConfig:
+        models = [m.name for m in self.models]
+        if len(models) != len(set(models)):
+            raise ValueError("models: names must be unique")
         names = [c.name for c in self.slo_classes]
         if len(names) != len(set(names)):
             raise ValueError("slo_classes: names must be unique")
@@ -134,19 +165,28 @@ class ApiSettings(_Strict):
         """Authentication is on exactly when keys are configured."""
         return bool(self.api_keys)
 
-    def quota_of(self, tenant: str) -> QuotaSettings:
-        return self.tenant_quotas.get(tenant, self.quota)
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models)
+
+    def model_map(self) -> MappingProxyType[str, ModelConfig]:
+        return MappingProxyType({m.name: m for m in self.models})
 
     @classmethod
     def from_config(
-        cls, config: QlmConfig, models: dict[str, ModelInfo], **overrides: Any
-    ) -> ApiSettings:
-        """Settings sharing the SLO classes and default class of a QlmConfig."""
+        cls,
+        config: QlmConfig,
+        models: Sequence[ModelConfig],
+        api: ApiConfig | None = None,
+        api_keys: Sequence[ApiKey] = (),
+    ) -> ApiAppConfig:
+        """The API of a fleet: the SLO classes and default class of its QlmConfig."""
         return cls(
-            models=models,
+            models=tuple(models),
             slo_classes=config.slo_classes,
             default_slo_class=config.default_slo_class,
-            **overrides,
+            api_keys=tuple(api_keys),
+            api=api if api is not None else ApiConfig(),
         )
 
     def slo_class_map(self) -> MappingProxyType[str, SloClass]:

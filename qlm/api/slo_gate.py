@@ -1,5 +1,5 @@
 """Optional admission control by the plan's own prediction: refuse a request whose TTFT
-deadline the latest published plan says it would miss (`ApiSettings.reject_unattainable_slo`,
+deadline the latest published plan says it would miss (`ApiConfig.reject_unattainable_slo`,
 off by default).
 
 The estimate is deliberately simple and cheap. The control loop inserts a new arrival at the
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from qlm.api.errors import ApiError
-from qlm.api.settings import ApiSettings
+from qlm.api.settings import ApiAppConfig
 from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
 from qlm.queue.base import GlobalQueue
@@ -54,11 +54,11 @@ def first_token_times(plan: PublishedPlan) -> Mapping[Key, float]:
 class SloGate:
     """Admission check against the latest plan (see the module docstring)."""
 
-    def __init__(self, queue: GlobalQueue, settings: ApiSettings, clock: Clock) -> None:
+    def __init__(self, queue: GlobalQueue, settings: ApiAppConfig, clock: Clock) -> None:
         self._queue = queue
         self._clock = clock
-        self._max_age_s = settings.plan_max_age_s
-        self._refresh_s = settings.plan_refresh_s
+        self._max_age_s = settings.api.plan_max_age_s
+        self._refresh_s = settings.api.plan_refresh_s
         self._read_at_s = -float("inf")
         self._plan: PublishedPlan | None = None
         self._table: Mapping[Key, float] = MappingProxyType({})

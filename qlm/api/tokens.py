@@ -2,7 +2,7 @@
 produce them without a model's tokenizer at hand.
 
 A `TokenCounter` answers "how many tokens is this text?". Counters are registered by name and
-chosen in `ApiSettings.token_counter`; a real tokenizer can be passed to `create_app` instead.
+chosen in `ApiConfig.token_counter`; a real tokenizer can be passed to `create_app` instead.
 The built-in ones are deterministic approximations, cheap enough for the admission path.
 """
 

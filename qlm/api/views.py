@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from qlm.api.formats import usage
-from qlm.api.settings import ModelInfo
+from qlm.api.settings import ModelConfig
 from qlm.queue.records import RequestRecord, RequestResult
 from qlm.types import Request, RequestState
 
 Json = dict[str, Any]
 
 
-def model_card(name: str, info: ModelInfo, created: int) -> Json:
+def model_card(name: str, info: ModelConfig, created: int) -> Json:
     return {
         "id": name,
         "object": "model",
@@ -23,7 +23,7 @@ def model_card(name: str, info: ModelInfo, created: int) -> Json:
     }
 
 
-def model_list(models: Mapping[str, ModelInfo], created: int) -> Json:
+def model_list(models: Mapping[str, ModelConfig], created: int) -> Json:
     return {
         "object": "list",
         "data": [model_card(name, models[name], created) for name in sorted(models)],

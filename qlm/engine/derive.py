@@ -32,7 +32,7 @@ from qlm.engine.library import (
     FieldSource,
     ProfileFile,
     Provenance,
-    StepTimeSpec,
+    StepTimeConfig,
     write_profile_file,
 )
 from qlm.perf.step import StepTime
@@ -247,7 +247,7 @@ def _file(
         gpu_count=gpu_count,
         weight_bytes=facts.weight_bytes,
         kv_bytes_per_token=facts.kv_bytes_per_token,
-        step_time=StepTimeSpec(
+        step_time=StepTimeConfig(
             base_s=step.base_s,
             per_prefill_token_s=step.per_prefill_token_s,
             per_decode_seq_s=step.per_decode_seq_s,

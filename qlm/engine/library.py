@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from qlm.config import load_yaml_model
+from qlm.config import StrictModel, load_yaml_model
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 
@@ -49,11 +49,7 @@ PROFILE_FIELDS: frozenset[str] = frozenset(
 )
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StepTimeSpec(_Strict):
+class StepTimeConfig(StrictModel):
     """t = base_s + per_prefill_token_s * prefill + per_decode_seq_s * decodes
     + per_context_token_s * context (seconds; see qlm/perf/step.py)."""
 
@@ -68,7 +64,7 @@ class StepTimeSpec(_Strict):
         )
 
 
-class DecodeTableSpec(_Strict):
+class DecodeTableConfig(StrictModel):
     """Decode iteration time by batch size (what the estimator interpolates)."""
 
     batch_sizes: tuple[int, ...] = Field(min_length=1)
@@ -91,13 +87,13 @@ class DecodeTableSpec(_Strict):
         return steps
 
     @model_validator(mode="after")
-    def _same_length(self) -> DecodeTableSpec:
+    def _same_length(self) -> DecodeTableConfig:
         if len(self.batch_sizes) != len(self.step_s):
             raise ValueError("batch_sizes and step_s differ in length")
         return self
 
 
-class FieldSource(_Strict):
+class FieldSource(StrictModel):
     """Where one number comes from."""
 
     kind: Literal["measured", "published", "derived", "assumed"] = Field(
@@ -108,7 +104,7 @@ class FieldSource(_Strict):
     source: str = Field(min_length=1, description="The source or the derivation.")
 
 
-class Provenance(_Strict):
+class Provenance(StrictModel):
     summary: str = ""
     fields: dict[str, FieldSource] = Field(default_factory=dict)
     references: dict[str, str] = Field(
@@ -130,7 +126,7 @@ class Provenance(_Strict):
         return "; ".join(parts)
 
 
-class MeasuredIteration(_Strict):
+class MeasuredIteration(StrictModel):
     """One measured engine iteration (or the mean of a run of like ones: a decode run's steps)
     and what the fitted step model predicts for it."""
 
@@ -145,7 +141,7 @@ class MeasuredIteration(_Strict):
     predicted_s: float = Field(gt=0)
 
 
-class FitQuality(_Strict):
+class FitQuality(StrictModel):
     """How well the fitted step model explains the measured iterations."""
 
     samples: int = Field(ge=1)
@@ -154,7 +150,7 @@ class FitQuality(_Strict):
     rms_relative_error: float = Field(ge=0)
 
 
-class Measurement(_Strict):
+class Measurement(StrictModel):
     """How `qlm profile` measured a live engine (see README.md, "Profiling a live engine")."""
 
     tool: str = Field(min_length=1, description="The command that measured.")
@@ -183,7 +179,7 @@ class Measurement(_Strict):
     iterations: tuple[MeasuredIteration, ...] = Field(min_length=1)
 
 
-class ProfileFile(_Strict):
+class ProfileFile(StrictModel):
     """One profile file."""
 
     model: str = Field(min_length=1)
@@ -191,11 +187,11 @@ class ProfileFile(_Strict):
     gpu_count: int = Field(default=1, ge=1, description="GPUs per instance (tensor parallel).")
     weight_bytes: int = Field(gt=0)
     kv_bytes_per_token: int = Field(gt=0, description="Over all GPUs of the instance.")
-    step_time: StepTimeSpec | None = None
+    step_time: StepTimeConfig | None = None
     typical_context_tokens: int | None = Field(
         default=None, ge=1, description="Tokens per sequence at which decode_table is derived."
     )
-    decode_table: DecodeTableSpec | None = None
+    decode_table: DecodeTableConfig | None = None
     prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     output_tokens_mean: float = Field(gt=0)
     output_tokens_std: float = Field(ge=0)
@@ -274,14 +270,14 @@ class ProfileFile(_Strict):
             kv_bytes_per_token=profile.kv_bytes_per_token,
             step_time=None
             if st is None
-            else StepTimeSpec(
+            else StepTimeConfig(
                 base_s=st.base_s,
                 per_prefill_token_s=st.per_prefill_token_s,
                 per_decode_seq_s=st.per_decode_seq_s,
                 per_context_token_s=st.per_context_token_s,
             ),
             typical_context_tokens=typical_context_tokens,
-            decode_table=DecodeTableSpec(
+            decode_table=DecodeTableConfig(
                 batch_sizes=profile.decode_batch_sizes, step_s=profile.decode_step_s
             ),
             prefill_tokens_per_s=profile.prefill_tokens_per_s,

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from qlm.config import StrictModel
 from qlm.engine.client import (
     Aborted,
     EngineError,
@@ -58,10 +59,8 @@ from qlm.types import Fleet, Instance, Request
 PreemptionMode = Literal["recompute", "swap"]
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(StrictModel):
     """Scheduler settings of one engine (vLLM's SchedulerConfig, reduced)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     chunk_tokens: int = Field(
         default=2048,

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from qlm.config import StrictModel
 from qlm.engine.calibration import StepSample, StepTimeFit, fit_step_time
 from qlm.engine.library import (
     FieldSource,
@@ -45,7 +46,7 @@ from qlm.engine.library import (
     Measurement,
     ProfileFile,
     Provenance,
-    StepTimeSpec,
+    StepTimeConfig,
 )
 
 # vLLM /metrics histograms the probes read (v1 engine, 0.32), recorded per finished request.
@@ -95,11 +96,9 @@ class EngineLimits:
     kv_capacity_tokens: int | None = None  # unknown until the engine runs
 
 
-class ProfileGrid(BaseModel):
+class ProfileGrid(StrictModel):
     """The planned grid of probes (module docstring). The defaults suit a small CPU engine
     (8 sequences, 2048-token budget) and take about a minute there."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     prefill_tokens: tuple[int, ...] = Field(
         default=(16, 128, 512, 1024, 1536, 2000), description="P of the prefill probes."
@@ -437,7 +436,7 @@ def build_profile_file(run: ProfileRun, fit: ProfileFit, target: ProfileTarget) 
         gpu_count=target.gpu_count,
         weight_bytes=facts.weight_bytes,
         kv_bytes_per_token=facts.kv.bytes_per_token,
-        step_time=StepTimeSpec(
+        step_time=StepTimeConfig(
             base_s=st.base_s,
             per_prefill_token_s=st.per_prefill_token_s,
             per_decode_seq_s=st.per_decode_seq_s,

@@ -35,7 +35,7 @@ _VOCABULARY = (
 
 
 @dataclass(frozen=True, slots=True)
-class TinyLlamaSpec:
+class TinyLlamaConfig:
     """The shape of one tiny Llama; written next to the weights as qlm_tiny_model.json."""
 
     seed: int
@@ -74,7 +74,7 @@ def synthetic_corpus(seed: int, num_lines: int = 2000) -> Iterator[str]:
         yield f"{' '.join(words)} {i} {rng.randint(0, 9999)}."
 
 
-def train_tokenizer(spec: TinyLlamaSpec) -> Any:
+def train_tokenizer(spec: TinyLlamaConfig) -> Any:
     """A byte-level BPE (any text encodes; no unknown tokens) wrapped for transformers."""
     tokenizers = _module("tokenizers")
     transformers = _module("transformers")
@@ -94,7 +94,7 @@ def train_tokenizer(spec: TinyLlamaSpec) -> Any:
     )
 
 
-def _llama_config(spec: TinyLlamaSpec, tokenizer: Any) -> Any:
+def _llama_config(spec: TinyLlamaConfig, tokenizer: Any) -> Any:
     transformers = _module("transformers")
     return transformers.LlamaConfig(
         vocab_size=len(tokenizer),
@@ -127,7 +127,7 @@ def build_tiny_llama(
 
     Deterministic in `seed`: the same arguments give the same weights and tokenizer.
     """
-    spec = TinyLlamaSpec(
+    spec = TinyLlamaConfig(
         seed, hidden_size, num_layers, num_heads, vocab_size, max_position_embeddings
     )
     torch = _module("torch")

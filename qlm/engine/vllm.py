@@ -49,9 +49,10 @@ from typing import Any, Literal
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from qlm.clock import Clock
+from qlm.config import StrictModel
 from qlm.engine.client import (
     Aborted,
     EngineError,
@@ -84,10 +85,8 @@ STRAY_GRACE_S = 5.0  # SIGTERM grace for the engine core and workers of a server
 LOG_TAIL_BYTES = 4096
 
 
-class VllmEngineConfig(BaseModel):
+class VllmEngineConfig(StrictModel):
     """How to run one vLLM server. Paths are used as given (relative to the working dir)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     python: Path = Field(
         default=Path(".venv-vllm/bin/python"),

@@ -7,7 +7,7 @@ loop call its hooks (NO_METRICS when a process exports nothing). README.md lists
 from qlm.metrics.dashboard import Dashboard, DashboardSource, LocalSource, build_view
 from qlm.metrics.exposition import MetricsServer, render
 from qlm.metrics.recorder import NO_METRICS, MetricsHooks, PlaneEvent, PlaneMetrics, met_slo
-from qlm.metrics.settings import MetricsSettings
+from qlm.metrics.settings import MetricsConfig
 
 __all__ = [
     "NO_METRICS",
@@ -16,7 +16,7 @@ __all__ = [
     "LocalSource",
     "MetricsHooks",
     "MetricsServer",
-    "MetricsSettings",
+    "MetricsConfig",
     "PlaneEvent",
     "PlaneMetrics",
     "build_view",

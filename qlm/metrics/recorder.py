@@ -28,7 +28,7 @@ from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.client import EngineState
 from qlm.metrics.families import EVICTION_KINDS, PLAN_FAILED, REQUEST_OUTCOMES, Families
 from qlm.metrics.history import History
-from qlm.metrics.settings import MetricsSettings
+from qlm.metrics.settings import MetricsConfig
 from qlm.planner.types import Plan, PlanStatus
 from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.types import Request, RequestState
@@ -156,11 +156,11 @@ class PlaneMetrics:
         models: Sequence[str],
         instances: Sequence[str] = (),
         planner_policy: str = "",
-        settings: MetricsSettings | None = None,
+        settings: MetricsConfig | None = None,
     ) -> None:
         self.registry = registry
         self.clock = clock
-        self.settings = settings or MetricsSettings()
+        self.settings = settings or MetricsConfig()
         self.families = Families.on(registry)
         self.slo_classes = tuple(slo_classes)
         self.models = tuple(models)
@@ -184,7 +184,7 @@ class PlaneMetrics:
         *,
         models: Sequence[str],
         instances: Sequence[str] = (),
-        settings: MetricsSettings | None = None,
+        settings: MetricsConfig | None = None,
     ) -> PlaneMetrics:
         """A recorder on a fresh registry for a plane configured by `config`."""
         return cls(

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import Field, HttpUrl
+
+from qlm.config import StrictModel
 
 Share = Annotated[float, Field(gt=0, le=1)]
 
 
-class MetricsSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class MetricsConfig(StrictModel):
+    """The fleet file's `metrics:` section."""
 
     host: str = Field(
         default="0.0.0.0",  # all interfaces: a pod's metrics port is scraped from outside

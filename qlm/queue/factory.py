@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from qlm.queue.base import GlobalQueue
-from qlm.queue.memory import MemoryQueue, MemoryQueueOptions
+from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.registry import Registry
 
 QUEUE_SCHEMES: Registry[GlobalQueue] = Registry("queue URL scheme")
@@ -17,7 +17,7 @@ QUEUE_SCHEMES: Registry[GlobalQueue] = Registry("queue URL scheme")
 def _memory(url: str, **options: Any) -> GlobalQueue:
     clock = options.pop("clock", None)
     options.pop("key_prefix", None)  # one process's memory is its own namespace
-    return MemoryQueue(MemoryQueueOptions(**options), clock=clock)
+    return MemoryQueue(MemoryQueueConfig(**options), clock=clock)
 
 
 def _redis(url: str, **options: Any) -> GlobalQueue:

@@ -38,7 +38,7 @@ IN_FLIGHT = frozenset({RequestState.DISPATCHED, RequestState.RUNNING})
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryQueueOptions:
+class MemoryQueueConfig:
     """Bounds of the embedded queue. None means unbounded. The queued-request bounds are
     those of qlm.queue.bounds.QueueBounds."""
 
@@ -81,9 +81,9 @@ class MemoryQueue:
     """The in-memory GlobalQueue (qlm.queue.base.GlobalQueue)."""
 
     def __init__(
-        self, options: MemoryQueueOptions | None = None, clock: Clock | None = None
+        self, options: MemoryQueueConfig | None = None, clock: Clock | None = None
     ) -> None:
-        self.options = options or MemoryQueueOptions()
+        self.options = options or MemoryQueueConfig()
         self._bounds = self.options.bounds
         self._clock: Clock = clock or WallClock()  # only for the leader lease
         self._records: dict[str, RequestRecord] = {}

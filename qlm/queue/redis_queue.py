@@ -19,7 +19,7 @@ from typing import Any, Literal, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as redis
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
@@ -28,6 +28,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
+from qlm.config import StrictModel
 from qlm.control.plan import PublishedPlan
 from qlm.queue.base import DuplicateRequestError, QueueError, UnknownRequestError
 from qlm.queue.bounds import QueueBounds
@@ -52,11 +53,9 @@ _LIVE = (RequestState.DISPATCHED, RequestState.RUNNING)
 _READ_BATCH = 1000  # requests per pipelined read
 
 
-class RedisQueueConfig(BaseModel):
+class RedisQueueConfig(StrictModel):
     """How to reach Redis and how to use it. The URL may carry a user and password
     (redis://user:pass@host:6379/0); rediss:// turns TLS on."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(
         default="redis://127.0.0.1:6379/0",

@@ -28,7 +28,7 @@ from qlm.engine.client import (
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus, RequestResult, StreamEvent, StreamKind
-from qlm.serve.config import AgentSettings
+from qlm.serve.config import AgentConfig
 from qlm.types import Fleet, Instance, Request, RequestState
 
 log = logging.getLogger("qlm.agent")
@@ -95,7 +95,7 @@ class Agent:
         queue: GlobalQueue,
         fleet: Fleet,
         clock: Clock,
-        settings: AgentSettings,
+        settings: AgentConfig,
         priority: Mapping[str, int],
         metrics: MetricsHooks | None = None,
     ) -> None:

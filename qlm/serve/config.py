@@ -8,34 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qlm.agents.reconcile import ReconcileOptions
-from qlm.api.settings import QuotaSettings
-from qlm.config import Problem, QlmConfig, fail_at
-from qlm.metrics.settings import MetricsSettings
-from qlm.perf.profile import GIB, Profile
+from qlm.agents.reconcile import ReconcileConfig
+from qlm.api.settings import ApiConfig, ModelConfig
+from qlm.config import Problem, QlmConfig, StrictModel, fail_at
+from qlm.fleet_config import FleetConfig
+from qlm.metrics.settings import MetricsConfig
 from qlm.queue.bounds import QueueBounds
-from qlm.snapshot import ProfileSpec
-from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance
+from qlm.types import Fleet, Instance
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class QueueSettings(_Strict):
+class QueueConfig(StrictModel):
     url: str | None = Field(
         default=None,
         description="redis://[:password@]host:port/db, rediss:// for TLS; none = in-memory.",
@@ -78,46 +66,13 @@ class QueueSettings(_Strict):
         return url
 
     @model_validator(mode="after")
-    def _one_password_source(self) -> QueueSettings:
+    def _one_password_source(self) -> QueueConfig:
         if self.password_env is not None and self.password_file is not None:
-            fail_at("QueueSettings", [(("password_file",), "set password_env or password_file")])
+            fail_at("QueueConfig", [(("password_file",), "set password_env or password_file")])
         return self
 
 
-class ApiServerSettings(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port.")
-    max_body_bytes: int = Field(default=1 << 20, ge=1024)
-    completion_timeout_s: float = Field(default=600.0, gt=0)
-    keys: dict[str, SecretStr | list[SecretStr]] = Field(
-        default_factory=dict,
-        description="Inline tenant -> API key(s), for demos; real keys go in keys_file or "
-        "keys_env. Any key configured turns authentication on.",
-    )
-    keys_file: Path | None = Field(
-        default=None, description="YAML file of tenant -> key(s) (a mounted Secret)."
-    )
-    keys_env: str | None = Field(
-        default="QLM_API_KEYS",
-        description="Environment variable holding tenant -> key(s) as YAML, if set.",
-    )
-    quota: QuotaSettings = Field(
-        default_factory=QuotaSettings, description="Every tenant's request and token quotas."
-    )
-    tenant_quotas: dict[str, QuotaSettings] = Field(
-        default_factory=dict, description="Quotas of named tenants (replace `quota` for them)."
-    )
-    queue_full_retry_after_s: int = Field(
-        default=1, ge=1, description="Retry-After of a 429 when the queue is full."
-    )
-    reject_unattainable_slo: bool = Field(
-        default=False, description="Refuse requests the latest plan predicts will be late."
-    )
-    plan_max_age_s: float = Field(default=30.0, gt=0, description="Older plans say nothing.")
-    plan_refresh_s: float = Field(default=1.0, ge=0, description="Re-read the plan this often.")
-
-
-class ControllerSettings(_Strict):
+class ControllerSettings(StrictModel):
     tick_s: float = Field(default=1.0, gt=0, description="Re-check the plan at least this often.")
     leader_lease_s: float = Field(default=5.0, gt=0, description="Leader lease in Redis.")
     node_id: str | None = Field(default=None, description="Leader-election id; default random.")
@@ -147,7 +102,7 @@ class ControllerSettings(_Strict):
     )
 
 
-class AgentSettings(_Strict):
+class AgentConfig(StrictModel):
     poll_s: float = Field(
         default=0.25,
         gt=0,
@@ -175,8 +130,8 @@ class AgentSettings(_Strict):
         "the engine, so a finished sequence is replaced at the engine's next step).",
     )
 
-    def reconcile_options(self) -> ReconcileOptions:
-        return ReconcileOptions(
+    def reconcile_options(self) -> ReconcileConfig:
+        return ReconcileConfig(
             allow_evict=self.allow_evict,
             allow_model_swap=self.allow_model_swap,
             allow_kv_swap=self.allow_kv_swap,
@@ -184,7 +139,9 @@ class AgentSettings(_Strict):
         )
 
 
-class EngineSettings(_Strict):
+class LiveEngineConfig(StrictModel):
+    """How instances run: emulated engines (the profile on the wall clock) or vLLM servers."""
+
     kind: Literal["emulated", "vllm"] = "emulated"
     speedup: float = Field(default=1.0, gt=0, le=1000, description="Emulated engines only.")
     seed: int = 0
@@ -198,38 +155,33 @@ class EngineSettings(_Strict):
     )
 
 
-class ModelSettings(_Strict):
-    name: str = Field(min_length=1)
-    max_context_tokens: int = Field(default=8192, ge=16)
+class ServeConfig(StrictModel):
+    """The fleet file: every process of the live control plane reads the same one."""
 
-
-class InstanceSettings(_Strict):
-    id: str = Field(min_length=1, description="Id; with count > 1, -0, -1, ... are appended.")
-    gpu_type: str = Field(min_length=1)
-    gpu_count: int = Field(default=1, ge=1)
-    model: str | None = Field(default=None, description="Model loaded at start.")
-    count: int = Field(default=1, ge=1, le=10_000)
-
-
-class ServeConfig(_Strict):
-    qlm: QlmConfig = Field(default_factory=QlmConfig)
-    queue: QueueSettings = Field(default_factory=QueueSettings)
-    api: ApiServerSettings = Field(default_factory=ApiServerSettings)
-    controller: ControllerSettings = Field(default_factory=ControllerSettings)
-    agent: AgentSettings = Field(default_factory=AgentSettings)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
-    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
-    gpu_memory_gib: dict[str, float] = Field(
-        default_factory=dict, description="Extra or overridden GPU types: name -> GiB per GPU."
+    moved_fields = MappingProxyType(
+        {
+            "instances": "moved to fleet.instances",
+            "profiles": "moved to fleet.profiles (in the profile file format)",
+            "packaged_profiles": "moved to fleet.packaged_profiles",
+            "gpu_memory_gib": "moved to fleet.gpu_types: {<type>: {memory_gib: ...}}",
+        }
     )
-    packaged_profiles: bool = Field(
-        default=True, description="Start from the profiles shipped in qlm/engine/profiles."
+
+    qlm: QlmConfig = Field(default_factory=QlmConfig, description="The policy core.")
+    queue: QueueConfig = Field(default_factory=QueueConfig, description="The global queue.")
+    api: ApiConfig = Field(default_factory=ApiConfig, description="The HTTP API.")
+    controller: ControllerSettings = Field(
+        default_factory=ControllerSettings, description="The control loop."
     )
-    profiles: tuple[ProfileSpec, ...] = Field(
-        default=(), description="Inline profiles; they override packaged ones."
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="The instance agents.")
+    engine: LiveEngineConfig = Field(
+        default_factory=LiveEngineConfig, description="How instances run."
     )
-    models: tuple[ModelSettings, ...] = Field(min_length=1)
-    instances: tuple[InstanceSettings, ...] = Field(min_length=1)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Observability.")
+    models: tuple[ModelConfig, ...] = Field(
+        min_length=1, description="Every model the fleet serves (the API lists them)."
+    )
+    fleet_config: FleetConfig = Field(alias="fleet", description="Instances and profiles.")
 
     @model_validator(mode="after")
     def _references(self) -> ServeConfig:
@@ -243,20 +195,9 @@ class ServeConfig(_Strict):
         names = [m.name for m in self.models]
         if len(names) != len(set(names)):
             yield ("models",), "names must be unique"
-        gpu_types = self._gpu_memory()
-        for i, inst in enumerate(self.instances):
-            if inst.gpu_type not in gpu_types:
-                yield (
-                    ("instances", i, "gpu_type"),
-                    f"{inst.gpu_type!r} unknown; known: {sorted(gpu_types)} "
-                    "(add it under gpu_memory_gib)",
-                )
-            if inst.model is not None and inst.model not in names:
-                yield ("instances", i, "model"), f"{inst.model!r} is not in models"
-        if all(inst.gpu_type in gpu_types for inst in self.instances):
-            ids = [i.id for i in self.instance_list()]
-            if len(ids) != len(set(ids)):
-                yield ("instances",), "ids must be unique"
+        for i, group in enumerate(self.fleet_config.instances):
+            if group.model is not None and group.model not in names:
+                yield ("fleet", "instances", i, "model"), f"{group.model!r} is not in models"
 
     def _queue_problems(self) -> Iterator[Problem]:
         queue = self.queue
@@ -295,37 +236,9 @@ class ServeConfig(_Strict):
             q.max_queued, q.max_queued_per_tenant, q.reserved_queued, self.reserved_classes()
         )
 
-    def _gpu_memory(self) -> dict[str, int]:
-        memory = {name: g.memory_bytes for name, g in DEFAULT_GPU_TYPES.items()}
-        memory.update({name: int(gib * GIB) for name, gib in self.gpu_memory_gib.items()})
-        return memory
+    def fleet(self) -> Fleet:
+        """The instances, with the profiles of the served models on their GPU types."""
+        return self.fleet_config.fleet(m.name for m in self.models)
 
     def instance_list(self) -> list[Instance]:
-        return list(self._instances())
-
-    def _instances(self) -> Iterator[Instance]:
-        memory = self._gpu_memory()
-        for spec in self.instances:
-            for k in range(spec.count):
-                inst_id = spec.id if spec.count == 1 else f"{spec.id}-{k}"
-                yield Instance(
-                    inst_id, spec.gpu_type, spec.gpu_count, memory[spec.gpu_type], spec.model
-                )
-
-    def profile_list(self) -> list[Profile]:
-        models = {m.name for m in self.models}
-        found: dict[tuple[str, str], Profile] = {}
-        if self.packaged_profiles:
-            from qlm.engine.library import packaged_profiles
-
-            found.update({p.key: p for p in packaged_profiles() if p.model in models})
-        found.update(
-            {(p.model, p.gpu_type): p.to_profile() for p in self.profiles if p.model in models}
-        )
-        return list(found.values())
-
-    def fleet(self) -> Fleet:
-        return Fleet.of(self.instance_list(), self.profile_list())
-
-    def max_context_tokens(self) -> dict[str, int]:
-        return {m.name: m.max_context_tokens for m in self.models}
+        return list(self.fleet().instances)

@@ -14,7 +14,7 @@ from typing import Protocol
 import uvicorn
 
 from qlm.api.app import create_app
-from qlm.api.settings import ApiSettings, ModelInfo
+from qlm.api.settings import ApiAppConfig
 from qlm.clock import Clock, WallClock
 from qlm.config import ConfigError
 from qlm.engine.client import EngineClient
@@ -78,24 +78,10 @@ def open_queue(config: ServeConfig) -> GlobalQueue:
     return make_queue(url, **secrets.queue_options(config, url, os.environ))
 
 
-def api_settings(config: ServeConfig) -> ApiSettings:
+def api_settings(config: ServeConfig) -> ApiAppConfig:
     """The API's settings, with its keys read from where the file says (ConfigError)."""
-    models = {
-        name: ModelInfo(max_context_tokens=n) for name, n in config.max_context_tokens().items()
-    }
-    api = config.api
-    return ApiSettings.from_config(
-        config.qlm,
-        models,
-        max_body_bytes=api.max_body_bytes,
-        completion_timeout_s=api.completion_timeout_s,
-        api_keys=secrets.api_keys(api, os.environ),
-        quota=api.quota,
-        tenant_quotas=api.tenant_quotas,
-        queue_full_retry_after_s=api.queue_full_retry_after_s,
-        reject_unattainable_slo=api.reject_unattainable_slo,
-        plan_max_age_s=api.plan_max_age_s,
-        plan_refresh_s=api.plan_refresh_s,
+    return ApiAppConfig.from_config(
+        config.qlm, config.models, config.api, secrets.api_keys(config.api, os.environ)
     )
 
 
@@ -139,7 +125,7 @@ def plane_metrics(config: ServeConfig, clock: Clock, instance_ids: Sequence[str]
 
 
 async def _start_api(
-    plane: Plane, config: ServeConfig, settings: ApiSettings, clock: Clock
+    plane: Plane, config: ServeConfig, settings: ApiAppConfig, clock: Clock
 ) -> None:
     app = create_app(settings, plane.queue, clock, metrics=plane.metrics)
     if not settings.auth_required and config.api.host not in ("127.0.0.1", "localhost", "::1"):

@@ -24,15 +24,15 @@ from typing import Any
 import yaml
 from pydantic import SecretStr, ValidationError
 
-from qlm.api.settings import ApiKey
+from qlm.api.settings import ApiConfig, ApiKey
 from qlm.config import ConfigError
-from qlm.serve.config import ApiServerSettings, QueueSettings, ServeConfig
+from qlm.serve.config import QueueConfig, ServeConfig
 
 Environ = Mapping[str, str]
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
-def queue_url(settings: QueueSettings, environ: Environ) -> str | None:
+def queue_url(settings: QueueConfig, environ: Environ) -> str | None:
     """The queue URL: from the variable `url_env` names when it is set, else `url`; None is
     the in-memory queue. A named variable that is unset, with no `url` to fall back on, is
     an error (an API replica must not silently run on a queue of its own)."""
@@ -78,7 +78,7 @@ def queue_options(config: ServeConfig, url: str | None, environ: Environ) -> dic
     return options
 
 
-def _queue_password(q: QueueSettings, environ: Environ) -> str | None:
+def _queue_password(q: QueueConfig, environ: Environ) -> str | None:
     if q.password_env is not None:
         password = environ.get(q.password_env)
         if not password:
@@ -96,7 +96,7 @@ def _queue_password(q: QueueSettings, environ: Environ) -> str | None:
     return None
 
 
-def api_keys(settings: ApiServerSettings, environ: Environ) -> tuple[ApiKey, ...]:
+def api_keys(settings: ApiConfig, environ: Environ) -> tuple[ApiKey, ...]:
     """Every configured key with its tenant; a key given twice is an error."""
     keys = [*_inline_keys(settings.keys)]
     if settings.keys_file is not None:

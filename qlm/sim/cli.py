@@ -131,12 +131,12 @@ def run_policies(
     scenario: Scenario, policies: Sequence[str], seed: int, progress: bool = True
 ) -> list[SimResult]:
     """Each policy on the same requests (the scenario's, drawn once with `seed`)."""
-    from qlm.sim.runner import SimOptions, simulate
+    from qlm.sim.runner import SimConfig, simulate
 
     requests = scenario.requests(seed)
     fleet = scenario.fleet()
     config = scenario.config
-    options = SimOptions(max_time_s=scenario.horizon_s or math.inf)
+    options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
     results = []
     for name in policies:
         with _Bar(name, len(requests), progress) as report:
@@ -285,12 +285,12 @@ def plan_capacity(
 ) -> CapacityResult:
     """Simulate fleets chosen by the capacity search; the requests are drawn once."""
     from qlm.sim.capacity import Evaluation, SearchSpace, cheapest_fleet
-    from qlm.sim.runner import SimOptions, simulate
+    from qlm.sim.runner import SimConfig, simulate
 
     scenario = question.scenario
     requests = scenario.requests(question.seed)
     config = scenario.config
-    options = SimOptions(max_time_s=scenario.horizon_s or math.inf)
+    options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
     costs: dict[tuple[int, ...], float] = {}
 
     def sized(counts: Mapping[str, int]) -> Scenario:

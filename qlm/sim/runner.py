@@ -73,7 +73,7 @@ MAX_ENGINE_ABORTS = 3  # an engine dropping a request this often on its own fail
 
 
 @dataclass(frozen=True, slots=True)
-class SimOptions:
+class SimConfig:
     """How long to run and what to record.
 
     max_time_s: stop at this virtual time. stall_s: stop when nothing happened for this long.
@@ -93,7 +93,7 @@ def simulate(
     seed: int,
     *,
     progress: Progress | None = None,
-    options: SimOptions | None = None,
+    options: SimConfig | None = None,
     policy_options: Mapping[str, object] | None = None,
     engine_factory: EngineFactory | None = None,
 ) -> SimResult:
@@ -105,7 +105,7 @@ def simulate(
         policy,
         config,
         seed,
-        options=options or SimOptions(),
+        options=options or SimConfig(),
         progress=progress,
         engine_factory=engine_factory or SimulatedEngines(),
     )
@@ -207,7 +207,7 @@ class Simulation:
         config: QlmConfig,
         seed: int,
         *,
-        options: SimOptions,
+        options: SimConfig,
         progress: Progress | None,
         engine_factory: EngineFactory,
     ) -> None:

@@ -1,6 +1,6 @@
 """Workloads: streams of requests with an arrival process, a rate shape, lengths and mixes.
 
-A workload is a list of streams (`StreamSpec`). Each stream draws from its own random
+A workload is a list of streams (`StreamConfig`). Each stream draws from its own random
 generators, one per component (arrivals, lengths, models, classes), seeded from the scenario
 seed and the component's name (`component_rng`), so adding or changing one stream or component
 never shifts another's draws.
@@ -23,16 +23,15 @@ import hashlib
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
+from qlm.config import StrictModel, resolve_relative
 from qlm.sim.traces import TRACE_FORMATS, Trace, load_trace
 from qlm.types import Request, SloClass
 
@@ -53,34 +52,14 @@ def component_rng(seed: int, component: str) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=(key,)))
 
 
-# --- trace paths: resolved against the scenario file's folder -------------------------------
-
-_BASE_DIR: ContextVar[Path | None] = ContextVar("qlm_sim_base_dir", default=None)
-
-
-@contextmanager
-def relative_to(base_dir: Path) -> Iterator[None]:
-    """Resolve relative trace paths validated inside this block against base_dir."""
-    token = _BASE_DIR.set(base_dir)
-    try:
-        yield
-    finally:
-        _BASE_DIR.reset(token)
-
-
-def resolve_relative(path: Path) -> Path:
-    """A path as given when absolute (or outside a `relative_to` block), else under the
-    block's base folder; resolved."""
-    base = _BASE_DIR.get()
-    return (path if path.is_absolute() or base is None else base / path).resolve()
+# --- trace paths: resolved against the scenario file's folder (qlm.config.relative_to) ------
 
 
 def _existing_file(path: Path) -> Path:
-    base = _BASE_DIR.get()
-    full = path if path.is_absolute() or base is None else base / path
+    full = resolve_relative(path)
     if not full.is_file():
         raise ValueError(f"file not found: {full}")
-    return full.resolve()
+    return full
 
 
 def _known_format(fmt: str) -> str:
@@ -93,25 +72,21 @@ TracePath = Annotated[Path, AfterValidator(_existing_file)]
 TraceFormat = Annotated[str, AfterValidator(_known_format)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # --- arrival processes ----------------------------------------------------------------------
 
 
-class PoissonArrivals(_Strict):
+class PoissonArrivals(StrictModel):
     process: Literal["poisson"]
     rate_per_s: float = Field(gt=0, description="Mean arrivals per second (before ramp/bursts).")
 
 
-class GammaArrivals(_Strict):
+class GammaArrivals(StrictModel):
     process: Literal["gamma"]
     rate_per_s: float = Field(gt=0, description="Mean arrivals per second (before ramp/bursts).")
     cv: float = Field(gt=0, le=100, description="Coefficient of variation of the gaps.")
 
 
-class TraceArrivals(_Strict):
+class TraceArrivals(StrictModel):
     process: Literal["trace"]
     path: TracePath = Field(description="Trace file, relative to the scenario file.")
     format: TraceFormat = Field(default="azure", description="azure, mooncake or vidur.")
@@ -121,7 +96,7 @@ class TraceArrivals(_Strict):
     offset_s: float = Field(default=0.0, ge=0, description="Skip the trace's first seconds.")
 
 
-class BacklogArrivals(_Strict):
+class BacklogArrivals(StrictModel):
     process: Literal["backlog"]
 
 
@@ -131,7 +106,7 @@ Arrivals = Annotated[
 ]
 
 
-class RampSpec(_Strict):
+class RampConfig(StrictModel):
     """The rate changes linearly from the stream's rate to to_rate_per_s between start_s and
     end_s (relative to the stream's start); constant before and after."""
 
@@ -140,7 +115,7 @@ class RampSpec(_Strict):
     end_s: float | None = Field(default=None, gt=0, description="Default: the stream's end.")
 
 
-class BurstSpec(_Strict):
+class BurstConfig(StrictModel):
     """For duration_s from start_s (relative to the stream's start) the rate is factor x."""
 
     start_s: float = Field(ge=0)
@@ -151,7 +126,7 @@ class BurstSpec(_Strict):
 # --- lengths ---------------------------------------------------------------------------------
 
 
-class TraceLengths(_Strict):
+class TraceLengths(StrictModel):
     """Prompt and output lengths drawn jointly (one row at a time, with replacement) from a
     trace's rows, optionally restricted to prompts in [min_prompt_tokens, max_prompt_tokens]."""
 
@@ -163,13 +138,13 @@ class TraceLengths(_Strict):
     max_output_tokens: int | None = Field(default=None, ge=1, description="Cap (clip).")
 
 
-class FixedLengths(_Strict):
+class FixedLengths(StrictModel):
     source: Literal["fixed"]
     prompt_tokens: int = Field(ge=1)
     output_tokens: int = Field(ge=1)
 
 
-class ReplayLengths(_Strict):
+class ReplayLengths(StrictModel):
     """The replayed trace rows' own lengths (trace arrivals only)."""
 
     source: Literal["replay"]
@@ -184,7 +159,7 @@ Lengths = Annotated[TraceLengths | FixedLengths | ReplayLengths, Field(discrimin
 Weights = Annotated[dict[str, Annotated[float, Field(gt=0)]], Field(min_length=1)]
 
 
-class StreamSpec(_Strict):
+class StreamConfig(StrictModel):
     """One stream of requests. Needs count or duration_s, except a trace replay (which ends
     with its trace)."""
 
@@ -193,14 +168,14 @@ class StreamSpec(_Strict):
     start_s: float = Field(default=0.0, ge=0, description="When the stream begins.")
     count: int | None = Field(default=None, ge=1, le=100_000_000)
     duration_s: float | None = Field(default=None, gt=0)
-    ramp: RampSpec | None = None
-    bursts: tuple[BurstSpec, ...] = ()
+    ramp: RampConfig | None = None
+    bursts: tuple[BurstConfig, ...] = ()
     models: Weights = Field(description="Model name -> weight.")
     classes: Weights = Field(description="SLO class name -> weight.")
     lengths: Lengths | None = Field(default=None, description="Default: replay (traces only).")
 
     @model_validator(mode="after")
-    def _consistent(self) -> StreamSpec:
+    def _consistent(self) -> StreamConfig:
         arrivals = self.arrivals
         shaped = self.ramp is not None or bool(self.bursts)
         if isinstance(arrivals, BacklogArrivals):
@@ -229,7 +204,7 @@ class StreamSpec(_Strict):
         assert end is not None
         return end
 
-    def with_rate_scale(self, factor: float) -> StreamSpec:
+    def with_rate_scale(self, factor: float) -> StreamConfig:
         """Rates x factor (trace times / factor); a backlog is unchanged."""
         arrivals = self.arrivals
         update: dict[str, object] = {}
@@ -369,7 +344,7 @@ class StreamChunk:
     class_index: IntArray
 
 
-def _unit_gaps(spec: StreamSpec, rng: np.random.Generator, n: int) -> FloatArray:
+def _unit_gaps(spec: StreamConfig, rng: np.random.Generator, n: int) -> FloatArray:
     arrivals = spec.arrivals
     if isinstance(arrivals, GammaArrivals):
         shape = 1.0 / (arrivals.cv * arrivals.cv)
@@ -377,7 +352,7 @@ def _unit_gaps(spec: StreamSpec, rng: np.random.Generator, n: int) -> FloatArray
     return rng.exponential(1.0, n)
 
 
-def _renewal_times(spec: StreamSpec, seed: int) -> Iterator[FloatArray]:
+def _renewal_times(spec: StreamConfig, seed: int) -> Iterator[FloatArray]:
     """Arrival times relative to the stream's start, chunk by chunk, unbounded."""
     rng = component_rng(seed, f"{spec.name}/arrivals")
     profile = spec.rate_profile()
@@ -393,7 +368,7 @@ def _renewal_times(spec: StreamSpec, seed: int) -> Iterator[FloatArray]:
             return
 
 
-def _trace_rows(spec: StreamSpec) -> tuple[Trace, int]:
+def _trace_rows(spec: StreamConfig) -> tuple[Trace, int]:
     arrivals = spec.arrivals
     assert isinstance(arrivals, TraceArrivals)
     trace = load_trace(arrivals.path, arrivals.format)
@@ -401,7 +376,7 @@ def _trace_rows(spec: StreamSpec) -> tuple[Trace, int]:
     return trace, first
 
 
-def _trace_times(spec: StreamSpec) -> Iterator[FloatArray]:
+def _trace_times(spec: StreamConfig) -> Iterator[FloatArray]:
     arrivals = spec.arrivals
     assert isinstance(arrivals, TraceArrivals)
     trace, first = _trace_rows(spec)
@@ -410,7 +385,7 @@ def _trace_times(spec: StreamSpec) -> Iterator[FloatArray]:
         yield times[i : i + CHUNK]
 
 
-def _arrival_times(spec: StreamSpec, seed: int) -> Iterator[FloatArray]:
+def _arrival_times(spec: StreamConfig, seed: int) -> Iterator[FloatArray]:
     """Arrival times relative to the stream's start, cut at count and duration_s."""
     arrivals = spec.arrivals
     if isinstance(arrivals, BacklogArrivals):
@@ -436,7 +411,7 @@ def _arrival_times(spec: StreamSpec, seed: int) -> Iterator[FloatArray]:
 class _LengthSampler:
     """Draws (prompt, output) lengths for one stream from its own generator."""
 
-    def __init__(self, spec: StreamSpec, seed: int) -> None:
+    def __init__(self, spec: StreamConfig, seed: int) -> None:
         self.spec = spec
         self.lengths = spec.lengths if spec.lengths is not None else ReplayLengths(source="replay")
         self.rng = component_rng(seed, f"{spec.name}/lengths")
@@ -475,7 +450,7 @@ def _categorical(rng: np.random.Generator, weights: Mapping[str, float], n: int)
     return rng.choice(len(p), size=n, p=p / p.sum()).astype(np.int64)
 
 
-def stream_chunks(spec: StreamSpec, seed: int) -> Iterator[StreamChunk]:
+def stream_chunks(spec: StreamConfig, seed: int) -> Iterator[StreamChunk]:
     """The stream's requests, in arrival order, CHUNK at a time."""
     lengths = _LengthSampler(spec, seed)
     models_rng = component_rng(seed, f"{spec.name}/models")
@@ -496,7 +471,7 @@ def stream_chunks(spec: StreamSpec, seed: int) -> Iterator[StreamChunk]:
 
 
 def stream_requests(
-    spec: StreamSpec, seed: int, slo_classes: Mapping[str, SloClass]
+    spec: StreamConfig, seed: int, slo_classes: Mapping[str, SloClass]
 ) -> Iterator[Request]:
     models = list(spec.models)
     classes = [slo_classes[c] for c in spec.classes]
@@ -517,7 +492,7 @@ def stream_requests(
 
 
 def iter_requests(
-    streams: Sequence[StreamSpec],
+    streams: Sequence[StreamConfig],
     seed: int,
     slo_classes: Mapping[str, SloClass],
     horizon_s: float | None = None,

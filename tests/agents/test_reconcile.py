@@ -14,7 +14,7 @@ from qlm.agents.reconcile import (
     QueuedGroup,
     QueuedItem,
     ReconcileInput,
-    ReconcileOptions,
+    ReconcileConfig,
     reconcile,
 )
 from qlm.engine.client import EngineObservation, EngineRequest, EngineState
@@ -56,7 +56,7 @@ def group(
 
 
 def run(o: EngineObservation, *queue: QueuedGroup, **opts: bool | int) -> tuple[object, ...]:
-    return reconcile(ReconcileInput(o, tuple(queue), PRIORITY), ReconcileOptions(**opts))
+    return reconcile(ReconcileInput(o, tuple(queue), PRIORITY), ReconcileConfig(**opts))
 
 
 def test_pulls_in_plan_order_up_to_free_slots() -> None:

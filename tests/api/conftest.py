@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from qlm.api import ApiSettings, ModelInfo, create_app
+from qlm.api import ApiAppConfig, ApiConfig, ModelConfig, create_app
 from qlm.clock import VirtualClock
 from qlm.config import SloClassConfig
 from qlm.queue.memory import MemoryQueue
@@ -26,24 +26,28 @@ CLASSES = (
 )
 
 
-def make_settings(**overrides: object) -> ApiSettings:
+def make_settings(**overrides: object) -> ApiAppConfig:
+    """Two models and the test classes; an override of an ApiConfig field goes to `api`."""
     values: dict[str, object] = {
-        "models": {
-            "m7b": ModelInfo(max_context_tokens=4096),
-            "m13b": ModelInfo(max_context_tokens=2048, max_output_tokens=512),
-        },
+        "models": (
+            ModelConfig(name="m7b", max_context_tokens=4096),
+            ModelConfig(name="m13b", max_context_tokens=2048, max_output_tokens=512),
+        ),
         "slo_classes": CLASSES,
         "default_slo_class": "interactive",
+    }
+    api: dict[str, object] = {
         "max_body_bytes": 64 * 1024,
         "completion_timeout_s": 10.0,
         "default_max_tokens": 64,
     }
-    values.update(overrides)
-    return ApiSettings.model_validate(values)
+    for name, value in overrides.items():
+        (api if name in ApiConfig.model_fields else values)[name] = value
+    return ApiAppConfig.model_validate({**values, "api": api})
 
 
 @pytest.fixture
-def settings() -> ApiSettings:
+def settings() -> ApiAppConfig:
     return make_settings()
 
 
@@ -60,7 +64,7 @@ async def queue() -> AsyncIterator[MemoryQueue]:
 
 
 @pytest.fixture
-def app(settings: ApiSettings, queue: MemoryQueue, clock: VirtualClock) -> FastAPI:
+def app(settings: ApiAppConfig, queue: MemoryQueue, clock: VirtualClock) -> FastAPI:
     return create_app(settings, queue, clock)
 
 

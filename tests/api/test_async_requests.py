@@ -8,10 +8,10 @@ from collections.abc import Mapping
 import httpx
 
 from qlm.api import create_app
-from qlm.api.settings import ApiSettings
+from qlm.api.settings import ApiAppConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.queue.memory import MemoryQueue, MemoryQueueOptions
+from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.types import RequestState
 from tests.api.conftest import NOW_S, wait_until
 from tests.api.fake_agent import INSTANCE, FakeAgent
@@ -150,7 +150,9 @@ class BrokenQueue(MemoryQueue):
         raise ConnectionError("redis is down")
 
 
-async def test_not_ready_when_queue_unreachable(settings: ApiSettings, clock: VirtualClock) -> None:
+async def test_not_ready_when_queue_unreachable(
+    settings: ApiAppConfig, clock: VirtualClock
+) -> None:
     app = create_app(settings, BrokenQueue(), clock)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
         resp = await c.get("/readyz")
@@ -159,8 +161,8 @@ async def test_not_ready_when_queue_unreachable(settings: ApiSettings, clock: Vi
         assert (await c.get("/healthz")).status_code == 200  # alive all the same
 
 
-async def test_full_queue_is_429(settings: ApiSettings, clock: VirtualClock) -> None:
-    app = create_app(settings, MemoryQueue(MemoryQueueOptions(max_queued=1)), clock)
+async def test_full_queue_is_429(settings: ApiAppConfig, clock: VirtualClock) -> None:
+    app = create_app(settings, MemoryQueue(MemoryQueueConfig(max_queued=1)), clock)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
         assert (await c.post(SUBMIT, json=BODY)).status_code == 202
         resp = await c.post(SUBMIT, json=BODY)
@@ -176,7 +178,7 @@ class CharCounter:
         return max(1, len(text))
 
 
-async def test_custom_token_counter(settings: ApiSettings, clock: VirtualClock) -> None:
+async def test_custom_token_counter(settings: ApiAppConfig, clock: VirtualClock) -> None:
     app = create_app(settings, MemoryQueue(), clock, token_counter=CharCounter())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
         body = {"kind": "completion", "model": "m7b", "prompt": "twelve chars"}

@@ -13,7 +13,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from qlm.api import ApiSettings, create_app
+from qlm.api import ApiAppConfig, create_app
 from qlm.api.settings import ApiKey
 from qlm.clock import VirtualClock
 from qlm.queue.memory import MemoryQueue
@@ -31,7 +31,7 @@ def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
-def keyed_settings(**overrides: Any) -> ApiSettings:
+def keyed_settings(**overrides: Any) -> ApiAppConfig:
     keys = (
         ApiKey(key=ALPHA, tenant="alpha"),
         ApiKey(key=ALPHA_2, tenant="alpha"),  # two keys of one tenant: rotation
@@ -41,7 +41,7 @@ def keyed_settings(**overrides: Any) -> ApiSettings:
 
 
 @pytest.fixture
-def settings() -> ApiSettings:
+def settings() -> ApiAppConfig:
     return keyed_settings()
 
 

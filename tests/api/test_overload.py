@@ -11,12 +11,12 @@ import httpx
 import openai
 import pytest
 
-from qlm.api import ApiSettings, create_app
-from qlm.api.settings import ApiKey, QuotaSettings
+from qlm.api import ApiAppConfig, create_app
+from qlm.api.settings import ApiKey, QuotaConfig
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.queue.memory import MemoryQueue, MemoryQueueOptions
+from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.types import RequestState
 from tests.api.conftest import NOW_S, make_settings, serving
 
@@ -33,7 +33,7 @@ def as_tenant(tenant: str) -> dict[str, str]:
     return {"authorization": f"Bearer {KEYS[tenant]}"}
 
 
-def keyed(**overrides: Any) -> ApiSettings:
+def keyed(**overrides: Any) -> ApiAppConfig:
     keys = tuple(ApiKey(key=k, tenant=t) for t, k in KEYS.items())
     return make_settings(api_keys=keys, **overrides)
 
@@ -48,8 +48,10 @@ async def clients(clock: VirtualClock) -> AsyncIterator[Any]:
     """Builds an app on a memory queue with the given options; yields (client, queue)."""
     made: list[httpx.AsyncClient] = []
 
-    def build(settings: ApiSettings, **queue_options: Any) -> tuple[httpx.AsyncClient, MemoryQueue]:
-        queue = MemoryQueue(MemoryQueueOptions(**queue_options))
+    def build(
+        settings: ApiAppConfig, **queue_options: Any
+    ) -> tuple[httpx.AsyncClient, MemoryQueue]:
+        queue = MemoryQueue(MemoryQueueConfig(**queue_options))
         app = create_app(settings, queue, clock)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a")
         made.append(client)
@@ -107,8 +109,8 @@ async def test_places_are_kept_for_interactive_requests(clients: Any) -> None:
 
 async def test_request_rate_quota_per_tenant(clients: Any, clock: VirtualClock) -> None:
     settings = keyed(
-        quota=QuotaSettings(requests_per_s=0.5, burst_requests=2),
-        tenant_quotas={"beta": QuotaSettings()},  # beta: no limit
+        quota=QuotaConfig(requests_per_s=0.5, burst_requests=2),
+        tenant_quotas={"beta": QuotaConfig()},  # beta: no limit
     )
     client, queue = clients(settings)
     alpha = as_tenant("alpha")
@@ -130,7 +132,7 @@ async def test_request_rate_quota_per_tenant(clients: Any, clock: VirtualClock) 
 
 
 async def test_token_quota_charges_prompt_and_output_cap(clients: Any, clock: VirtualClock) -> None:
-    client, _ = clients(keyed(quota=QuotaSettings(tokens_per_min=600, burst_tokens=100)))
+    client, _ = clients(keyed(quota=QuotaConfig(tokens_per_min=600, burst_tokens=100)))
     prompt_tokens = Utf8BytesCounter().count("hi")
     cost = prompt_tokens + 60
     alpha = as_tenant("alpha")
@@ -148,7 +150,7 @@ async def test_token_quota_charges_prompt_and_output_cap(clients: Any, clock: Vi
 
 
 async def test_a_refused_enqueue_gives_its_quota_back(clients: Any) -> None:
-    settings = keyed(quota=QuotaSettings(requests_per_s=0.001, burst_requests=2))
+    settings = keyed(quota=QuotaConfig(requests_per_s=0.001, burst_requests=2))
     client, queue = clients(settings, max_queued=1)
     alpha = as_tenant("alpha")
     first = await client.post(SUBMIT, json=body(), headers=alpha)
@@ -161,8 +163,8 @@ async def test_a_refused_enqueue_gives_its_quota_back(clients: Any) -> None:
 
 
 async def test_openai_client_sees_rate_limit_errors(clients: Any, clock: VirtualClock) -> None:
-    settings = keyed(quota=QuotaSettings(requests_per_s=1.0, burst_requests=1))
-    queue = MemoryQueue(MemoryQueueOptions(max_queued=0))
+    settings = keyed(quota=QuotaConfig(requests_per_s=1.0, burst_requests=1))
+    queue = MemoryQueue(MemoryQueueConfig(max_queued=0))
     app = create_app(settings, queue, clock)
     async with serving(app) as url:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEYS["alpha"], max_retries=0)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from qlm.api import ApiSettings, ModelInfo
+from qlm.api import ApiAppConfig, ModelConfig
+from qlm.api.settings import ApiConfig
 from qlm.api.admission import Admitter
 from qlm.api.errors import ApiError, param_of
 from qlm.api.schemas import ChatBody, CompletionBody
@@ -145,23 +146,23 @@ def test_settings_validation() -> None:
     with pytest.raises(ValidationError, match="default_slo_class"):
         make_settings(default_slo_class="gold")
     with pytest.raises(ValidationError):
-        make_settings(models={})
+        make_settings(models=())
     with pytest.raises(ValidationError):
         make_settings(surprise=1)
     with pytest.raises(ValidationError):
-        ModelInfo(max_context_tokens=0)
+        ModelConfig(max_context_tokens=0)
 
 
 def test_settings_from_qlm_config() -> None:
     config = QlmConfig.model_validate(
         {"slo_classes": [{"name": "fast", "ttft_s": 1.0}], "default_slo_class": "fast"}
     )
-    settings = ApiSettings.from_config(
-        config, {"m": ModelInfo(max_context_tokens=100)}, completion_timeout_s=5.0
+    settings = ApiAppConfig.from_config(
+        config, [ModelConfig(name="m", max_context_tokens=100)], ApiConfig(completion_timeout_s=5.0)
     )
     assert list(settings.slo_class_map()) == ["fast"]
     assert settings.default_slo_class == "fast"
-    assert settings.completion_timeout_s == 5.0
+    assert settings.api.completion_timeout_s == 5.0
 
 
 @pytest.mark.parametrize(
@@ -181,12 +182,13 @@ def test_param_paths(loc: tuple[int | str, ...], param: str | None) -> None:
 def test_settings_load_from_yaml(tmp_path: Path) -> None:
     path = tmp_path / "api.yaml"
     path.write_text(
-        "models:\n  m7b: {max_context_tokens: 4096}\ncompletion_timeout_s: 30\n"
-        "token_counter: whitespace\n"
+        "models:\n  - {name: m7b, max_context_tokens: 4096}\n"
+        "api: {completion_timeout_s: 30, token_counter: whitespace}\n"
     )
-    settings = load_yaml_model(path, ApiSettings)
-    assert settings.models["m7b"].max_context_tokens == 4096
+    settings = load_yaml_model(path, ApiAppConfig)
+    assert settings.model_map()["m7b"].max_context_tokens == 4096
+    assert settings.api.token_counter == "whitespace"
     assert settings.default_slo_class == "interactive"
-    path.write_text("models:\n  m7b: {max_context_tokens: -1}\n")
-    with pytest.raises(ConfigError, match=r"api.yaml:2: models.m7b.max_context_tokens"):
-        load_yaml_model(path, ApiSettings)
+    path.write_text("models:\n  - {name: m7b, max_context_tokens: -1}\n")
+    with pytest.raises(ConfigError, match=r"api.yaml:2: models.0.max_context_tokens"):
+        load_yaml_model(path, ApiAppConfig)

@@ -15,13 +15,13 @@ from pydantic import BaseModel
 
 from qlm.config import load_yaml_model
 from qlm.engine.vllm import VllmEngineConfig
-from qlm.metrics.settings import MetricsSettings
+from qlm.metrics.settings import MetricsConfig
 from qlm.serve import cli as serve_cli
 from qlm.serve.config import (
-    AgentSettings,
-    ApiServerSettings,
+    AgentConfig,
+    ApiConfig,
     ControllerSettings,
-    EngineSettings,
+    LiveEngineConfig,
     ServeConfig,
 )
 from qlm.types import DEFAULT_GPU_TYPES
@@ -201,12 +201,12 @@ def schema_properties(*path: str) -> set[str]:
 
 # values.schema.json section -> (settings class, fields the chart sets itself)
 PASSTHROUGH: dict[tuple[str, ...], tuple[type[BaseModel], set[str]]] = {
-    ("api", "settings"): (ApiServerSettings, {"host", "port"}),
+    ("api", "settings"): (ApiConfig, {"host", "port"}),
     ("controller", "settings"): (ControllerSettings, {"node_id"}),
-    ("agent", "settings"): (AgentSettings, set()),
-    ("engine",): (EngineSettings, set()),
+    ("agent", "settings"): (AgentConfig, set()),
+    ("engine",): (LiveEngineConfig, set()),
     ("#vllm",): (VllmEngineConfig, {"models"}),
-    ("metrics", "settings"): (MetricsSettings, {"host", "port"}),
+    ("metrics", "settings"): (MetricsConfig, {"host", "port"}),
 }
 
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.metrics import NO_METRICS, MetricsSettings, PlaneMetrics, met_slo
+from qlm.metrics import NO_METRICS, MetricsConfig, PlaneMetrics, met_slo
 from qlm.planner.types import Plan, PlanStatus
 from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.types import Request, RequestState
@@ -26,7 +26,7 @@ def recorder(**settings: object) -> PlaneMetrics:
         models=MODELS,
         instances=("i0",),
         planner_policy="milp",
-        settings=MetricsSettings.model_validate(settings),
+        settings=MetricsConfig.model_validate(settings),
     )
 
 

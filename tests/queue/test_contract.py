@@ -22,7 +22,7 @@ from qlm.queue.base import (
     UnknownRequestError,
 )
 from qlm.queue.factory import make_queue
-from qlm.queue.memory import MemoryQueue, MemoryQueueOptions
+from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.queue.records import InstanceStatus, RequestRecord, RequestResult, StreamEvent, StreamKind
 from qlm.types import Request, RequestState
 from tests.factories import make_request
@@ -661,7 +661,7 @@ def test_factory_picks_the_implementation_by_scheme() -> None:
 
 
 async def test_memory_drops_the_oldest_finished_records() -> None:
-    queue = MemoryQueue(MemoryQueueOptions(max_finished_records=2))
+    queue = MemoryQueue(MemoryQueueConfig(max_finished_records=2))
     await enqueue_n(queue, 4)
     for rid in ("r0", "r1", "r2"):
         assert await queue.cancel(rid, now_s=1.0)

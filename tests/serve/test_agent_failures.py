@@ -11,7 +11,7 @@ from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.client import Aborted, EngineEvent, EngineObservation, EngineState
 from qlm.queue.memory import MemoryQueue
 from qlm.serve.agent import Agent
-from qlm.serve.config import AgentSettings
+from qlm.serve.config import AgentConfig
 from qlm.types import Fleet, Request, RequestState
 from tests.factories import make_instance, make_profile, make_request
 
@@ -53,7 +53,7 @@ def test_a_request_the_engine_keeps_refusing_fails_after_max_dispatches() -> Non
         queue = MemoryQueue(clock=clock)
         engine = RefusingEngine()
         fleet = Fleet.of([make_instance("i0")], [make_profile("m7b")])
-        settings = AgentSettings(max_dispatches=3)
+        settings = AgentConfig(max_dispatches=3)
         agent = Agent(make_instance("i0"), engine, queue, fleet, clock, settings, {})
         await queue.enqueue(make_request(id="r0"))
         group = PlannedGroup("g", "m7b", "interactive", ("r0",), (500,), (512,))

@@ -44,14 +44,26 @@ FLEET_CASES = [
     pytest.param(
         "gpu_type: A10, count: 2",
         "gpu_type: B200, count: 2",
-        "instances.0.gpu_type: 'B200' unknown",
+        "fleet.instances.0.gpu_type: unknown gpu_type 'B200'",
         id="unknown-gpu",
     ),
     pytest.param(
         "model: vicuna-13b}",
-        "model: llama-x}",
-        "instances.1.model: 'llama-x' is not in models",
+        "model: llama-70b}",
+        "fleet.instances.1.model: 'llama-70b' is not in models",
         id="unknown-model",
+    ),
+    pytest.param(
+        "model: vicuna-13b}",
+        "model: llama-x}",
+        "fleet.instances.1.model: llama-x cannot run on 1 x A100 (no profile",
+        id="no-profile",
+    ),
+    pytest.param(
+        "id: a100-flex, gpu_type: A100",
+        "id: a10, gpu_type: A100",
+        "fleet.instances.2.id: instance id 'a10' is used twice",
+        id="duplicate-id",
     ),
     pytest.param(
         "url: null ",
@@ -191,6 +203,67 @@ def test_unknown_agent_instances_are_named(
     assert (
         "--instance h100-9: not in the fleet; known: ['a10-0', 'a10-1', 'a100', 'a100-flex']" in err
     )
+
+
+OLD_FLEET = """\
+models:
+  - {name: mistral-7b}
+gpu_memory_gib: {cpu: 1}
+instances:
+  - {id: a10, gpu_type: A10, count: 2, model: mistral-7b}
+"""
+OLD_SNAPSHOT = """\
+fleet:
+  instances:
+    - {id: a10, gpu_type: A10, loaded_model: mistral-7b, busy_s: 3}
+  profiles:
+    - {model: mistral-7b, gpu_type: A10, weight_gb: 13.5, kv_kib_per_token: 128,
+       decode_batch_sizes: [1], decode_step_ms: [20], prefill_tokens_per_s: 8000,
+       output_tokens_mean: 200, output_tokens_std: 100, load_s: 30}
+requests:
+  - {model: mistral-7b, slo_class: interactive, count: 1}
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "expected"),
+    [
+        pytest.param(
+            "serve",
+            OLD_FLEET,
+            [
+                (5, "instances: no longer read: moved to fleet.instances"),
+                (3, "gpu_memory_gib: no longer read: moved to fleet.gpu_types"),
+            ],
+            id="fleet-file",
+        ),
+        pytest.param(
+            "plan",
+            OLD_SNAPSHOT,
+            [
+                (3, "fleet.instances.0.loaded_model: no longer read: renamed to model"),
+                (3, "fleet.instances.0.busy_s: no longer read: a snapshot's busy_s is a top-level"),
+                (5, "fleet.profiles.0.weight_gb: no longer read: the inline format is the profile"),
+                (6, "fleet.profiles.0.decode_step_ms: no longer read"),
+            ],
+            id="snapshot",
+        ),
+    ],
+)
+def test_old_field_names_are_refused_saying_where_they_went(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    text: str,
+    expected: list[tuple[int, str]],
+) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text(text)
+    err = run_cli(
+        [command, "--config", str(path)] if command == "serve" else [command, str(path)], capsys
+    )
+    for line, message in expected:
+        assert f"{path}:{line}: {message}" in err, err
 
 
 SCENARIO_CASES = [

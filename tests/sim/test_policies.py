@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from qlm.agents.reconcile import ReconcileOptions
+from qlm.agents.reconcile import ReconcileConfig
 from qlm.sim.policies import SIM_POLICIES, make_policy
 from qlm.sim.policies.qlm import QlmPolicy, QlmSettings
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import SimOptions, Simulation, default_engine_factory, simulate
+from qlm.sim.runner import SimConfig, Simulation, default_engine_factory, simulate
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile
 from tests.sim.cases import CONFIG, mixed_requests, two_model_fleet
@@ -61,7 +61,7 @@ def test_fcfs_routes_to_the_least_loaded_instance_of_the_model_and_never_swaps()
     requests = [req(f"r{i}", 0.0, output=50) for i in range(6)]
     requests.append(req("other", 0.0, model="m13b"))  # nobody has m13b loaded
     fleet = one_slot_fleet(instances=3, models=("m7b", "m13b"))
-    result = simulate(fleet, requests, "fcfs", CONFIG, 1, options=SimOptions(stall_s=60.0))
+    result = simulate(fleet, requests, "fcfs", CONFIG, 1, options=SimConfig(stall_s=60.0))
     placed = Counter(o.instance_id for o in result.outcomes if o.request_id != "other")
     assert placed == {"i0": 2, "i1": 2, "i2": 2}
     assert outcome(result, "r0")[1] == "i0"
@@ -180,7 +180,7 @@ def test_qlm_shortcuts_decide_exactly_as_full_agent_steps() -> None:
             QlmPolicy(QlmSettings(planner="edf", shortcuts=shortcuts), "qlm-edf"),
             CONFIG,
             1,
-            options=SimOptions(),
+            options=SimConfig(),
             progress=None,
             engine_factory=default_engine_factory,
         ).run()
@@ -221,7 +221,7 @@ def test_ranking_on_an_overloaded_case() -> None:
 def test_reconcile_options_reach_the_agents() -> None:
     policy = make_policy("qlm-no-evict")
     assert isinstance(policy, QlmPolicy)
-    assert policy.settings.reconcile == ReconcileOptions(allow_evict=False)
+    assert policy.settings.reconcile == ReconcileConfig(allow_evict=False)
     no_swap = make_policy("qlm-no-swap")
     assert isinstance(no_swap, QlmPolicy)
     assert not no_swap.settings.reconcile.allow_model_swap

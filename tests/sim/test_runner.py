@@ -13,7 +13,7 @@ from qlm.sim.policies import SIM_POLICIES
 from qlm.sim.policies.base import NO_ACTIONS, Actions, BasePolicy
 from qlm.sim.result import OutcomeState, SimResult
 from qlm.sim.runner import (
-    SimOptions,
+    SimConfig,
     SimulatedEngines,
     Simulation,
     SimulationError,
@@ -113,7 +113,7 @@ def test_requests_no_instance_serves_end_unfinished_and_the_run_stops() -> None:
     requests = mixed_requests(50, 10.0, 5, models=("m7b",))
     ghost = Request("ghost", "m70b", 100, 10, "batch-1", 1.0, 61.0)
     result = simulate(
-        two_model_fleet(), [*requests, ghost], "fcfs", CONFIG, 1, options=SimOptions(stall_s=30.0)
+        two_model_fleet(), [*requests, ghost], "fcfs", CONFIG, 1, options=SimConfig(stall_s=30.0)
     )
     states = {o.request_id: o.state for o in result.outcomes}
     assert states.pop("ghost") is OutcomeState.UNFINISHED
@@ -126,7 +126,7 @@ def test_requests_no_instance_serves_end_unfinished_and_the_run_stops() -> None:
 def test_max_time_cuts_the_run() -> None:
     requests = mixed_requests(200, 20.0, 5)
     result = simulate(
-        two_model_fleet(), requests, "edf", CONFIG, 1, options=SimOptions(max_time_s=5.0)
+        two_model_fleet(), requests, "edf", CONFIG, 1, options=SimConfig(max_time_s=5.0)
     )
     assert result.end_s <= 5.0
     unfinished = [o for o in result.outcomes if o.state is OutcomeState.UNFINISHED]
@@ -149,7 +149,7 @@ def test_queue_samples_count_waiting_requests() -> None:
     # All at t = 0: the first sample sees every request waiting, the last sees none.
     requests = [Request(f"r{i}", "m7b", 200, 50, "batch-2", 0.0, 3600.0) for i in range(200)]
     result = simulate(
-        two_model_fleet(), requests, "edf", CONFIG, 1, options=SimOptions(sample_every_s=0.5)
+        two_model_fleet(), requests, "edf", CONFIG, 1, options=SimConfig(sample_every_s=0.5)
     )
     index = result.slo_classes.index("batch-2")
     assert result.queue_samples[0].at_s == 0.0
@@ -206,7 +206,7 @@ def test_a_policy_asking_for_the_impossible_is_a_simulation_error() -> None:
         _PullsToTheWrongModel(),
         CONFIG,
         1,
-        options=SimOptions(),
+        options=SimConfig(),
         progress=None,
         engine_factory=default_engine_factory,
     )
@@ -222,7 +222,7 @@ def test_a_policy_that_does_nothing_leaves_everything_unfinished() -> None:
         _Idle(),
         CONFIG,
         1,
-        options=SimOptions(stall_s=10.0),
+        options=SimConfig(stall_s=10.0),
         progress=None,
         engine_factory=default_engine_factory,
     )

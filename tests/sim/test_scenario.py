@@ -18,15 +18,15 @@ AZURE = SIMS / "data" / "azure_llm_2023_conv.csv"
 
 PROFILES = """\
   profiles:
-    - {model: m7b, gpu_type: A100, weight_gb: 14, kv_kib_per_token: 128,
-       decode_batch_sizes: [1, 64], decode_step_ms: [20, 40], prefill_tokens_per_s: 10000,
+    - {model: m7b, gpu_type: A100, weight_bytes: 15032385536, kv_bytes_per_token: 131072,
+       decode_table: {batch_sizes: [1, 64], step_s: [0.02, 0.04]}, prefill_tokens_per_s: 10000,
        output_tokens_mean: 200, output_tokens_std: 100, load_s: 10}
-    - {model: m7b, gpu_type: A10, weight_gb: 14, kv_kib_per_token: 128,
-       decode_batch_sizes: [1, 64], decode_step_ms: [30, 60], prefill_tokens_per_s: 5000,
+    - {model: m7b, gpu_type: A10, weight_bytes: 15032385536, kv_bytes_per_token: 131072,
+       decode_table: {batch_sizes: [1, 64], step_s: [0.03, 0.06]}, prefill_tokens_per_s: 5000,
        output_tokens_mean: 200, output_tokens_std: 100, load_s: 10}
-    - {model: big, gpu_type: A100, gpu_count: 2, weight_gb: 100, kv_kib_per_token: 320,
-       decode_batch_sizes: [1, 64], decode_step_ms: [40, 80], prefill_tokens_per_s: 3000,
-       output_tokens_mean: 200, output_tokens_std: 100, load_s: 60}
+    - {model: big, gpu_type: A100, gpu_count: 2, weight_bytes: 107374182400,
+       kv_bytes_per_token: 327680, decode_table: {batch_sizes: [1, 64], step_s: [0.04, 0.08]},
+       prefill_tokens_per_s: 3000, output_tokens_mean: 200, output_tokens_std: 100, load_s: 60}
 """
 
 BASE = f"""\

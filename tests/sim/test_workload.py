@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from qlm.sim.traces import TraceError, load_trace
 from qlm.sim.workload import (
     RateProfile,
-    StreamSpec,
+    StreamConfig,
     component_rng,
     iter_requests,
     stream_chunks,
@@ -30,7 +30,7 @@ CLASSES = {c.name: c for c in DEFAULT_SLO_CLASSES}
 FIXED = {"source": "fixed", "prompt_tokens": 100, "output_tokens": 10}
 
 
-def stream(**fields: Any) -> StreamSpec:
+def stream(**fields: Any) -> StreamConfig:
     data: dict[str, Any] = {
         "name": "s",
         "models": {"m": 1},
@@ -38,14 +38,14 @@ def stream(**fields: Any) -> StreamSpec:
         "lengths": FIXED,
     }
     data.update(fields)
-    return StreamSpec.model_validate(data)
+    return StreamConfig.model_validate(data)
 
 
-def arrivals(spec: StreamSpec, seed: int = 0) -> np.ndarray:
+def arrivals(spec: StreamConfig, seed: int = 0) -> np.ndarray:
     return np.concatenate([c.arrival_s for c in stream_chunks(spec, seed)])
 
 
-def requests(*specs: StreamSpec, seed: int = 0) -> list[Request]:
+def requests(*specs: StreamConfig, seed: int = 0) -> list[Request]:
     return list(iter_requests(specs, seed, CLASSES))
 
 

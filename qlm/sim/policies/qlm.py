@@ -33,7 +33,7 @@ from qlm.agents.reconcile import (
     QueuedGroup,
     QueuedItem,
     ReconcileInput,
-    ReconcileOptions,
+    ReconcileConfig,
     reconcile,
 )
 from qlm.clock import WallClock
@@ -65,7 +65,7 @@ class QlmSettings:
     min_replan_gap_s: float = 1.0  # at most one re-plan start per this much virtual time
     planning_latency_s: float | None = None  # None: planner time limit (milp), else 0
     planner: str | None = None  # override config.planner.policy (qlm-edf: "edf")
-    reconcile: ReconcileOptions = field(default_factory=ReconcileOptions)
+    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     pin_models: bool = False  # plan as if every loaded instance can hold only its model
     shortcuts: bool = True  # skip agent steps and queue tails that cannot change reconcile
 

@@ -75,7 +75,7 @@ for all of them and an agent looks its own instance up by id (the pod name).
 {{- end -}}
 {{- end -}}
 
-{{/* EngineSettings: the global engine block, the pool's vLLM overrides and model folders. */}}
+{{/* LiveEngineConfig: the global engine block, the pool's vLLM overrides and model folders. */}}
 {{- define "qlm.engineSettings" -}}
 {{- $root := index . 0 -}}
 {{- $pool := index . 1 -}}
