@@ -903,25 +903,26 @@ def plane_config(engine: Any, redis_url: str | None, path: Path) -> Path:
         "controller": fleet["controller"],
         "agent": fleet["agent"],
         "engine": {"kind": "vllm", "vllm": engine.model_dump(mode="json")},
-        "gpu_memory_gib": {"cpu": 1.0},
-        "packaged_profiles": False,
-        "profiles": [
-            {
-                "model": "tiny-a",
-                "gpu_type": "cpu",
-                "weight_gb": 0.01,
-                "kv_kib_per_token": 1,
-                "decode_batch_sizes": [1, 16],
-                "decode_step_ms": [8, 20],
-                "prefill_tokens_per_s": 20_000,
-                "output_tokens_mean": 32,
-                "output_tokens_std": 1,
-                "load_s": 30,
-                "max_batch_size": engine.max_num_seqs,
-            }
-        ],
         "models": [{"name": "tiny-a", "max_context_tokens": engine.max_model_len}],
-        "instances": [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a"}],
+        "fleet": {
+            "gpu_types": {"cpu": {"memory_gib": 1.0}},
+            "packaged_profiles": False,
+            "instances": [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a"}],
+            "profiles": [
+                {
+                    "model": "tiny-a",
+                    "gpu_type": "cpu",
+                    "weight_bytes": 10737418,  # 0.01 GiB
+                    "kv_bytes_per_token": 1024,
+                    "decode_table": {"batch_sizes": [1, 16], "step_s": [0.008, 0.02]},
+                    "prefill_tokens_per_s": 20_000,
+                    "output_tokens_mean": 32,
+                    "output_tokens_std": 1,
+                    "load_s": 30,
+                    "max_batch_size": engine.max_num_seqs,
+                }
+            ],
+        },
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

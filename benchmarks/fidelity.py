@@ -379,8 +379,9 @@ def serve_config(
     run: RunSpec, profiles: Mapping[str, ProfileFile], models: Mapping[str, Path], qlm: QlmConfig
 ) -> ServeConfig:
     """The live plane of a run: vLLM engines as profiled, the estimator on the fitted
-    profiles (as inline decode tables; the estimator reads nothing else)."""
-    inline = [profile_spec(p.to_profile()) for p in profiles.values()]
+    profiles (as inline decode tables; the estimator reads nothing else). The instances are
+    named as in the run's scenario (one group: cpu, or cpu-0, cpu-1, ...)."""
+    inline = [inline_profile(p.to_profile()) for p in profiles.values()]
     memory = {p.to_profile().model: _live_memory_gib(p.to_profile()) for p in profiles.values()}
     return ServeConfig.model_validate(
         {
@@ -389,35 +390,25 @@ def serve_config(
             "agent": AGENT,
             "api": {"port": 0},
             "engine": {"kind": "vllm", "vllm": engine_config(models).model_dump(mode="json")},
-            "gpu_memory_gib": {GPU_TYPE: max(memory.values())},
-            "packaged_profiles": False,
-            "profiles": inline,
             "models": [{"name": m, "max_context_tokens": ENGINE["max_model_len"]} for m in models],
-            "instances": [
-                {"id": f"cpu-{k}", "gpu_type": GPU_TYPE, "model": "tiny-a"}
-                for k in range(run.instances)
-            ],
+            "fleet": {
+                "gpu_types": {GPU_TYPE: {"memory_gib": max(memory.values())}},
+                "packaged_profiles": False,
+                "profiles": inline,
+                "instances": [
+                    {"id": "cpu", "gpu_type": GPU_TYPE, "model": "tiny-a", "count": run.instances}
+                ],
+            },
         }
     )
 
 
-def profile_spec(p: Profile) -> dict[str, Any]:
-    """A Profile as the fleet file's inline form (qlm/snapshot.py ProfileSpec)."""
-    return {
-        "model": p.model,
-        "gpu_type": p.gpu_type,
-        "gpu_count": p.gpu_count,
-        "weight_gb": p.weight_bytes / GIB,
-        "kv_kib_per_token": p.kv_bytes_per_token / 1024,
-        "decode_batch_sizes": list(p.decode_batch_sizes),
-        "decode_step_ms": [1000 * s for s in p.decode_step_s],
-        "prefill_tokens_per_s": p.prefill_tokens_per_s,
-        "output_tokens_mean": p.output_tokens_mean,
-        "output_tokens_std": p.output_tokens_std,
-        "load_s": p.load_s,
-        "max_batch_size": p.max_batch_size,
-        "provenance": "benchmarks/fidelity.py: fitted by qlm profile",
-    }
+def inline_profile(p: Profile) -> dict[str, Any]:
+    """A Profile as the fleet file's inline form (the profile file format): its decode table
+    and prefill rate, no step model, the default KV floor and memory utilisation."""
+    plain = replace(p, step_time=None, min_kv_tokens=4096, gpu_memory_utilization=0.9)
+    spec = ProfileFile.of(plain, "benchmarks/fidelity.py: fitted by qlm profile")
+    return spec.model_dump(mode="json", exclude_none=True)
 
 
 def _live_memory_gib(p: Profile) -> float:

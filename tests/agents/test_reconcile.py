@@ -13,8 +13,8 @@ from qlm.agents.actions import Evict, KvDirection, LoadModel, Pull, SwapKv
 from qlm.agents.reconcile import (
     QueuedGroup,
     QueuedItem,
-    ReconcileInput,
     ReconcileConfig,
+    ReconcileInput,
     reconcile,
 )
 from qlm.engine.client import EngineObservation, EngineRequest, EngineState

@@ -43,10 +43,9 @@ START_TIMEOUT_S = 90.0  # a cold Python start of qlm on a busy 2-core machine
 PROFILE: dict[str, Any] = {
     "model": MODEL,
     "gpu_type": "A100",
-    "weight_gb": 14,
-    "kv_kib_per_token": 128,
-    "decode_batch_sizes": [1, 8],
-    "decode_step_ms": [20, 20],
+    "weight_bytes": 14 << 30,
+    "kv_bytes_per_token": 128 * 1024,
+    "decode_table": {"batch_sizes": [1, 8], "step_s": [0.02, 0.02]},
     "prefill_tokens_per_s": 100_000,
     "output_tokens_mean": 100,
     "output_tokens_std": 10,
@@ -72,10 +71,12 @@ def fleet_config(redis_url: str, *, count: int = 2, **sections: Any) -> dict[str
         "agent": {"poll_s": 0.01, "lease_s": LEASE_S, "status_every_s": 0.25},
         "engine": {"kind": "emulated", "speedup": 1.0, "output_length": "cap"},
         "metrics": {"host": "127.0.0.1", "port": 0},  # several processes share a host
-        "packaged_profiles": False,
-        "profiles": [PROFILE],
         "models": [{"name": MODEL, "max_context_tokens": 4096}],
-        "instances": [{"id": "i", "gpu_type": "A100", "model": MODEL, "count": count}],
+        "fleet": {
+            "packaged_profiles": False,
+            "profiles": [PROFILE],
+            "instances": [{"id": "i", "gpu_type": "A100", "model": MODEL, "count": count}],
+        },
     }
     return config | sections
 

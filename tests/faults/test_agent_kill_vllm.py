@@ -50,10 +50,9 @@ def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
     profile = {
         "model": MODEL,
         "gpu_type": "cpu",
-        "weight_gb": 0.01,
-        "kv_kib_per_token": 1,
-        "decode_batch_sizes": [1, 4],
-        "decode_step_ms": [8, 12],
+        "weight_bytes": 10737418,  # 0.01 GiB
+        "kv_bytes_per_token": 1024,
+        "decode_table": {"batch_sizes": [1, 4], "step_s": [0.008, 0.012]},
         "prefill_tokens_per_s": 20_000,
         "output_tokens_mean": 200,
         "output_tokens_std": 100,
@@ -63,10 +62,13 @@ def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
     return fleet_config(
         redis_url,
         engine={"kind": "vllm", "vllm": engine.model_dump(mode="json")},
-        gpu_memory_gib={"cpu": 1.0},
-        profiles=[profile],
         models=[{"name": MODEL, "max_context_tokens": 1024}],
-        instances=[{"id": "i", "gpu_type": "cpu", "model": MODEL, "count": 2}],
+        fleet={
+            "gpu_types": {"cpu": {"memory_gib": 1.0}},
+            "packaged_profiles": False,
+            "profiles": [profile],
+            "instances": [{"id": "i", "gpu_type": "cpu", "model": MODEL, "count": 2}],
+        },
     )
 
 

@@ -13,8 +13,8 @@ from qlm.serve.cli import _load, add_commands
 from qlm.serve.config import ServeConfig
 
 FLEET = {
-    "models": [{"name": "m"}],
-    "instances": [{"id": "i", "gpu_type": "A100", "model": "m"}],
+    "models": [{"name": "mistral-7b"}],
+    "fleet": {"instances": [{"id": "i", "gpu_type": "A100", "model": "mistral-7b"}]},
 }
 
 

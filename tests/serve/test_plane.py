@@ -19,10 +19,9 @@ pytestmark = pytest.mark.timeout(120)
 
 PROFILE = {
     "gpu_type": "A100",
-    "weight_gb": 14,
-    "kv_kib_per_token": 128,
-    "decode_batch_sizes": [1, 2],
-    "decode_step_ms": [20, 20],
+    "weight_bytes": 14 << 30,
+    "kv_bytes_per_token": 128 * 1024,
+    "decode_table": {"batch_sizes": [1, 2], "step_s": [0.02, 0.02]},
     "prefill_tokens_per_s": 100_000,
     "output_tokens_mean": 100,
     "output_tokens_std": 10,
@@ -45,10 +44,12 @@ def config(instances: Sequence[dict[str, Any]], **agent: Any) -> ServeConfig:
             "controller": {"tick_s": 0.05},
             "agent": {"poll_s": 0.01, **agent},
             "engine": {"kind": "emulated", "speedup": 1.0, "output_length": "cap"},
-            "packaged_profiles": False,
-            "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
             "models": [{"name": "m-a"}, {"name": "m-b"}],
-            "instances": list(instances),
+            "fleet": {
+                "packaged_profiles": False,
+                "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
+                "instances": list(instances),
+            },
         }
     )
 

@@ -49,10 +49,12 @@ def secured(tmp_path: Path, port: int, **queue: Any) -> ServeConfig:
             "controller": {"tick_s": 0.05},
             "agent": {"poll_s": 0.01},
             "engine": {"kind": "emulated", "output_length": "cap"},
-            "packaged_profiles": False,
-            "profiles": [{"model": "m-a", **PROFILE}],
             "models": [{"name": "m-a"}],
-            "instances": [{"id": "a100", "gpu_type": "A100", "model": "m-a"}],
+            "fleet": {
+                "packaged_profiles": False,
+                "profiles": [{"model": "m-a", **PROFILE}],
+                "instances": [{"id": "a100", "gpu_type": "A100", "model": "m-a"}],
+            },
         }
     )
 

@@ -32,10 +32,9 @@ def tiny_profile(model: str) -> dict[str, Any]:
     return {
         "model": model,
         "gpu_type": "cpu",
-        "weight_gb": 0.01,
-        "kv_kib_per_token": 1,
-        "decode_batch_sizes": [1, 4],
-        "decode_step_ms": [8, 12],
+        "weight_bytes": 10737418,  # 0.01 GiB
+        "kv_bytes_per_token": 1024,
+        "decode_table": {"batch_sizes": [1, 4], "step_s": [0.008, 0.012]},
         "prefill_tokens_per_s": 20_000,
         "output_tokens_mean": 200,
         "output_tokens_std": 100,
@@ -71,14 +70,16 @@ def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
             "controller": {"tick_s": 0.1},
             "agent": {"poll_s": 0.02},
             "engine": {"kind": "vllm", "vllm": engine.model_dump(mode="json")},
-            "gpu_memory_gib": {"cpu": 1.0},
-            "packaged_profiles": False,
-            "profiles": [tiny_profile("tiny-a"), tiny_profile("tiny-b")],
             "models": [
                 {"name": "tiny-a", "max_context_tokens": 2048},
                 {"name": "tiny-b", "max_context_tokens": 2048},
             ],
-            "instances": [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a", "count": 2}],
+            "fleet": {
+                "gpu_types": {"cpu": {"memory_gib": 1.0}},
+                "packaged_profiles": False,
+                "profiles": [tiny_profile("tiny-a"), tiny_profile("tiny-b")],
+                "instances": [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a", "count": 2}],
+            },
         }
     )
 

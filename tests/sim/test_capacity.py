@@ -147,11 +147,11 @@ fleet:
     - {gpu_type: A10, count: 0, model: m7b}
     - {gpu_type: A100, count: 0, model: m7b}
   profiles:
-    - {model: m7b, gpu_type: A100, weight_gb: 14, kv_kib_per_token: 128,
-       decode_batch_sizes: [1, 32], decode_step_ms: [20, 30], prefill_tokens_per_s: 10000,
+    - {model: m7b, gpu_type: A100, weight_bytes: 15032385536, kv_bytes_per_token: 131072,
+       decode_table: {batch_sizes: [1, 32], step_s: [0.02, 0.03]}, prefill_tokens_per_s: 10000,
        output_tokens_mean: 100, output_tokens_std: 50, load_s: 10, max_batch_size: 32}
-    - {model: m7b, gpu_type: A10, weight_gb: 14, kv_kib_per_token: 128,
-       decode_batch_sizes: [1, 32], decode_step_ms: [40, 60], prefill_tokens_per_s: 4000,
+    - {model: m7b, gpu_type: A10, weight_bytes: 15032385536, kv_bytes_per_token: 131072,
+       decode_table: {batch_sizes: [1, 32], step_s: [0.04, 0.06]}, prefill_tokens_per_s: 4000,
        output_tokens_mean: 100, output_tokens_std: 50, load_s: 10, max_batch_size: 32}
 workload:
   - name: chat

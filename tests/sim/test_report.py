@@ -96,10 +96,9 @@ def scenario() -> Scenario:
                     {
                         "model": "m7b",
                         "gpu_type": "A100",
-                        "weight_gb": 14,
-                        "kv_kib_per_token": 128,
-                        "decode_batch_sizes": [1, 64],
-                        "decode_step_ms": [20, 40],
+                        "weight_bytes": 14 << 30,
+                        "kv_bytes_per_token": 128 * 1024,
+                        "decode_table": {"batch_sizes": [1, 64], "step_s": [0.02, 0.04]},
                         "prefill_tokens_per_s": 10000,
                         "output_tokens_mean": 200,
                         "output_tokens_std": 100,

@@ -32,8 +32,8 @@ from qlm.agents.drain import drain_estimate_s
 from qlm.agents.reconcile import (
     QueuedGroup,
     QueuedItem,
-    ReconcileInput,
     ReconcileConfig,
+    ReconcileInput,
     reconcile,
 )
 from qlm.clock import WallClock

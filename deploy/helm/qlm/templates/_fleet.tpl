@@ -17,21 +17,28 @@ for all of them and an agent looks its own instance up by id (the pod name).
 {{- $models = append $models (dict "name" .name "max_context_tokens" (int .maxContextTokens)) -}}
 {{- end -}}
 {{- $api := merge (dict "host" "0.0.0.0" "port" (int $v.api.port)) (deepCopy $v.api.settings) -}}
+{{- $gpuTypes := dict -}}
+{{- range $name, $gib := $v.fleet.gpuMemoryGiB -}}
+{{- $_ := set $gpuTypes $name (dict "memory_gib" $gib) -}}
+{{- end -}}
 {{- $fleet := dict
+    "gpu_types" $gpuTypes
+    "packaged_profiles" $v.fleet.packagedProfiles
+    "profiles" $v.fleet.profiles
+    "instances" (include "qlm.instances" $root | fromYamlArray)
+-}}
+{{- $file := dict
     "qlm" $v.qlm
     "queue" (dict "url_env" "QLM_QUEUE_URL" "key_prefix" $v.fleet.queueKeyPrefix)
     "api" $api
     "controller" $v.controller.settings
     "agent" $v.agent.settings
-    "engine" (include "qlm.engineSettings" (list $root $pool) | fromYaml)
-    "gpu_memory_gib" $v.fleet.gpuMemoryGiB
-    "packaged_profiles" $v.fleet.packagedProfiles
-    "profiles" $v.fleet.profiles
+    "engine" (include "qlm.engineConfig" (list $root $pool) | fromYaml)
     "models" $models
-    "instances" (include "qlm.instances" $root | fromYamlArray)
+    "fleet" $fleet
 -}}
-{{- $_ := set $fleet "metrics" (merge (dict "host" "0.0.0.0" "port" (int $v.metrics.port)) (deepCopy (default (dict) $v.metrics.settings))) -}}
-{{- toYaml $fleet -}}
+{{- $_ := set $file "metrics" (merge (dict "host" "0.0.0.0" "port" (int $v.metrics.port)) (deepCopy (default (dict) $v.metrics.settings))) -}}
+{{- toYaml $file -}}
 {{- end -}}
 
 {{/* Every instance of every pool: id = pod name = <pool StatefulSet>-<ordinal>. */}}
@@ -75,8 +82,9 @@ for all of them and an agent looks its own instance up by id (the pod name).
 {{- end -}}
 {{- end -}}
 
-{{/* LiveEngineConfig: the global engine block, the pool's vLLM overrides and model folders. */}}
-{{- define "qlm.engineSettings" -}}
+{{/* The fleet file's engine section (LiveEngineConfig): the global engine block, the pool's
+     vLLM overrides and model folders. */}}
+{{- define "qlm.engineConfig" -}}
 {{- $root := index . 0 -}}
 {{- $pool := index . 1 -}}
 {{- $v := $root.Values -}}
