@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 from pydantic import ValidationError
@@ -15,6 +17,7 @@ from qlm.config import (
     PlannerConfig,
     QlmConfig,
     SloClassConfig,
+    StrictModel,
     load_yaml_model,
 )
 from qlm.types import DEFAULT_SLO_CLASSES
@@ -298,3 +301,49 @@ def test_completion_before_ttft_rejected_at_load(tmp_path: Path) -> None:
     # SloClass rejects completion_s < ttft_s; the config layer should reject it at load time.
     with pytest.raises(ConfigError, match="completion_s"):
         load_yaml_model(path, QlmConfig)
+
+
+# --- one base, one suffix -------------------------------------------------------------------
+
+PACKAGE = Path(__file__).parent.parent / "qlm"
+# Not config: ControllerSettings and QlmSettings are being replaced by a driver config;
+# StreamOptions is the OpenAI request body's `stream_options`.
+NOT_RENAMED = {"ControllerSettings", "QlmSettings", "StreamOptions"}
+
+
+def _classes() -> list[tuple[str, ast.ClassDef]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found.append((str(path.relative_to(PACKAGE)), node))
+    return found
+
+
+def test_the_strict_base_is_declared_once() -> None:
+    """Config models derive from qlm.config.StrictModel instead of repeating extra="forbid"."""
+    strict = [
+        f"{path}:{node.name}"
+        for path, node in _classes()
+        if 'extra="forbid"' in ast.unparse(node).replace("'", '"')
+    ]
+    assert strict == ["config.py:StrictModel"]
+
+
+def test_config_classes_end_in_config() -> None:
+    odd = [
+        f"{path}:{node.name}"
+        for path, node in _classes()
+        if node.name.endswith(("Settings", "Spec", "Options")) and node.name not in NOT_RENAMED
+    ]
+    assert odd == []
+
+
+def test_moved_fields_are_refused_with_where_they_went() -> None:
+    class Old(StrictModel):
+        moved_fields = MappingProxyType({"old_name": "renamed to new_name"})
+        new_name: int = 0
+
+    assert Old(new_name=1).new_name == 1
+    with pytest.raises(ValidationError, match="old_name\n  no longer read: renamed to new_name"):
+        Old.model_validate({"old_name": 1})
