@@ -141,17 +141,7 @@ class FleetConfig(StrictModel):
     @classmethod
     def _current_profile_format(cls, profiles: Any) -> Any:
         if isinstance(profiles, Sequence) and not isinstance(profiles, str):
-            old = [
-                (
-                    (i, name),
-                    f"no longer read: the inline format is the profile file format "
-                    f"(qlm/engine/README.md); use {new}",
-                )
-                for i, p in enumerate(profiles)
-                if isinstance(p, Mapping)
-                for name, new in _OLD_PROFILE_FIELDS.items()
-                if name in p
-            ]
+            old = list(_old_profile_fields(profiles))
             if old:
                 fail_at("FleetConfig", old)
         return profiles
@@ -322,6 +312,17 @@ class FleetConfig(StrictModel):
             for i, n in zip(idx, shares, strict=True):
                 groups[i] = groups[i].model_copy(update={"count": n})
         return self.model_copy(update={"instances": tuple(groups)})
+
+
+def _old_profile_fields(profiles: Sequence[Any]) -> Iterator[Problem]:
+    for i, profile in enumerate(profiles):
+        for name, new in _OLD_PROFILE_FIELDS.items():
+            if isinstance(profile, Mapping) and name in profile:
+                yield (
+                    (i, name),
+                    "no longer read: the inline format is the profile file format "
+                    f"(qlm/engine/README.md); use {new}",
+                )
 
 
 @functools.cache

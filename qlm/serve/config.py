@@ -2,7 +2,13 @@
 control plane. Errors name file, line and field (qlm.config.load_yaml_model). Nothing here
 reads the environment or secret files: the file names where secrets are (an environment
 variable holding the queue URL or the Redis password, a mounted file with the password or
-the API keys), and qlm/serve/secrets.py reads them when a process starts."""
+the API keys), and qlm/serve/secrets.py reads them when a process starts.
+
+Sections: `qlm` (QlmConfig, qlm/config.py), `queue` (QueueConfig), `api` (ApiConfig,
+qlm/api/settings.py), `controller` (ControllerSettings), `agent` (AgentConfig), `engine`
+(LiveEngineConfig), `metrics` (MetricsConfig, qlm/metrics/settings.py), `models`
+(ModelConfig, qlm/api/settings.py) and `fleet` (FleetConfig, qlm/fleet_config.py: the same
+section as in `qlm plan` snapshots and `qlm simulate` scenarios)."""
 
 from __future__ import annotations
 
