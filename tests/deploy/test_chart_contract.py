@@ -113,12 +113,12 @@ def test_agents_find_their_instance_and_only_their_pools_models(
 ) -> None:
     manifests = rendered[name]
     files = fleet_files(manifests)
-    everyone = {i["id"]: i for i in files["fleet.yaml"]["instances"]}
+    everyone = {i["id"]: i for i in files["fleet.yaml"]["fleet"]["instances"]}
     pod_names = set()
     for sts in pool_statefulsets(manifests):
         pool_name = sts["metadata"]["labels"]["qlm.io/pool"]
         pool_file = files[f"fleet-{pool_name}.yaml"]
-        assert pool_file["instances"] == files["fleet.yaml"]["instances"]
+        assert pool_file["fleet"]["instances"] == files["fleet.yaml"]["fleet"]["instances"]
         gpus = container(sts)["resources"]["limits"]["nvidia.com/gpu"]
         for ordinal in range(sts["spec"]["replicas"]):
             pod = f"{sts['metadata']['name']}-{ordinal}"  # StatefulSet pod naming
@@ -155,7 +155,7 @@ def test_every_command_line_parses_with_qlms_own_parser(
 ) -> None:
     manifests = rendered[name]
     files = fleet_files(manifests)
-    instances = {i["id"] for i in files["fleet.yaml"]["instances"]}
+    instances = {i["id"] for i in files["fleet.yaml"]["fleet"]["instances"]}
     parser = serve_parser()
     seen = set()
     for workload in workloads(manifests):
