@@ -1,4 +1,5 @@
-"""Scenario files: a fleet, a workload and the policy configuration, in YAML.
+"""Scenario files: a fleet (the shared `fleet:` section, qlm/fleet_config.py), a workload and the
+policy configuration, in YAML.
 
 `load_scenario(path)` validates a file with pydantic; every error names the file, the line and
 the field. The format is documented in qlm/sim/README.md; sims/ has examples.
