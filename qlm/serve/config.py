@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -118,7 +118,10 @@ class ApiServerSettings(_Strict):
 
 
 class ControllerSettings(_Strict):
-    tick_s: float = Field(default=1.0, gt=0, description="Re-check the plan at least this often.")
+    """The live control loop's process settings. When it checks and re-plans, and how much of
+    each virtual queue agents see, is `qlm.control` (QlmConfig.control), shared with the
+    simulator."""
+
     leader_lease_s: float = Field(default=5.0, gt=0, description="Leader lease in Redis.")
     node_id: str | None = Field(default=None, description="Leader-election id; default random.")
     instance_timeout_s: float = Field(
@@ -133,18 +136,21 @@ class ControllerSettings(_Strict):
         description="Control rounds start at most this often; arrivals in between are taken "
         "together.",
     )
-    min_replan_interval_s: float = Field(
-        default=0.5,
-        ge=0,
-        description="Full re-plans (regroup + solve) at most this often once a plan exists; "
-        "arrivals in between join their planned groups.",
-    )
-    published_members_per_instance: int = Field(
-        default=512,
-        ge=1,
-        description="Requests per virtual queue in the plan agents read (the head they "
-        "admit from); the rest is published as the head leaves.",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in MOVED_TO_CONTROL:
+                if name in data:
+                    raise ValueError(
+                        f"controller.{name} moved to qlm.control.{name} (shared with the "
+                        "simulator's scenario files)"
+                    )
+        return data
+
+
+MOVED_TO_CONTROL = ("tick_s", "min_replan_interval_s", "published_members_per_instance")
 
 
 class AgentSettings(_Strict):

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
+from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.clock import Clock, VirtualClock, WallClock
 from qlm.config import QlmConfig
 from qlm.engine.client import (
@@ -451,7 +451,16 @@ class Simulation:
             return
         self._last_progress_s = self._loop.now_s()
         for action in actions:
-            self._appliers[type(action)](action)
+            for step in self._steps(action):
+                self._appliers[type(step)](step)
+
+    def _steps(self, action: Action) -> tuple[Action, ...]:
+        """The primitives an action comes down to (qlm.agents.actions.lso_steps, the rules
+        the live agents follow too)."""
+        if not isinstance(action, LoadModel):
+            return (action,)
+        slot = self._slot_for(action)
+        return lso_steps((action,), tuple(slot.held), slot.model, slot.loading)
 
     def _slot_for(self, action: Pull | Evict | SwapKv | LoadModel) -> _Slot:
         slot = self._slots.get(action.instance_id)
@@ -500,12 +509,9 @@ class Simulation:
     def _load_model(self, action: Action) -> None:
         assert isinstance(action, LoadModel)
         slot = self._slot_for(action)
-        if slot.model == action.model and not slot.loading:
-            return
         if not self._fleet.can_serve(slot.instance, action.model):
             raise SimulationError(f"{action}: instance cannot hold {action.model}")
-        slot.evicting.update(slot.held)  # the engine aborts them; they count as evicted
-        slot.engine.load_model(action.model)
+        slot.engine.load_model(action.model)  # lso_steps evicted what it held
         slot.model = action.model
         slot.loading = True
         slot.load_started_s = self._loop.now_s()
