@@ -44,8 +44,12 @@ CORE = [
 ]
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {
-    "queue/redis_queue.py": {"redis", "asyncio", "time"},
-    "queue/redis_pokes.py": {"redis", "asyncio"},
+    "queue/redis/config.py": {"redis"},
+    "queue/redis/queue.py": {"redis"},
+    "queue/redis/batching.py": {"redis", "asyncio"},
+    "queue/redis/plans.py": {"redis", "asyncio", "time"},
+    "queue/redis/streams.py": {"redis", "asyncio"},
+    "queue/redis/pokes.py": {"redis", "asyncio"},
     "queue/memory.py": {"asyncio"},
     "queue/base.py": {"asyncio"},
     "engine/client.py": {"asyncio"},
@@ -56,9 +60,9 @@ ADAPTERS: dict[str, set[str]] = {
     "engine/tiny_models.py": set(),
 }
 # Where each I/O library may be imported at all (STYLE.md: only the queue's Redis adapter
-# imports redis (redis_queue.py and its stream wake-ups), only the api imports fastapi).
+# imports redis (the qlm/queue/redis package), only the api imports fastapi).
 ONLY_IN: dict[str, tuple[str, ...]] = {
-    "redis": ("queue/redis_queue.py", "queue/redis_pokes.py"),
+    "redis": ("queue/redis/",),
     "fastapi": ("api",),
 }
 

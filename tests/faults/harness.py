@@ -28,7 +28,7 @@ import redis.asyncio as aredis
 import yaml
 
 from qlm.queue.records import InstanceStatus, RequestRecord
-from qlm.queue.redis_queue import RedisQueue, RedisQueueConfig
+from qlm.queue.redis import RedisQueue, RedisQueueConfig
 from tests.faults.report import FaultReport
 from tests.redis_server import RedisServer, RedisServerError, free_port, redis_server_binary
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from qlm.queue.redis_queue import RedisQueue
+from qlm.queue.redis import RedisQueue
 from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import open_queue, running_plane
 from tests.factories import make_request

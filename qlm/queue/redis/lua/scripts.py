@@ -197,7 +197,7 @@ return 1
 )
 
 # Every append to a request's stream is also PUBLISHed on a channel named like the stream:
-# readers (qlm/queue/redis_pokes.py) hold one pattern subscription per process instead of one
+# readers (qlm/queue/redis/pokes.py) hold one pattern subscription per process instead of one
 # blocking XREAD connection per open stream.
 # KEYS: record, stream
 # ARGV: kind, attempt, time, text, tokens, offset

@@ -1,7 +1,7 @@
 """Wake-ups for readers of request output streams, one Redis connection per process.
 
 Every append to a request's stream is also PUBLISHed on a channel named like the stream key
-(qlm/queue/lua/scripts.py). A process holds one pattern subscription (`{prefix}s:*`) and wakes
+(qlm/queue/redis/lua/scripts.py). A process holds one pattern subscription (`{prefix}s:*`) and wakes
 the local readers of that stream, who then read the new entries with a non-blocking XRANGE.
 Before, every open stream held a blocking XREAD connection of its own: thousands of
 connections for thousands of streaming clients, each opened on the first token.
