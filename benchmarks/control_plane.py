@@ -1,6 +1,6 @@
-"""`.venv/bin/python benchmarks/control_plane.py [...]`: the control-plane benchmark's entry
-point. The benchmark is the package benchmarks/control_plane/ (which `from benchmarks import
-control_plane` imports: a package takes precedence over a module of the same name)."""
+"""Entry point: `.venv/bin/python benchmarks/control_plane.py [...]` runs the benchmark in
+the package benchmarks/control_plane/ (`from benchmarks import control_plane` imports that
+package: a package takes precedence over a module of the same name)."""
 
 import sys
 from pathlib import Path

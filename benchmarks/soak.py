@@ -1,5 +1,5 @@
-"""`.venv/bin/python benchmarks/soak.py [...]`: the soak benchmark's entry point. The benchmark
-is the package benchmarks/soak/ (which `from benchmarks import soak` imports: a package takes
+"""Entry point: `.venv/bin/python benchmarks/soak.py [...]` runs the benchmark in the package
+benchmarks/soak/ (`from benchmarks import soak` imports that package: a package takes
 precedence over a module of the same name)."""
 
 import sys
