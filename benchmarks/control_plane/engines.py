@@ -12,14 +12,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common.plane import (
-    Proc,
-    descendants,
-    example_fleet,
-    start_qlm,
-    stop,
-    wait_http,
-)
+from benchmarks.common.plane import Proc, descendants, example_fleet, start_qlm, stop, wait_http
 from benchmarks.report import ROOT
 from tests.redis_server import free_port
 

@@ -18,14 +18,7 @@ from benchmarks.control_plane.admission import SETUPS, AdmissionOptions, run_adm
 from benchmarks.control_plane.overhead import OverheadOptions, run_overhead
 from benchmarks.control_plane.render import print_tables, render, write_docs
 from benchmarks.control_plane.targets import admission_targets, overhead_targets
-from benchmarks.report import (
-    DOCS_PATH,
-    RESULTS_DIR,
-    ROOT,
-    finish_header,
-    run_header,
-    write_results,
-)
+from benchmarks.report import DOCS_PATH, RESULTS_DIR, ROOT, finish_header, run_header, write_results
 
 RESULTS_PATH = RESULTS_DIR / "control_plane.json"
 QUICK_RESULTS_PATH = RESULTS_DIR / "control_plane_quick.json"

@@ -20,11 +20,7 @@ from benchmarks.fidelity.settings import (
     say,
 )
 from qlm.clock import WallClock
-from qlm.engine.library import (
-    ProfileFile,
-    StepTimeSpec,
-    write_profile_file,
-)
+from qlm.engine.library import ProfileFile, StepTimeSpec, write_profile_file
 from qlm.engine.profiling import (
     ProfileFit,
     ProfileGrid,

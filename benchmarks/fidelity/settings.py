@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import ROOT
-from qlm.engine.profiling import (
-    ProfileGrid,
-)
+from qlm.engine.profiling import ProfileGrid
 
 DOCS = ROOT / "docs" / "fidelity.md"
 QUICK_DIR = ROOT / "benchmarks" / "results" / "fidelity-quick"  # --quick: nothing in docs/
