@@ -16,7 +16,7 @@ true output lengths drawn from the profile's lognormal, mean 211, std 163):
     .venv/bin/python benchmarks/engine_model.py
         # a table, and benchmarks/results/engine_model.json
 
-Reported per scenario: wall seconds, simulated seconds, events (FirstToken + Finished),
+Reported per scenario: wall seconds, simulated seconds, events (FirstToken + RequestFinished),
 iterations, segments (runs of iterations computed in one go), preemptions, and the rates
 simulated tokens/s (prefill + decode tokens, recomputation included, per wall second), output
 tokens/s (generated tokens per wall second), events/s, and simulated seconds per wall second.

@@ -40,16 +40,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qlm.engine.client import (
+from qlm.engine.types import (
     Aborted,
     EngineError,
     EngineEvent,
     EngineObservation,
     EngineRequest,
     EngineState,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
 )
 from qlm.perf.profile import Profile
 from qlm.perf.step import TIME_EPS_S, DecodeRun
@@ -549,7 +549,9 @@ class EngineModel:
         self._counters.finished += 1
         assert seq.first_token_at_s is not None
         self._events.append(
-            Finished(seq.id, at_s, seq.first_token_at_s, seq.output_tokens, seq.finish_reason)
+            RequestFinished(
+                seq.id, at_s, seq.first_token_at_s, seq.output_tokens, seq.finish_reason
+            )
         )
 
     def _schedule(self, at_s: float) -> None:

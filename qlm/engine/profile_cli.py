@@ -105,7 +105,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def run_profile(args: argparse.Namespace) -> int:
     grid = _grid(args)
     command = PROFILE_ENGINES.get(args.engine)
-    from qlm.engine.client import EngineError
+    from qlm.engine.types import EngineError
     from qlm.engine.vllm_profiler import ProfilingError
 
     try:

@@ -8,10 +8,10 @@ takes the same arguments.) The client talks to it over HTTP only:
 
 - `submit` starts a task that POSTs /v1/completions with `stream: true`, `ignore_eos: true`
   (lengths are controlled) and continuous usage statistics, and turns the SSE chunks into
-  FirstToken, TokenChunk and Finished events; token counts come from the usage numbers, not
+  FirstToken, TokenChunk and RequestFinished events; token counts come from the usage numbers, not
   from counting chunks. A request without prompt text sends `prompt_tokens` synthetic token
   ids, so its prompt length is exact. max_tokens is capped at max_model_len - prompt_tokens
-  (vLLM cannot generate past its context); Finished reports what was generated.
+  (vLLM cannot generate past its context); RequestFinished reports what was generated.
 - `abort` cancels the task, which closes the HTTP stream; vLLM aborts a request whose client
   disconnects.
 - `observe` combines the client's own bookkeeping (admitted, started, tokens so far) with a
@@ -52,7 +52,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qlm.clock import Clock
-from qlm.engine.client import (
+from qlm.engine.client import EventBuffer
+from qlm.engine.types import (
     Aborted,
     EngineError,
     EngineEvent,
@@ -60,10 +61,9 @@ from qlm.engine.client import (
     EngineObservation,
     EngineRequest,
     EngineState,
-    EventBuffer,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
     TokenChunk,
 )
 from qlm.perf.profile import GIB
@@ -648,7 +648,7 @@ class VllmEngine:
             text = "".join(flight.text)
             del self._flights[rid]
             self._events.append(
-                Finished(
+                RequestFinished(
                     rid,
                     now,
                     first,

@@ -20,16 +20,16 @@ import pytest
 import pytest_asyncio
 
 from qlm.clock import WallClock
-from qlm.engine.client import (
+from qlm.engine.client import EngineClient
+from qlm.engine.types import (
     Aborted,
-    EngineClient,
     EngineError,
     EngineEvent,
     EngineFailed,
     EngineState,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
     TokenChunk,
 )
 from qlm.engine.vllm import (
@@ -78,7 +78,7 @@ def config(**overrides: object) -> VllmEngineConfig:
 
 
 def ended(events: list[EngineEvent]) -> set[str]:
-    return {e.request_id for e in events if isinstance(e, Finished | Aborted)}
+    return {e.request_id for e in events if isinstance(e, RequestFinished | Aborted)}
 
 
 async def collect(
@@ -387,7 +387,7 @@ async def test_concurrent_requests_stream_exact_counts_and_finish_shortest_first
     assert not any(r.started for r in held)
     events = await collect(engine, lambda ev: ended(ev) == {*lengths, "text"})
 
-    done = {e.request_id: e for e in events if isinstance(e, Finished)}
+    done = {e.request_id: e for e in events if isinstance(e, RequestFinished)}
     assert {rid: done[rid].output_tokens for rid in lengths} == lengths
     assert done["text"].output_tokens == 12
     # the server's own prompt count: exact for synthetic ids, the tokenizer's for text
@@ -404,7 +404,7 @@ async def test_concurrent_requests_stream_exact_counts_and_finish_shortest_first
         assert submitted_at < firsts[rid].at_s == fin.first_token_at_s <= fin.at_s
         assert firsts[rid].at_s - submitted_at < 30.0  # TTFT (a noisy 2-core machine)
     finish_order = [
-        e.request_id for e in events if isinstance(e, Finished) and e.request_id in lengths
+        e.request_id for e in events if isinstance(e, RequestFinished) and e.request_id in lengths
     ]
     assert finish_order == sorted(lengths, key=lengths.__getitem__)
     times = [e.at_s for e in events]
@@ -450,7 +450,7 @@ async def test_observe_sees_kv_in_use_and_abort_stops_the_server(engine: VllmEng
     # of a busy API server's streams: over 10 s on a loaded 2-core machine)
     assert len(ids) <= generated < LONG_OUTPUT_TOKENS * len(ids)
     events += engine.poll()
-    assert not [e for e in events if isinstance(e, Finished)]
+    assert not [e for e in events if isinstance(e, RequestFinished)]
     assert ended(events) == set(ids)
     assert engine.observe().requests == ()
 
@@ -487,7 +487,7 @@ async def test_load_model_restarts_the_server_with_the_other_model(engine: VllmE
         engine.submit(make_request("wrong", "tiny-a"))
     engine.submit(make_request("fresh", "tiny-b", max_output_tokens=9))
     events = await collect(engine, lambda ev: "fresh" in ended(ev))
-    assert [(e.request_id, e.output_tokens) for e in events if isinstance(e, Finished)] == [
+    assert [(e.request_id, e.output_tokens) for e in events if isinstance(e, RequestFinished)] == [
         ("fresh", 9)
     ]
 
@@ -519,4 +519,4 @@ async def test_a_killed_server_fails_the_engine_and_load_model_recovers(
     await engine.wait_ready()
     engine.submit(make_request("after", model, max_output_tokens=4))
     events = await collect(engine, lambda ev: "after" in ended(ev))
-    assert [e.output_tokens for e in events if isinstance(e, Finished)] == [4]
+    assert [e.output_tokens for e in events if isinstance(e, RequestFinished)] == [4]
