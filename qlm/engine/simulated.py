@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from qlm.clock import VirtualClock
-from qlm.engine.model import EngineConfig, EngineModel, EngineStats
+from qlm.engine.config import EngineConfig
+from qlm.engine.model import EngineModel
 from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
+from qlm.engine.stats import EngineStats
 from qlm.engine.types import EngineEvent, EngineObservation
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request

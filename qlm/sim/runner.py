@@ -28,7 +28,7 @@ from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, Swap
 from qlm.clock import Clock, VirtualClock, WallClock
 from qlm.config import QlmConfig
 from qlm.engine.client import EngineClient
-from qlm.engine.model import EngineConfig
+from qlm.engine.config import EngineConfig
 from qlm.engine.simulated import SimulatedEngine
 from qlm.engine.types import (
     Aborted,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from qlm.engine.model import EngineConfig, EngineModel
+from qlm.engine.config import EngineConfig
+from qlm.engine.model import EngineModel
 from qlm.engine.types import Aborted, EngineEvent, FirstToken, RequestFinished
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime

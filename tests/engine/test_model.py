@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qlm.engine.model import EngineConfig, EngineModel
+from qlm.engine.config import EngineConfig
+from qlm.engine.model import EngineModel
 from qlm.engine.types import (
     Aborted,
     EngineError,
