@@ -24,7 +24,7 @@ shares the machine's cores with the servers and Redis: CPU use per part is repor
 
 Overhead. The same fixed workload (64 streamed completions, ~32 prompt tokens, 32 output
 tokens, all at once and then Poisson arrivals at half the bare burst rate) against (a) a bare
-vLLM-CPU server started exactly as QLM's VllmEngine starts it (qlm.engine.vllm.serve_argv),
+vLLM-CPU server started exactly as QLM's VllmEngine starts it (qlm.engine.vllm.config.serve_argv),
 through its OpenAI API; (b) `qlm serve` with one vLLM engine of the same settings, in-memory
 queue; (c) the same on Redis. TTFT is the time to the first chunk with text.
 """
@@ -869,7 +869,7 @@ def engine_settings(model_path: Path) -> Any:
 
 
 def start_bare_vllm(engine: Any, log_dir: Path) -> Proc:
-    from qlm.engine.vllm import DEFAULT_SERVER_ENV, serve_argv
+    from qlm.engine.vllm.config import DEFAULT_SERVER_ENV, serve_argv
 
     port = free_port()
     log_path = log_dir / f"bare-vllm-{port}.log"
@@ -1076,7 +1076,7 @@ def _plane_session(
 
 def find_vllm_server(qlm_pid: int) -> tuple[int, int]:
     """(pid, port) of the vLLM server that a `qlm serve` process started."""
-    from qlm.engine.vllm import SERVE_MODULE
+    from qlm.engine.vllm.config import SERVE_MODULE
 
     for pid in descendants(qlm_pid):
         with contextlib.suppress(OSError, ValueError, IndexError):

@@ -35,9 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import RESULTS_DIR, write_results
-from qlm.engine.library import profile_named
 from qlm.engine.model import EngineModel
 from qlm.engine.output_length import lognormal_params
+from qlm.engine.profiling.library import profile_named
 from qlm.perf.profile import Profile
 from qlm.types import DEFAULT_GPU_TYPES, Instance, Request
 from tests.engine.reference import RefRequest, run_reference

@@ -56,21 +56,22 @@ if str(ROOT) not in sys.path:
 from qlm.clock import Clock, WallClock  # noqa: E402
 from qlm.config import QlmConfig  # noqa: E402
 from qlm.control.plan import PublishedPlan  # noqa: E402
-from qlm.engine.library import (  # noqa: E402
+from qlm.engine.profiling.library import (  # noqa: E402
     ProfileFile,
     StepTimeSpec,
     load_profile_file,
     write_profile_file,
 )
-from qlm.engine.profiling import (  # noqa: E402
+from qlm.engine.profiling.measured import (  # noqa: E402
     ProfileFit,
-    ProfileGrid,
     ProfileTarget,
     build_profile_file,
     fit_profile,
 )
-from qlm.engine.vllm import VllmEngineConfig, parse_metrics  # noqa: E402
-from qlm.engine.vllm_profiler import VllmProfiler  # noqa: E402
+from qlm.engine.profiling.probes import ProfileGrid  # noqa: E402
+from qlm.engine.profiling.vllm_profiler import VllmProfiler  # noqa: E402
+from qlm.engine.vllm.config import VllmEngineConfig  # noqa: E402
+from qlm.engine.vllm.metrics import parse_metrics  # noqa: E402
 from qlm.estimator import make_estimator  # noqa: E402
 from qlm.grouping.group import RequestGroup  # noqa: E402
 from qlm.perf.profile import GIB, Profile  # noqa: E402
@@ -484,7 +485,7 @@ async def engine_decode_totals(plane: Plane) -> tuple[float, float]:
     finished requests (vLLM's decode-time histogram; generated tokens minus one per request)."""
     import httpx
 
-    from qlm.engine.profiling import DECODE_TIME, histogram_totals
+    from qlm.engine.vllm.metrics import DECODE_TIME, histogram_totals
 
     seconds = steps = 0.0
     async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
@@ -1381,7 +1382,7 @@ def write_docs(
         "## Method",
         "",
         "1. **Profile** each tiny vLLM-CPU model (tests/vllm_fixtures.py: 2-layer random-weight "
-        "Llamas) with `qlm profile`'s machinery (`VllmProfiler`, qlm/engine/README.md): "
+        "Llamas) with `qlm profile`'s machinery (`VllmProfiler`, qlm/engine/profiling/README.md): "
         "prefill probes alone and batch probes (b - 1 sequences decoding while a probe request "
         "is prefilled and decodes), the engine's own times from vLLM's per-request prefill "
         "and decode histograms, a non-negative least-squares fit of "

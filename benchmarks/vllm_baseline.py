@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*,
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.clock import WallClock
 from qlm.engine.types import Aborted, EngineEvent, FirstToken, RequestFinished
-from qlm.engine.vllm import SseLines, VllmEngine, completion_body, parse_sse_line
+from qlm.engine.vllm.engine import VllmEngine
+from qlm.engine.vllm.protocol import SseLines, completion_body, parse_sse_line
 from qlm.types import Request
 from tests.vllm_fixtures import (
     VLLM_PYTHON,

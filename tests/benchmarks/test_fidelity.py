@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import fidelity as fb
-from qlm.engine.library import save_profile
+from qlm.engine.profiling.library import save_profile
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult

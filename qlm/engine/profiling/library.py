@@ -1,8 +1,10 @@
 """Profiles as data files: the YAML format, its loader and writer, and the packaged profiles.
 
-A profile file holds one Profile with its provenance (see README.md, "Profile files"). The
-decode table and the prefill rate may be left out when a step-time model is given: they are
-then derived from it at `typical_context_tokens` (and the file says so by omission).
+Question answered: how is a profile stored, read back and written, and which profiles ship with
+QLM (profiles/*.yaml here, made by derive.py)? A profile file holds one Profile with its
+provenance (see README.md here, "The profile file"). The decode table and the prefill rate may
+be left out when a step-time model is given: they are then derived from it at
+`typical_context_tokens` (and the file says so by omission).
 Files are validated by pydantic through `qlm.config.load_yaml_model`, so an error names the
 file, the line and the field.
 """
@@ -168,7 +170,7 @@ class Measurement(_Strict):
     wall_s: float = Field(ge=0, description="How long the measurement took.")
     engine_settings: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
     grid: dict[str, int | tuple[int, ...]] = Field(
-        default_factory=dict, description="The planned grid (qlm/engine/profiling.py)."
+        default_factory=dict, description="The planned grid (qlm/engine/profiling/probes.py)."
     )
     load_s_samples: tuple[float, ...] = Field(default=(), description="Each model load.")
     skipped_probes: tuple[str, ...] = Field(
@@ -325,7 +327,7 @@ def write_profile_file(spec: ProfileFile, path: Path) -> None:
     """Write a validated profile file (decode table and prefill rate as given)."""
     header = (
         f"# QLM engine profile: {spec.model} on {spec.gpu_count} x {spec.gpu_type}.\n"
-        "# Format and provenance rules: qlm/engine/README.md. Times in seconds.\n"
+        "# Format and provenance rules: qlm/engine/profiling/README.md. Times in seconds.\n"
     )
     body = yaml.dump(
         spec.model_dump(mode="json", exclude_none=True),
@@ -338,13 +340,13 @@ def write_profile_file(spec: ProfileFile, path: Path) -> None:
 
 
 def packaged_profile_paths() -> tuple[Path, ...]:
-    root = resources.files("qlm.engine") / "profiles"
+    root = resources.files("qlm.engine.profiling") / "profiles"
     return tuple(sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")))
 
 
 @functools.cache
 def packaged_profiles() -> tuple[Profile, ...]:
-    """The profiles shipped in qlm/engine/profiles, sorted by (model, gpu_type)."""
+    """The profiles shipped in qlm/engine/profiling/profiles, sorted by (model, gpu_type)."""
     profiles = [load_profile(path) for path in packaged_profile_paths()]
     keys = [p.key for p in profiles]
     if len(keys) != len(set(keys)):

@@ -1,10 +1,11 @@
-"""Fitting the step-time model: exact recovery on noiseless data, and the Splitwise rows."""
+"""Fitting the step-time model: exact recovery on noiseless data, the Splitwise rows, R^2."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from qlm.engine.calibration import StepSample, fit_step_time, splitwise_samples
+from qlm.engine.profiling.calibration import StepSample, fit_step_time, r_squared, splitwise_samples
 from qlm.perf.step import StepTime
 
 TRUE = StepTime(
@@ -71,3 +72,10 @@ def test_splitwise_rows_become_prefill_and_decode_samples() -> None:
     # 16 sequences holding 512 + 128/2 tokens on average over the generation
     assert (decode.decode_seqs, decode.context_tokens) == (16, 16 * 576)
     assert decode.iteration_s == pytest.approx(0.048)
+
+
+def test_r_squared_is_the_share_of_variance_explained() -> None:
+    assert r_squared([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
+    assert r_squared([1.0, 2.0, 3.0], [2.0, 2.0, 2.0]) == 0.0
+    assert r_squared([1.0, 2.0, 3.0], [1.5, 2.0, 2.5]) == pytest.approx(1 - 0.5 / 2.0)
+    assert np.isnan(r_squared([2.0, 2.0], [1.0, 3.0]))

@@ -1,8 +1,9 @@
-"""How the packaged profiles (qlm/engine/profiles/*.yaml) are derived, as code.
+"""How the packaged profiles (qlm/engine/profiling/profiles/*.yaml) are derived, as code.
 
-    python -m qlm.engine.derive SPLITWISE_CSV AZURE_CONV_CSV OUT_DIR
+    python -m qlm.engine.profiling.derive SPLITWISE_CSV AZURE_CONV_CSV OUT_DIR
 
-rewrites the packaged files from the public data in ../shared/data (see its README.md):
+rewrites the packaged files from the public data in ../shared/data (see its README.md), from
+the figures in public_figures.py:
 
 * Llama-70B on 4 x A100 and 4 x H100: step-time model fitted (calibration.py) to the medians of
   the Splitwise measurements of Llama2-70B at tensor parallel 4.
@@ -19,77 +20,43 @@ Every file records, field by field, what was measured (by whom) and what derived
 
 from __future__ import annotations
 
-import csv
 import math
-import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from qlm.engine.calibration import StepTimeFit, fit_step_time, splitwise_samples
-from qlm.engine.library import (
+from qlm.engine.profiling.calibration import StepTimeFit
+from qlm.engine.profiling.library import (
     FieldSource,
     ProfileFile,
     Provenance,
     StepTimeSpec,
     write_profile_file,
 )
+from qlm.engine.profiling.public_figures import (
+    BANDWIDTH_BYTES_PER_S,
+    FP16_FLOPS,
+    GPU_COUNT_REASON,
+    GPU_MEMORY_UTILIZATION,
+    MAX_BATCH_SIZE,
+    MIN_KV_TOKENS,
+    MODELS,
+    NVME_BYTES_PER_S,
+    PREBLE_A6000_ATTENTION_S,
+    PREBLE_INTERCEPT_S,
+    PREBLE_PER_TOKEN_S,
+    PREBLE_SMALL_STEP_S,
+    PROCESS_START_S,
+    REFERENCES,
+    ModelSpec,
+    Traffic,
+    azure_traffic,
+    llama70b_fits,
+)
 from qlm.perf.step import StepTime
 
-REFERENCES: dict[str, str] = {
-    "splitwise": "Mutinifni/splitwise-sim data/perf_model.csv (MIT): measured Llama2-70B prompt "
-    "and per-token times on A100-80GB and H100-80GB (Patel et al., Splitwise, ISCA'24)",
-    "preble": "Preble model_equations.py (Srivatsa et al., 2024): SGLang forward time of "
-    "Mistral-7B on A100, 0.0503 ms x batched tokens + 5.51 ms (>= 256 tokens), ~9-10.5 ms "
-    "below; on A6000 decode attention 1.86e-4 ms per context token",
-    "azure": "Azure LLM inference trace 2023, conversation (Azure/AzurePublicDataset, "
-    "CC-BY-4.0), 19,366 requests",
-    "datasheets": "NVIDIA datasheets: A10 24 GB, 600 GB/s, 125 TFLOPS FP16; A100-80GB "
-    "2,039 GB/s, 312 TFLOPS; H100-80GB SXM 3,350 GB/s, 989 TFLOPS; RTX A6000 768 GB/s",
-    "configs": "Hugging Face model configs: Mistral-7B (32 layers, 8 KV heads x 128), "
-    "Vicuna-13B (40 layers, 40 heads x 128), Llama-2-70B (80 layers, 8 KV heads x 128); FP16",
-    "vllm": "vLLM defaults: max_num_seqs 256, gpu_memory_utilization 0.9",
-    "load": "model load: a fresh vLLM process takes 10-60 s before serving; weights stream "
-    "from NVMe at 5-7 GB/s (ServerlessLLM), see ../shared/data/README.md",
-    "llm-d": "llm-d-inference-sim docs/latency-profiles.md batch-1 figures (cross-check only)",
-}
-
-BANDWIDTH_BYTES_PER_S = {"A10": 600e9, "A100": 2039e9, "H100": 3350e9, "A6000": 768e9}
-FP16_FLOPS = {"A10": 125e12, "A100": 312e12, "H100": 989e12}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelFacts:
-    name: str
-    weight_bytes: int
-    kv_bytes_per_token: int
-    config: str  # where the two numbers come from
-
-
-MODELS = {
-    "mistral-7b": ModelFacts("mistral-7b", 14_500_000_000, 32 * 8 * 128 * 2 * 2, "32x8x128x2x2"),
-    "vicuna-13b": ModelFacts("vicuna-13b", 26_000_000_000, 40 * 40 * 128 * 2 * 2, "40x40x128x2x2"),
-    "llama-70b": ModelFacts("llama-70b", 138_000_000_000, 80 * 8 * 128 * 2 * 2, "80x8x128x2x2"),
-}
-
-_GPU_COUNT_REASON = {
-    "mistral-7b": "one GPU: weights and ample KV fit on any of the three types",
-    "vicuna-13b": "one GPU: fits A100 and H100, not A10 (26 GB > 24 GB)",
-    "llama-70b": "tensor parallel 4, as measured by Splitwise; TP2 leaves little KV room",
-}
-PROCESS_START_S = 20.0  # within the 10-60 s reported for a fresh vLLM process
-NVME_BYTES_PER_S = 6e9  # ServerlessLLM's 5-7 GB/s
-MAX_BATCH_SIZE = 256
-GPU_MEMORY_UTILIZATION = 0.9
-MIN_KV_TOKENS = 4096
 SIG_DIGITS = 4
-
-# Mistral-7B on A100 (Preble): step at one decoding sequence, the line above 256 tokens.
-PREBLE_SMALL_STEP_S = 9.0e-3  # lower end of "~9-10.5 ms below 256 tokens": one sequence
-PREBLE_PER_TOKEN_S = 0.0503e-3
-PREBLE_INTERCEPT_S = 5.51e-3
-PREBLE_A6000_ATTENTION_S = 1.86e-7  # per context token
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,35 +65,6 @@ class Derived:
 
     name: str
     file: ProfileFile
-
-
-@dataclass(frozen=True, slots=True)
-class Traffic:
-    output_mean: float
-    output_std: float
-    context_mean: float
-
-    @property
-    def typical_context_tokens(self) -> int:
-        """Tokens a sequence holds on average while decoding: prompt + half its output."""
-        return round(self.context_mean + self.output_mean / 2.0)
-
-
-def azure_traffic(path: Path) -> Traffic:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    out = [float(r["GeneratedTokens"]) for r in rows]
-    ctx = [float(r["ContextTokens"]) for r in rows]
-    return Traffic(statistics.fmean(out), statistics.pstdev(out), statistics.fmean(ctx))
-
-
-def llama70b_fits(path: Path) -> dict[str, StepTimeFit]:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    return {
-        gpu: fit_step_time(splitwise_samples(rows, "llama2-70b", hw, 4))
-        for gpu, hw in (("A100", "a100-80gb"), ("H100", "h100-80gb"))
-    }
 
 
 def derive(splitwise_csv: Path, azure_csv: Path) -> list[Derived]:
@@ -171,12 +109,12 @@ def _mistral_a100() -> StepTime:
     )
 
 
-def _overhead_s(step: StepTime, facts: ModelFacts, gpu: str) -> float:
+def _overhead_s(step: StepTime, facts: ModelSpec, gpu: str) -> float:
     """The part of base_s that is not reading the weights once."""
     return step.base_s - facts.weight_bytes / BANDWIDTH_BYTES_PER_S[gpu]
 
 
-def _scale_model(step: StepTime, src: ModelFacts, dst: ModelFacts, gpu: str) -> StepTime:
+def _scale_model(step: StepTime, src: ModelSpec, dst: ModelSpec, gpu: str) -> StepTime:
     """Compute scales with weights (parameters), attention with KV bytes, the base with the
     weights read once per step plus the same fixed overhead."""
     size = dst.weight_bytes / src.weight_bytes
@@ -190,7 +128,7 @@ def _scale_model(step: StepTime, src: ModelFacts, dst: ModelFacts, gpu: str) -> 
     )
 
 
-def _a10(a100: StepTime, facts: ModelFacts) -> StepTime:
+def _a10(a100: StepTime, facts: ModelSpec) -> StepTime:
     compute = FP16_FLOPS["A100"] / FP16_FLOPS["A10"]
     memory = BANDWIDTH_BYTES_PER_S["A100"] / BANDWIDTH_BYTES_PER_S["A10"]
     return StepTime(
@@ -261,8 +199,8 @@ def _file(
         min_kv_tokens=MIN_KV_TOKENS,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
         provenance=Provenance(
-            summary=f"{model} on {gpu_count} x {gpu}: derived by qlm/engine/derive.py from "
-            "public figures; nothing here was measured by QLM",
+            summary=f"{model} on {gpu_count} x {gpu}: derived by "
+            "qlm/engine/profiling/derive.py from public figures; nothing here was measured by QLM",
             fields={**_common_sources(facts, traffic), **step_sources},
             references=REFERENCES,
         ),
@@ -295,7 +233,7 @@ def _src(kind: str, source: str) -> FieldSource:
     return FieldSource.model_validate({"kind": kind, "source": source})
 
 
-def _common_sources(facts: ModelFacts, traffic: Traffic) -> dict[str, FieldSource]:
+def _common_sources(facts: ModelSpec, traffic: Traffic) -> dict[str, FieldSource]:
     ctx = traffic.typical_context_tokens
     return {
         "weight_bytes": _src("published", "configs: parameters x 2 bytes (FP16)"),
@@ -326,7 +264,7 @@ def _common_sources(facts: ModelFacts, traffic: Traffic) -> dict[str, FieldSourc
         "max_batch_size": _src("published", "vllm: default max_num_seqs 256"),
         "gpu_memory_utilization": _src("published", "vllm: default 0.9"),
         "min_kv_tokens": _src("assumed", "QLM default: at least 4096 KV tokens to serve"),
-        "gpu_count": _src("assumed", _GPU_COUNT_REASON[facts.name]),
+        "gpu_count": _src("assumed", GPU_COUNT_REASON[facts.name]),
     }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qlm.config import ConfigError
-from qlm.engine.library import (
+from qlm.engine.profiling.library import (
     PROFILE_FIELDS,
     load_profile,
     load_profile_file,
@@ -159,7 +159,7 @@ def test_a_file_needs_a_table_or_a_step_model(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (SPLITWISE.exists() and AZURE.exists()), reason="shared data absent")
 def test_the_derivation_reproduces_the_packaged_files(tmp_path: Path) -> None:
-    from qlm.engine.derive import main
+    from qlm.engine.profiling.derive import main
 
     assert main([str(SPLITWISE), str(AZURE), str(tmp_path)]) == 0
     packaged = {p.name: p.read_text() for p in packaged_profile_paths()}

@@ -16,11 +16,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from qlm.engine.vllm import VllmEngineConfig, completion_body
+from qlm.engine.vllm.config import VllmEngineConfig
+from qlm.engine.vllm.protocol import completion_body
 from qlm.types import Request
 from tests.factories import make_request
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def config(**overrides: object) -> VllmEngineConfig:
@@ -45,7 +46,7 @@ def test_a_request_is_seeded_by_its_id_so_a_rerun_samples_the_same_text() -> Non
 PARENT = textwrap.dedent(
     """
     import functools, os, subprocess, sys, time
-    from qlm.engine.vllm import _die_with_parent
+    from qlm.engine.vllm.process import _die_with_parent
     child = subprocess.Popen(
         ["sleep", "60"],
         start_new_session=True,  # as the server: its own group, out of reach of killpg

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from qlm.cli import main
-from qlm.engine.library import load_profile_file
-from qlm.engine.profiling import ProfileGrid
+from qlm.engine.profiling.library import load_profile_file
+from qlm.engine.profiling.probes import ProfileGrid
 from qlm.perf.profile import GIB
 from qlm.sim.scenario import load_scenario
 from tests.vllm_fixtures import VLLM_PYTHON, tiny_models, vllm_python  # noqa: F401

@@ -3,11 +3,11 @@
     qlm profile --engine vllm --model PATH [--gpu-type NAME] [--out FILE] [--quick]
 
 Starts the engine with the model (timing the load), runs the planned grid of prefill, decode
-and mixed probes (profiling.py), fits t = b0 + b1 prefill + b2 decodes + b3 context by
+and mixed probes (probes.py), fits t = b0 + b1 prefill + b2 decodes + b3 context by
 non-negative least squares on relative error, prints the fit quality (R^2, maximum relative
 error) and writes the profile file (library.py format, provenance `measured`, the grid and
 every measured iteration under `measurement`), which `qlm simulate` reads through a scenario's
-`fleet.profile_files`.
+`fleet.profile_files`. How to run it and what it measures: README.md here.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from typing import Any
 
 from qlm.clock import WallClock
 from qlm.config import load_yaml_model
-from qlm.engine.library import ProfileFile, write_profile_file
-from qlm.engine.profiling import (
+from qlm.engine.profiling.library import ProfileFile, write_profile_file
+from qlm.engine.profiling.measured import (
     ModelFacts,
     ProfileFit,
-    ProfileGrid,
     ProfileRun,
     ProfileTarget,
     build_profile_file,
     fit_profile,
 )
+from qlm.engine.profiling.probes import ProfileGrid
 from qlm.perf.profile import GIB
 from qlm.registry import Registry
 from qlm.types import DEFAULT_GPU_TYPES
@@ -42,8 +42,8 @@ PROFILE_ENGINES: Registry[ProfileJob] = Registry("profiling engine")
 
 @PROFILE_ENGINES.register("vllm")
 def _vllm(args: argparse.Namespace, grid: ProfileGrid) -> ProfileJob:
-    from qlm.engine.vllm import VllmEngineConfig
-    from qlm.engine.vllm_profiler import VllmProfiler, profile_engine_config
+    from qlm.engine.profiling.vllm_profiler import VllmProfiler, profile_engine_config
+    from qlm.engine.vllm.config import VllmEngineConfig
 
     name = args.name or args.model.name
     config = VllmEngineConfig(
@@ -80,7 +80,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "weights and KV cache)",
     )
     p.add_argument("--out", type=Path, help="profile file (default NAME_GPUTYPE.yaml)")
-    p.add_argument("--grid", type=Path, help="YAML of ProfileGrid fields (qlm/engine/profiling.py)")
+    p.add_argument(
+        "--grid", type=Path, help="YAML of ProfileGrid fields (qlm/engine/profiling/probes.py)"
+    )
     p.add_argument("--quick", action="store_true", help="the small grid (about 16 probes)")
     p.add_argument("--repeats", type=int, help="times each probe runs (overrides the grid)")
     p.add_argument("--loads", type=int, default=1, help="model loads to time (1: the start)")
@@ -105,8 +107,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def run_profile(args: argparse.Namespace) -> int:
     grid = _grid(args)
     command = PROFILE_ENGINES.get(args.engine)
+    from qlm.engine.profiling.probe_client import ProfilingError
     from qlm.engine.types import EngineError
-    from qlm.engine.vllm_profiler import ProfilingError
 
     try:
         run = asyncio.run(command(args, grid))

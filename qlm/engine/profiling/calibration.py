@@ -1,10 +1,11 @@
 """Fitting the step-time model to measured iteration times.
 
+Question answered: which StepTime (qlm/perf/step.py) explains measured iterations best?
 `fit_step_time` takes measured iterations (batch composition -> seconds) and returns the
 non-negative least-squares StepTime that minimises the relative error, with its residuals.
 `splitwise_samples` turns rows of the Splitwise performance table (prompt time and time per
 output token by prompt size and batch size) into such samples. `qlm profile` fits
-measurements of a live engine the same way (qlm/engine/profiling.py).
+measurements of a live engine the same way (measured.py).
 """
 
 from __future__ import annotations

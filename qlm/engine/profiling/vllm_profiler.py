@@ -1,53 +1,49 @@
 """Profiling a live vLLM engine, the I/O part: start the server (VllmEngine, which times the
 load), run every probe of a ProfileGrid against its OpenAI API, read the engine's own times
-from /metrics, and return a ProfileRun for profiling.py to fit.
+from /metrics, and return a ProfileRun for measured.py to fit.
 
-Requests are raw streamed /v1/completions with token-id prompts (exact lengths), `max_tokens`
-and `ignore_eos` (exact output lengths). Each probe waits for an idle engine first. Prefix
-caching is turned off and the token budget set explicitly, so what is measured is compute and
-the simulator's chunk size matches the engine's (`profile_engine_config`).
+Question answered: how are the probes of probes.py run on a real server? Requests are raw
+streamed /v1/completions with token-id prompts (exact lengths), `max_tokens` and `ignore_eos`
+(exact output lengths), sent by probe_client.py. Each probe waits for an idle engine first.
+Prefix caching is turned off and the token budget set explicitly, so what is measured is
+compute and the simulator's chunk size matches the engine's (`profile_engine_config`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import platform
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 
 from qlm.clock import Clock
-from qlm.engine.profiling import (
-    DECODE_TIME,
-    PREFILL_TIME,
+from qlm.engine.profiling.measured import ModelFacts, ProfileRun
+from qlm.engine.profiling.probe_client import ProbeClient, ProbeStream, ProfilingError, Progress
+from qlm.engine.profiling.probes import (
     EngineLimits,
-    HistogramTotal,
     LabeledSample,
-    ModelFacts,
     Probe,
     ProbeKind,
     ProfileGrid,
-    ProfileRun,
     batch_samples,
+    prefill_sample,
+)
+from qlm.engine.vllm.config import VllmEngineConfig
+from qlm.engine.vllm.engine import VllmEngine
+from qlm.engine.vllm.metrics import (
+    DECODE_TIME,
+    PREFILL_TIME,
+    HistogramTotal,
+    VllmMetrics,
     histogram_delta,
     histogram_totals,
     kv_facts,
-    prefill_sample,
-)
-from qlm.engine.vllm import (
-    SseLines,
-    VllmEngine,
-    VllmEngineConfig,
-    VllmMetrics,
     parse_metrics,
-    parse_sse_line,
 )
 from qlm.types import Instance
 
@@ -58,15 +54,7 @@ METRICS_TIMEOUT_S = 20.0  # histograms are recorded when a request finishes, a l
 IDLE_TIMEOUT_S = 60.0
 QUIET_S = 0.1
 MAX_ATTEMPTS = 5
-SCRAPE_TIMEOUT_S = 30.0
-SCRAPE_ATTEMPTS = 3
 RETRY_PAUSE_S = 1.0  # a void attempt usually means the host stalled: give it a moment
-
-Progress = Callable[[str], None]
-
-
-class ProfilingError(RuntimeError):
-    """The engine could not be profiled as planned (the message says why)."""
 
 
 class VoidProbeError(Exception):
@@ -105,18 +93,6 @@ def weight_bytes(model_dir: Path) -> int:
     return total
 
 
-@dataclass
-class _Stream:
-    """One streamed completion as the client sees it."""
-
-    started_s: float
-    first_token_s: float | None = None
-    tokens: int = 0
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    error: str | None = None
-    task: asyncio.Task[None] | None = None
-
-
 class VllmProfiler:
     """Drives one vLLM server through a grid (see profiling.py for what each probe means)."""
 
@@ -142,10 +118,8 @@ class VllmProfiler:
         self.loads = loads
         self._rng = np.random.default_rng(seed)
         self._progress = progress or (lambda _: None)
-        self._engine: VllmEngine | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._requests: ProbeClient | None = None  # while probing
         self.skipped: list[str] = []
-        self._url: str | None = None
 
     async def run(self) -> ProfileRun:
         started_s = self.clock.monotonic_s()
@@ -154,14 +128,15 @@ class VllmProfiler:
         engine = VllmEngine(instance, self.config, self.clock)
         timeout = httpx.Timeout(10.0, read=self.config.read_timeout_s, pool=None)
         pool = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-        self._engine = engine
         self._progress(f"starting vLLM with {self.model}")
         try:
             async with httpx.AsyncClient(timeout=timeout, limits=pool, trust_env=False) as http:
-                self._http = http
                 await engine.start()
                 load_s = [self._last_load(engine)]
                 self._progress(f"loaded in {load_s[0]:.1f} s")
+                if engine.base_url is None:
+                    raise ProfilingError("the engine has no server")
+                self._requests = ProbeClient(http, engine.base_url, self.clock, self._progress)
                 facts, version = await self._facts()
                 limits = self._limits(facts)
                 samples, overheads = await self._probes(limits)
@@ -171,7 +146,7 @@ class VllmProfiler:
                     await engine.wait_ready()
                     load_s.append(self._last_load(engine))
         finally:
-            self._http = None
+            self._requests = None
             await engine.close()
         return self._result(started_s, measured_at, facts, version, samples, overheads, load_s)
 
@@ -184,16 +159,14 @@ class VllmProfiler:
         measured_at = datetime.fromtimestamp(self.clock.now_s(), UTC).isoformat(timespec="seconds")
         timeout = httpx.Timeout(10.0, read=self.config.read_timeout_s, pool=None)
         pool = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-        self._url = base_url
         try:
             async with httpx.AsyncClient(timeout=timeout, limits=pool, trust_env=False) as http:
-                self._http = http
+                self._requests = ProbeClient(http, base_url, self.clock, self._progress)
                 facts, version = await self._facts()
                 limits = self._limits(facts)
                 samples, overheads = await self._probes(limits)
         finally:
-            self._http = None
-            self._url = None
+            self._requests = None
         return self._result(started_s, measured_at, facts, version, samples, overheads, [])
 
     def _result(
@@ -239,11 +212,7 @@ class VllmProfiler:
             kv=kv_facts(text),
             max_num_seqs=self.config.max_num_seqs,
         )
-        version = "unknown"
-        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-            response = await self._client().get(f"{self._base_url()}/version")
-            version = str(response.json()["version"])
-        return facts, version
+        return facts, await self._client().version()
 
     def _limits(self, facts: ModelFacts) -> EngineLimits:
         limits = EngineLimits(
@@ -313,12 +282,12 @@ class VllmProfiler:
         g = self.grid
         warm = [self._start(max(g.prefill_tokens), 1)]
         warm += [self._start(min(g.context_tokens), 8) for _ in range(max(g.batch_sizes))]
-        await self._finish(warm)
+        await self._client().finish(warm)
 
     async def _prefill(self, probe: Probe) -> tuple[LabeledSample, float]:
         before = await self._totals()
         stream = self._start(probe.prefill_tokens, 1)
-        await self._finish([stream])
+        await self._client().finish([stream])
         after = await self._totals_until(before, 1)
         prefill_s = histogram_delta(before, after, PREFILL_TIME).sum_s
         assert stream.first_token_s is not None
@@ -335,12 +304,12 @@ class VllmProfiler:
         try:
             before, k0 = await self._background_decoding(start, n)
             request = self._start(probe.context_tokens, probe.decode_tokens)
-            await self._finish([request])
+            await self._client().finish([request])
             after = await self._totals_until(before, 1)
             if any(s.done.is_set() for s in others):
                 raise VoidProbeError("a background request ended before the probe request")
         finally:
-            await self._cancel(others)
+            await self._client().cancel(others)
         prefill_s = histogram_delta(before, after, PREFILL_TIME).sum_s
         decode_s = histogram_delta(before, after, DECODE_TIME).sum_s
         return batch_samples(probe, prefill_s, decode_s, k0)
@@ -363,7 +332,7 @@ class VllmProfiler:
 
     # ------------------------------------------------------------------ requests
 
-    def _start(self, prompt_tokens: int, max_tokens: int) -> _Stream:
+    def _start(self, prompt_tokens: int, max_tokens: int) -> ProbeStream:
         low, high = self.config.synthetic_token_ids
         prompt = self._rng.integers(low, high, size=prompt_tokens).tolist()
         body = {
@@ -374,71 +343,12 @@ class VllmProfiler:
             "ignore_eos": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
-        stream = _Stream(started_s=self.clock.monotonic_s())
-        stream.task = asyncio.get_running_loop().create_task(self._read(stream, body))
-        return stream
-
-    async def _read(self, stream: _Stream, body: Mapping[str, Any]) -> None:
-        url = f"{self._base_url()}/v1/completions"
-        try:
-            async with self._client().stream("POST", url, json=body) as response:
-                if response.status_code != httpx.codes.OK:
-                    detail = (await response.aread()).decode(errors="replace")[:300]
-                    stream.error = f"vllm http {response.status_code}: {detail}"
-                    return
-                lines = SseLines()
-                async for data in response.aiter_bytes():
-                    for line in lines.feed(data):
-                        self._on_line(stream, line)
-        except httpx.HTTPError as exc:
-            stream.error = f"stream broken: {exc!r}"
-        finally:
-            stream.done.set()
-
-    def _on_line(self, stream: _Stream, line: str) -> None:
-        delta = parse_sse_line(line)
-        if delta is None:
-            return
-        if delta.error is not None:
-            stream.error = delta.error
-        elif delta.completion_tokens is not None and delta.completion_tokens > stream.tokens:
-            if stream.first_token_s is None:
-                stream.first_token_s = self.clock.monotonic_s()
-            stream.tokens = delta.completion_tokens
-
-    async def _finish(self, streams: list[_Stream]) -> None:
-        await asyncio.gather(*(s.done.wait() for s in streams))
-        self._raise_errors(streams)
-
-    async def _cancel(self, streams: list[_Stream]) -> None:
-        tasks = [s.task for s in streams if s.task is not None and not s.task.done()]
-        for task in tasks:
-            task.cancel()  # closing the stream makes vLLM abort the request
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    @staticmethod
-    def _raise_errors(streams: list[_Stream]) -> None:
-        for s in streams:
-            if s.error is not None:
-                raise ProfilingError(s.error)
+        return self._client().start(body)
 
     # ------------------------------------------------------------------ metrics
 
     async def _metrics_text(self) -> str:
-        """/metrics, patiently: on a busy host the server may not even accept a connection
-        for seconds."""
-        for attempt in range(1, SCRAPE_ATTEMPTS + 1):
-            try:
-                response = await self._client().get(
-                    f"{self._base_url()}/metrics", timeout=SCRAPE_TIMEOUT_S
-                )
-                response.raise_for_status()
-                return response.text
-            except httpx.TransportError as exc:
-                if attempt == SCRAPE_ATTEMPTS:
-                    raise ProfilingError(f"/metrics unreachable: {exc!r}") from None
-                self._progress(f"/metrics: {exc!r}; again")
-        raise AssertionError("unreachable")
+        return await self._client().metrics_text()
 
     async def _totals(self) -> dict[str, HistogramTotal]:
         return histogram_totals(await self._metrics_text())
@@ -476,13 +386,7 @@ class VllmProfiler:
             last = totals
             await asyncio.sleep(QUIET_S)
 
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
+    def _client(self) -> ProbeClient:
+        if self._requests is None:
             raise ProfilingError("the profiler is not running")
-        return self._http
-
-    def _base_url(self) -> str:
-        url = self._url or (None if self._engine is None else self._engine.base_url)
-        if url is None:
-            raise ProfilingError("the engine has no server")
-        return url
+        return self._requests

