@@ -31,19 +31,23 @@ class KvCache:
         return self.decode.context_tokens + self.reserved_tokens
 
     @property
+    def free_tokens(self) -> int:
+        return self.capacity_tokens - self.decode.context_tokens - self.reserved_tokens
+
+    @property
     def decode_slots_short(self) -> bool:
         """The next decode step has no KV slot for every decoding sequence."""
-        return self.decode.num_seqs > self.capacity_tokens - self.used_tokens
+        return self.decode.num_seqs > self.free_tokens
 
     @property
     def room_after_decodes(self) -> int:
         """KV tokens free once this iteration's decodes have their slots."""
-        return self.capacity_tokens - self.used_tokens - self.decode.num_seqs
+        return self.free_tokens - self.decode.num_seqs
 
     def decode_steps_until_full(self) -> int:
         """Decode steps the batch can take before the cache is full (the batch is not
         empty)."""
-        return (self.capacity_tokens - self.used_tokens) // self.decode.num_seqs
+        return self.free_tokens // self.decode.num_seqs
 
     @property
     def cpu_free_tokens(self) -> int:

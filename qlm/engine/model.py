@@ -245,7 +245,7 @@ class EngineModel:
             if seg is None or seg.end_s > t_s:
                 break
             self._segment = None
-            self._complete(seg, seg.steps)
+            complete(self._queues, seg, seg.steps, self._events)
             self._now_s = max(self._now_s, seg.end_s)
             self._schedule(seg.end_s)
         self._now_s = max(self._now_s, t_s)
@@ -274,7 +274,7 @@ class EngineModel:
         if seg.chunks:  # a single mixed iteration stays in flight
             return now_s
         if done > 0:
-            self._complete(seg, done)
+            complete(self._queues, seg, done, self._events)
         boundary_s = seg.start_s + seg.run.duration_s(done)
         if now_s <= boundary_s + TIME_EPS_S:
             self._segment = None
@@ -305,9 +305,6 @@ class EngineModel:
         if seg is None or seg.chunks:
             return 0
         return seg.steps_done_by(now_s)
-
-    def _complete(self, seg: Segment, steps: int) -> None:
-        self._events += complete(self._queues, seg, steps)
 
     def _schedule(self, at_s: float) -> None:
         """Plan the next iteration(s) at at_s, or go idle."""

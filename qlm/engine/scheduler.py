@@ -107,18 +107,19 @@ def _plan_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
         plan.add_chunk(seq, min(seq.prefill_target, plan.tokens_left))
 
 
-def complete(queues: SeqQueues, segment: Segment, steps: int) -> list[EngineEvent]:
-    """Apply `steps` completed iterations of a segment; the finishes and first tokens."""
+def complete(queues: SeqQueues, segment: Segment, steps: int, events: list[EngineEvent]) -> None:
+    """Apply `steps` completed iterations of a segment; append the finishes and first tokens
+    to `events`."""
     at_s = segment.start_s + segment.run.duration_s(steps)
+    decode = queues.decode
     c = queues.counters
     c.segments += 1
     c.iterations += steps
     c.busy_s += segment.run.duration_s(steps)
-    c.decode_tokens += queues.decode.num_seqs * steps
-    queues.decode.advance(steps)
-    events: list[EngineEvent] = []
-    for seq in queues.decode.finished():
-        queues.decode.leave(seq)
+    c.decode_tokens += decode.num_seqs * steps
+    decode.advance(steps)
+    for seq in decode.finished():
+        decode.leave(seq)
         events.append(_finish(queues, seq, at_s))
     for seq, version, tokens in segment.chunks:
         if seq.version != version:
@@ -126,13 +127,11 @@ def complete(queues: SeqQueues, segment: Segment, steps: int) -> list[EngineEven
         seq.computed_tokens += tokens
         c.prefill_tokens += tokens
         if seq.computed_tokens >= seq.prefill_target:
-            events += _complete_prefill(queues, seq, at_s)
-    return events
+            _complete_prefill(queues, seq, at_s, events)
 
 
-def _complete_prefill(queues: SeqQueues, seq: Seq, at_s: float) -> list[EngineEvent]:
+def _complete_prefill(queues: SeqQueues, seq: Seq, at_s: float, events: list[EngineEvent]) -> None:
     """The iteration that computes a prompt's last chunk samples its next token."""
-    events: list[EngineEvent] = []
     queues.end_prefill(seq)
     seq.output_tokens += 1
     if seq.first_token_at_s is None:
@@ -142,7 +141,6 @@ def _complete_prefill(queues: SeqQueues, seq: Seq, at_s: float) -> list[EngineEv
         events.append(_finish(queues, seq, at_s))
     else:
         queues.decode.join(seq)
-    return events
 
 
 def _finish(queues: SeqQueues, seq: Seq, at_s: float) -> RequestFinished:
