@@ -15,7 +15,7 @@ from benchmarks.fidelity.settings import RunSpec
 from qlm.clock import WallClock
 from qlm.config import QlmConfig
 from qlm.control.plan import PublishedPlan
-from qlm.engine.vllm import parse_metrics
+from qlm.engine.vllm.metrics import parse_metrics
 from qlm.estimator import make_estimator
 from qlm.grouping.group import RequestGroup
 from qlm.serve.runtime import Plane
@@ -27,7 +27,7 @@ async def engine_decode_totals(plane: Plane) -> tuple[float, float]:
     finished requests (vLLM's decode-time histogram; generated tokens minus one per request)."""
     import httpx
 
-    from qlm.engine.profiling import DECODE_TIME, histogram_totals
+    from qlm.engine.vllm.metrics import DECODE_TIME, histogram_totals
 
     seconds = steps = 0.0
     async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:

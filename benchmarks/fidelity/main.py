@@ -41,8 +41,9 @@ from benchmarks.fidelity.settings import (
 from benchmarks.fidelity.simulated import sim_run
 from benchmarks.fidelity.tables import error_table, misses, one_line
 from qlm.clock import WallClock
-from qlm.engine.library import ProfileFile, load_profile_file
-from qlm.engine.profiling import ProfileFit, ProfileGrid
+from qlm.engine.profiling.library import ProfileFile, load_profile_file
+from qlm.engine.profiling.measured import ProfileFit
+from qlm.engine.profiling.probes import ProfileGrid
 from qlm.serve.runtime import Plane, running_plane
 
 

@@ -14,7 +14,7 @@ from benchmarks.fidelity.estimator import EstimatorCheck
 from benchmarks.fidelity.outcomes import LiveRun
 from benchmarks.fidelity.settings import JUST_BEFORE, UP_FRONT, Paths
 from benchmarks.fidelity.simulated import sim_outcomes
-from qlm.engine.profiling import ProfileFit
+from qlm.engine.profiling.measured import ProfileFit
 from qlm.sim.result import SimResult
 
 

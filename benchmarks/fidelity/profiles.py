@@ -20,16 +20,11 @@ from benchmarks.fidelity.settings import (
     say,
 )
 from qlm.clock import WallClock
-from qlm.engine.library import ProfileFile, StepTimeSpec, write_profile_file
-from qlm.engine.profiling import (
-    ProfileFit,
-    ProfileGrid,
-    ProfileTarget,
-    build_profile_file,
-    fit_profile,
-)
-from qlm.engine.vllm import VllmEngineConfig
-from qlm.engine.vllm_profiler import VllmProfiler
+from qlm.engine.profiling.library import ProfileFile, StepTimeSpec, write_profile_file
+from qlm.engine.profiling.measured import ProfileFit, ProfileTarget, build_profile_file, fit_profile
+from qlm.engine.profiling.probes import ProfileGrid
+from qlm.engine.profiling.vllm_profiler import VllmProfiler
+from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.perf.profile import GIB, Profile
 from qlm.serve.runtime import Plane
 from qlm.types import Fleet

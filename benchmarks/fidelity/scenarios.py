@@ -15,7 +15,6 @@ from benchmarks.fidelity.profiles import engine_config, live_memory_gib, profile
 from benchmarks.fidelity.settings import (
     AGENT,
     CLASS_MIX,
-    CONTROLLER,
     ENGINE,
     GPU_TYPE,
     MAX_OUTPUT_TOKENS,
@@ -28,7 +27,7 @@ from benchmarks.fidelity.settings import (
 )
 from benchmarks.report import ROOT
 from qlm.config import QlmConfig
-from qlm.engine.library import ProfileFile
+from qlm.engine.profiling.library import ProfileFile
 from qlm.serve.config import ServeConfig
 from qlm.sim.scenario import Scenario, load_scenario
 
@@ -98,7 +97,6 @@ def serve_config(
     return ServeConfig.model_validate(
         {
             "qlm": qlm.model_dump(),
-            "controller": CONTROLLER,
             "agent": AGENT,
             "api": {"port": 0},
             "engine": {"kind": "vllm", "vllm": engine_config(models).model_dump(mode="json")},

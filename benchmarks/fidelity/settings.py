@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import ROOT
-from qlm.engine.profiling import ProfileGrid
+from qlm.engine.profiling.probes import ProfileGrid
 
 DOCS = ROOT / "docs" / "fidelity.md"
 QUICK_DIR = ROOT / "benchmarks" / "results" / "fidelity-quick"  # --quick: nothing in docs/
@@ -29,7 +29,11 @@ SLO_CLASSES: tuple[dict[str, Any], ...] = (
     {"name": "batch-1", "ttft_s": 15.0, "lateness_weight": 10, "priority": 1},
 )
 CLASS_MIX = {"interactive": 3, "batch-1": 2}
-QLM: dict[str, Any] = {"planner": {"policy": "milp", "time_limit_s": 0.3}}
+# The live loop and the simulator read the same qlm.control (tick, re-plan interval).
+QLM: dict[str, Any] = {
+    "planner": {"policy": "milp", "time_limit_s": 0.3},
+    "control": {"tick_s": 1.0},
+}
 ENGINE: dict[str, Any] = {
     "python": str(VLLM_PYTHON),
     "max_num_seqs": 8,
@@ -56,7 +60,6 @@ DRIFT_GRID = ProfileGrid(
 )
 UP_FRONT = "up-front"
 JUST_BEFORE = "just-before"
-CONTROLLER: dict[str, Any] = {"tick_s": 1.0}
 AGENT: dict[str, Any] = {"poll_s": 0.02}
 
 

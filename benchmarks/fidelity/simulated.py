@@ -7,7 +7,6 @@ import statistics
 from collections.abc import Sequence
 
 from benchmarks.fidelity.outcomes import LiveRun, Outcome
-from benchmarks.fidelity.settings import CONTROLLER
 from qlm.sim.result import OutcomeState, SimResult
 from qlm.sim.runner import simulate
 from qlm.sim.scenario import Scenario
@@ -17,22 +16,13 @@ from qlm.types import Fleet, Request
 def sim_run(
     scenario: Scenario, requests: Sequence[Request], live: LiveRun, fleet: Fleet | None = None
 ) -> SimResult:
-    """The same requests through the simulator, its control loop set like the live one; on
+    """The same requests through the simulator, its control loop set like the live one (the
+    scenario's qlm.control is the fleet file's) and each solve charged the live median; on
     the scenario's fleet (the profile files) unless another is given."""
     latency = statistics.median(live.solve_s) if live.solve_s else 0.0
-    options = {
-        "tick_s": CONTROLLER["tick_s"],
-        "min_replan_gap_s": _live_replan_gap_s(),
-        "planning_latency_s": latency,
-    }
+    options = {"planning_latency_s": latency}
     fleet = fleet or scenario.fleet()
     return simulate(fleet, requests, "qlm", scenario.config, 0, policy_options=options)
-
-
-def _live_replan_gap_s() -> float:
-    from qlm.serve.config import ControllerSettings
-
-    return float(getattr(ControllerSettings(), "min_replan_interval_s", 0.0))
 
 
 def sim_outcomes(result: SimResult) -> list[Outcome]:

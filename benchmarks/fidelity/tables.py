@@ -11,8 +11,8 @@ from benchmarks.fidelity.comparison import Comparison
 from benchmarks.fidelity.estimator import EstimatorCheck
 from benchmarks.fidelity.host import HostSample
 from benchmarks.fidelity.settings import TARGET_E2E_P50, TARGET_TTFT_P50
-from qlm.engine.library import ProfileFile
-from qlm.engine.profiling import ProfileFit
+from qlm.engine.profiling.library import ProfileFile
+from qlm.engine.profiling.measured import ProfileFit
 
 
 def pct(x: float) -> str:

@@ -15,16 +15,15 @@ from qlm.agents.reconcile import QueuedGroup, ReconcileInput, reconcile
 from qlm.agents.virtual_queue import virtual_queue
 from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
-from qlm.engine.client import (
+from qlm.engine.client import EngineClient, EventWaiter
+from qlm.engine.types import (
     Aborted,
-    EngineClient,
     EngineEvent,
     EngineFailed,
     EngineState,
-    EventWaiter,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
@@ -235,7 +234,7 @@ class Agent:
                     batch.running.append(event.request_id)
             elif isinstance(event, TokenChunk):
                 self._chunk(event, batch)
-            elif isinstance(event, Finished):
+            elif isinstance(event, RequestFinished):
                 self._finished(event, batch)
             else:
                 await self._flush(batch)
@@ -278,7 +277,7 @@ class Agent:
         held.sent_tokens += event.num_tokens
         held.text.append(event.text)
 
-    def _finished(self, event: Finished, batch: _Batch) -> None:
+    def _finished(self, event: RequestFinished, batch: _Batch) -> None:
         held = self._held.pop(event.request_id, None)
         if held is None:
             return

@@ -229,7 +229,8 @@ class ServeConfig(_Strict):
         default_factory=dict, description="Extra or overridden GPU types: name -> GiB per GPU."
     )
     packaged_profiles: bool = Field(
-        default=True, description="Start from the profiles shipped in qlm/engine/profiles."
+        default=True,
+        description="Start from the profiles shipped in qlm/engine/profiling/profiles.",
     )
     profiles: tuple[ProfileSpec, ...] = Field(
         default=(), description="Inline profiles; they override packaged ones."
@@ -278,7 +279,7 @@ class ServeConfig(_Strict):
     def _engine_problems(self) -> Iterator[Problem]:
         if self.engine.kind != "vllm":
             return
-        from qlm.engine.vllm import VllmEngineConfig
+        from qlm.engine.vllm.config import VllmEngineConfig
 
         try:
             VllmEngineConfig.model_validate(self.engine.vllm)
@@ -322,7 +323,7 @@ class ServeConfig(_Strict):
         models = {m.name for m in self.models}
         found: dict[tuple[str, str], Profile] = {}
         if self.packaged_profiles:
-            from qlm.engine.library import packaged_profiles
+            from qlm.engine.profiling.library import packaged_profiles
 
             found.update({p.key: p for p in packaged_profiles() if p.model in models})
         found.update(

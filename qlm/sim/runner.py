@@ -27,19 +27,19 @@ import numpy as np
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.clock import Clock, VirtualClock, WallClock
 from qlm.config import QlmConfig
-from qlm.engine.client import (
+from qlm.engine.client import EngineClient
+from qlm.engine.config import EngineConfig
+from qlm.engine.simulated import SimulatedEngine
+from qlm.engine.types import (
     Aborted,
-    EngineClient,
     EngineEvent,
     EngineFailed,
     EngineObservation,
     EngineState,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
 )
-from qlm.engine.model import EngineConfig
-from qlm.engine.simulated import SimulatedEngine
 from qlm.sim.events import EventKey, EventLoop, Priority, RandomStreams
 from qlm.sim.policies import SimPolicy, make_policy
 from qlm.sim.result import Attempt, LoadInterval, OutcomeState, QueueSample, RequestOutcome
@@ -253,7 +253,7 @@ class Simulation:
         }
         self._handlers: dict[type, Callable[[_Slot, EngineEvent, list[Request]], None]] = {
             FirstToken: self._on_first_token,
-            Finished: self._on_finished,
+            RequestFinished: self._on_finished,
             Aborted: self._on_aborted,
             ModelLoaded: self._on_model_loaded,
             EngineFailed: self._on_engine_failed,
@@ -393,7 +393,7 @@ class Simulation:
             track.first_token_s = event.at_s
 
     def _on_finished(self, slot: _Slot, event: EngineEvent, _: list[Request]) -> None:
-        assert isinstance(event, Finished)
+        assert isinstance(event, RequestFinished)
         track = slot.held.pop(event.request_id, None)
         if track is None:
             return

@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from qlm.config import QlmConfig, SloClassConfig, load_yaml_model
-from qlm.engine.library import load_profile, profile_named
+from qlm.engine.profiling.library import load_profile, profile_named
 from qlm.perf.profile import GIB, Profile
 from qlm.sim.workload import StreamSpec, iter_requests, relative_to, resolve_relative
 from qlm.snapshot import ProfileSpec
@@ -92,9 +92,9 @@ class FleetSpec(_Strict):
     )
     profile_files: tuple[Annotated[Path, AfterValidator(_existing_path)], ...] = Field(
         default=(),
-        description="Profile files (qlm/engine/README.md format, e.g. written by `qlm profile`) "
-        "or folders of them, relative to the scenario file; they replace packaged profiles by "
-        "(model, gpu) and inline `profiles` replace them.",
+        description="Profile files (qlm/engine/profiling/README.md format, e.g. written by "
+        "`qlm profile`) or folders of them, relative to the scenario file; they replace packaged "
+        "profiles by (model, gpu) and inline `profiles` replace them.",
     )
     gpu_types: dict[str, GpuTypeSpec] = Field(
         default_factory=dict, description="GPU types added to (or replacing) the defaults."

@@ -26,7 +26,7 @@ from benchmarks.fidelity.settings import (
 )
 from benchmarks.fidelity.tables import error_table, misses
 from benchmarks.report import ROOT
-from qlm.engine.library import save_profile
+from qlm.engine.profiling.library import save_profile
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult

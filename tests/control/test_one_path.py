@@ -17,7 +17,7 @@ import pytest
 from qlm.clock import Clock, VirtualClock
 from qlm.config import ControlConfig, PlannerConfig, QlmConfig
 from qlm.control.plan import PublishedPlan
-from qlm.engine.client import EngineObservation, EngineState
+from qlm.engine.types import EngineObservation, EngineState
 from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerSettings

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from qlm.config import load_yaml_model
-from qlm.engine.vllm import VllmEngineConfig
+from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.metrics.settings import MetricsSettings
 from qlm.serve import cli as serve_cli
 from qlm.serve.config import (

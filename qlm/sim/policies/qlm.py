@@ -37,7 +37,7 @@ from qlm.clock import WallClock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver, Decision
-from qlm.engine.client import EngineEvent, EngineObservation
+from qlm.engine.types import EngineEvent, EngineObservation
 from qlm.perf.profile import Profile
 from qlm.sim.policies.base import (
     NO_ACTIONS,
