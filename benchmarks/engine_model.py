@@ -16,7 +16,7 @@ true output lengths drawn from the profile's lognormal, mean 211, std 163):
     .venv/bin/python benchmarks/engine_model.py
         # a table, and benchmarks/results/engine_model.json
 
-Reported per scenario: wall seconds, simulated seconds, events (FirstToken + Finished),
+Reported per scenario: wall seconds, simulated seconds, events (FirstToken + RequestFinished),
 iterations, segments (runs of iterations computed in one go), preemptions, and the rates
 simulated tokens/s (prefill + decode tokens, recomputation included, per wall second), output
 tokens/s (generated tokens per wall second), events/s, and simulated seconds per wall second.
@@ -35,9 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import RESULTS_DIR, write_results
-from qlm.engine.library import profile_named
 from qlm.engine.model import EngineModel
 from qlm.engine.output_length import lognormal_params
+from qlm.engine.profiling.library import profile_named
 from qlm.perf.profile import Profile
 from qlm.types import DEFAULT_GPU_TYPES, Instance, Request
 from tests.engine.reference import RefRequest, run_reference

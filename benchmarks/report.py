@@ -8,6 +8,11 @@ not the repository root, so it puts the root there before importing this module:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
     from benchmarks.report import run_header, write_docs_block, write_results
 
+The larger benchmarks are packages (benchmarks/fidelity/, control_plane/, sim_quality/, soak/,
+solver/), each run by a thin script of the same name (benchmarks/fidelity.py) that puts the
+root first on sys.path (and benchmarks/ off it) before importing its package's main; their
+headers name that script.
+
 The header is a plain dict because it travels in the results JSON: a script that re-renders
 its block from an old results file (control_plane.py --render) reads the same keys back.
 """

@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*,
 
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.clock import WallClock
-from qlm.engine.client import Aborted, EngineEvent, Finished, FirstToken
-from qlm.engine.vllm import SseLines, VllmEngine, completion_body, parse_sse_line
+from qlm.engine.types import Aborted, EngineEvent, FirstToken, RequestFinished
+from qlm.engine.vllm.engine import VllmEngine
+from qlm.engine.vllm.protocol import SseLines, completion_body, parse_sse_line
 from qlm.types import Request
 from tests.vllm_fixtures import (
     VLLM_PYTHON,
@@ -147,12 +148,12 @@ async def adapter(engine: VllmEngine, n: int, tag: str) -> Run:
     while ended < n:
         await asyncio.sleep(0.002)
         new = engine.poll()
-        ended += sum(isinstance(e, Finished | Aborted) for e in new)
+        ended += sum(isinstance(e, RequestFinished | Aborted) for e in new)
         events += new
     aborted = [e for e in events if isinstance(e, Aborted)]
     if aborted:
         raise RuntimeError(f"{len(aborted)} requests aborted, e.g. {aborted[0]}")
-    finished = [e for e in events if isinstance(e, Finished)]
+    finished = [e for e in events if isinstance(e, RequestFinished)]
     return summarise(
         "adapter",
         [start],

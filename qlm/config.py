@@ -118,6 +118,31 @@ class PlannerConfig(StrictModel):
     )
 
 
+class ControlConfig(StrictModel):
+    """When the control loop re-checks and re-plans (qlm/control/driver.py). The same fields,
+    with the same meaning, for the live plane (fleet file, `qlm.control`) and the simulator
+    (scenario file, `qlm.control`)."""
+
+    tick_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Run the estimator's violation check over the queue this often (arrivals "
+        "that fit no planned group ask for a re-plan at once, whatever the tick).",
+    )
+    min_replan_interval_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Full re-plans (regroup + solve) start at most this often once a plan "
+        "exists; arrivals in between join their planned groups.",
+    )
+    published_members_per_instance: int = Field(
+        default=512,
+        ge=1,
+        description="Queued requests per virtual queue that agents see (the head they admit "
+        "from); the rest is shown as the head leaves.",
+    )
+
+
 class QlmConfig(StrictModel):
     slo_classes: tuple[SloClassConfig, ...] = Field(
         default_factory=lambda: tuple(
@@ -135,6 +160,7 @@ class QlmConfig(StrictModel):
     grouping: GroupingConfig = Field(default_factory=GroupingConfig)
     estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)
 
     @model_validator(mode="after")
     def _classes_consistent(self) -> QlmConfig:

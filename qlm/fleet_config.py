@@ -10,9 +10,9 @@ scenario (`qlm simulate`); the same names, limits and rules in all three:
 - a GPU type is built in (A10, A100, H100: qlm.types.DEFAULT_GPU_TYPES) or declared in
   `gpu_types`, which may also replace a built-in type's memory or price;
 - the profile of a (model, GPU type) is the first found of: inline (`profiles`, the profile
-  file format of qlm/engine/README.md), `profile_files` (files or folders of them, relative to
-  the file that names them), the packaged ones (qlm/engine/profiles) unless
-  `packaged_profiles` is false;
+  file format of qlm/engine/profiling/README.md), `profile_files` (files or folders of them,
+  relative to the file that names them), the packaged ones (qlm/engine/profiling/profiles)
+  unless `packaged_profiles` is false;
 - every group's initial model must run on its instances (a profile, and it fits)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from qlm.config import Problem, StrictModel, fail_at, resolve_relative
-from qlm.engine.library import ProfileFile, load_profile, packaged_profiles
+from qlm.engine.profiling.library import ProfileFile, load_profile, packaged_profiles
 from qlm.perf.profile import GIB, Profile
 from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance
 
@@ -134,7 +134,8 @@ class FleetConfig(StrictModel):
         "relative to this file; they replace packaged profiles (later files win).",
     )
     packaged_profiles: bool = Field(
-        default=True, description="Fall back on the profiles shipped in qlm/engine/profiles."
+        default=True,
+        description="Fall back on the profiles shipped in qlm/engine/profiling/profiles.",
     )
 
     @field_validator("profiles", mode="before")
@@ -321,7 +322,7 @@ def _old_profile_fields(profiles: Sequence[Any]) -> Iterator[Problem]:
                 yield (
                     (i, name),
                     "no longer read: the inline format is the profile file format "
-                    f"(qlm/engine/README.md); use {new}",
+                    f"(qlm/engine/profiling/README.md); use {new}",
                 )
 
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from qlm.config import ConfigError, load_yaml_model
-from qlm.engine.library import ProfileFile, profile_named, save_profile
+from qlm.engine.profiling.library import ProfileFile, profile_named, save_profile
 from qlm.fleet_config import FleetConfig
 from qlm.perf.profile import GIB
 from qlm.serve.config import ServeConfig

@@ -35,7 +35,8 @@ from typing import Any
 import pytest
 
 from qlm.clock import WallClock
-from qlm.engine.vllm import VllmEngine, VllmEngineConfig
+from qlm.engine.vllm.config import VllmEngineConfig
+from qlm.engine.vllm.engine import VllmEngine
 from qlm.types import Instance
 
 REPO = Path(__file__).resolve().parent.parent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -46,3 +47,29 @@ class LoadModel:
 
 
 Action = Pull | Evict | SwapKv | LoadModel
+
+
+def lso_steps(
+    actions: Sequence[Action], held: Sequence[str], model: str | None, loading: bool
+) -> tuple[Action, ...]:
+    """The actions as an engine carries them out, one primitive each, for the live agent and
+    the simulator alike. The rules, stated once:
+
+    * a LoadModel first evicts everything the engine holds (back to the global queue, counted
+      as evictions), then loads; the engine serves nothing until the load completes;
+    * a LoadModel of the model already loaded (and not loading) does nothing.
+
+    `held`: the requests the engine holds; `model`/`loading`: its model and whether a load
+    is in progress."""
+    steps: list[Action] = []
+    for action in actions:
+        if isinstance(action, LoadModel):
+            if action.model == model and not loading:
+                continue
+            if held:
+                reason = f"model swap to {action.model}"
+                steps.append(Evict(action.instance_id, tuple(held), reason))
+                held = ()
+            model, loading = action.model, True
+        steps.append(action)
+    return tuple(steps)

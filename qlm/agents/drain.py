@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qlm.engine.client import EngineObservation, EngineState
+from qlm.engine.types import EngineObservation, EngineState
 from qlm.perf.profile import Profile
 
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
-from qlm.engine.client import EngineObservation, EngineRequest, EngineState
+from qlm.engine.types import EngineObservation, EngineRequest, EngineState
 
 
 @dataclass(frozen=True, slots=True)

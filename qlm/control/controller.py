@@ -1,8 +1,8 @@
 """The control loop's pure step: queued requests + instance views -> a published plan.
 
-The live control loop (qlm/control/loop.py) and the simulator's `qlm` policy both drive this
-object, so they run the same grouping, estimator and planner. It owns no I/O and reads time only
-through the now_s it is given.
+The control driver (driver.py), which both the live control loop (qlm/serve/loop.py) and the
+simulator's `qlm` policy run, drives this object, so they run the same grouping, estimator and
+planner. It owns no I/O and reads time only through the now_s it is given.
 
 When to re-plan follows the paper: a full re-plan (regroup + solve) when there is no plan yet,
 when queued requests are not covered by the plan and could not be inserted into a planned
@@ -10,6 +10,7 @@ group, when grouping asks for a rebalance, or when the estimator's violation che
 group predicted to miss its deadline that the last plan did not already expect to miss, or
 when the instances that are up (those with a view) differ from the last re-plan's.
 New arrivals otherwise join their nearest planned group (`on_arrival`) without solving.
+*When* each of these runs is the driver's business.
 """
 
 from __future__ import annotations
@@ -140,6 +141,13 @@ class Controller:
         siblings = [g for g in self._placed if g.rpartition(".")[0] == key]
         return max(siblings, key=_part_index) if siblings else None
 
+    def holds(self, request_id: str) -> bool:
+        """Whether the plan has the request in one of its groups."""
+        return request_id in self._member_of
+
+    def group_of(self, request_id: str) -> str | None:
+        return self._member_of.get(request_id)
+
     def forget_dequeued(self, queued: Sequence[Request]) -> None:
         """Drop requests that left the queue (pulled, cancelled) from grouping, so groups
         shrink as they are served and do not split on every arrival."""
@@ -152,9 +160,8 @@ class Controller:
     def needs_replan(
         self, queued: Sequence[Request], instances: Sequence[InstanceView], now_s: float
     ) -> ReplanReason:
-        """The estimator's violation check over the current plan, as in the paper. Also
-        forgets requests that left the queue since the last call."""
-        self.forget_dequeued(queued)
+        """The estimator's violation check over the current plan, as in the paper. Call
+        `forget_dequeued` first when requests may have left the queue since the last plan."""
         if self._published is None:
             return ReplanReason(bool(queued), "no plan yet")
         uncovered = sum(r.id not in self._member_of for r in queued)

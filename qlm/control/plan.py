@@ -42,16 +42,26 @@ class PlannedGroup:
             "slo_classes": list(self.slo_classes),
         }
 
+    def member_fields(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
+        """Prompt tokens, output caps and SLO classes, one per member. A group published
+        without them (an older writer) reads as 1-token requests of the group's class."""
+        n = len(self.request_ids)
+        return (
+            self.prompt_tokens or (1,) * n,
+            self.max_output_tokens or (1,) * n,
+            self.slo_classes or (self.slo_class,) * n,
+        )
+
     def with_request(
         self, request_id: str, prompt_tokens: int, max_output_tokens: int, slo_class: str
     ) -> PlannedGroup:
-        n = len(self.request_ids)
+        prompts, outputs, classes = self.member_fields()
         return replace(
             self,
             request_ids=(*self.request_ids, request_id),
-            prompt_tokens=(*(self.prompt_tokens or (1,) * n), prompt_tokens),
-            max_output_tokens=(*(self.max_output_tokens or (1,) * n), max_output_tokens),
-            slo_classes=(*(self.slo_classes or (self.slo_class,) * n), slo_class),
+            prompt_tokens=(*prompts, prompt_tokens),
+            max_output_tokens=(*outputs, max_output_tokens),
+            slo_classes=(*classes, slo_class),
         )
 
 

@@ -24,16 +24,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from qlm.clock import Clock
-from qlm.engine.client import (
-    EngineEvent,
-    EngineObservation,
-    EventBuffer,
-    Finished,
-    FirstToken,
-    TokenChunk,
-)
-from qlm.engine.model import EngineConfig, EngineModel, EngineStats
+from qlm.engine.client import EventBuffer
+from qlm.engine.config import EngineConfig
+from qlm.engine.model import EngineModel
 from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
+from qlm.engine.stats import EngineStats
+from qlm.engine.types import EngineEvent, EngineObservation, FirstToken, RequestFinished, TokenChunk
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request
 
@@ -196,7 +192,7 @@ class EmulatedEngine:
             self._events.append(FirstToken(event.request_id, at))
             self._events.append(TokenChunk(event.request_id, at, self.token_text, 1))
             self._streamed[event.request_id] = 1
-        elif isinstance(event, Finished):
+        elif isinstance(event, RequestFinished):
             at = self._clock_s(event.at_s)
             rest = event.output_tokens - self._streamed.pop(event.request_id, 0)
             if rest > 0:

@@ -3,9 +3,9 @@
 The simulator owns the clock. It asks `next_event_at_s()` when the engine next changes on its
 own, moves the clock there (or to an earlier event of its own), calls `advance_to(now_s)` and
 reads what happened with `poll()` (which also advances to the clock's time). Operations
-(submit, abort, swap, load) act at the clock's current time. No text is produced: Finished
-carries the token count only. `profiles` may be a Fleet; only those of the instance's GPU type
-that fit it are used.
+(submit, abort, swap, load) act at the clock's current time. No text is produced:
+RequestFinished carries the token count only. `profiles` may be a Fleet; only those of the
+instance's GPU type that fit it are used.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from qlm.clock import VirtualClock
-from qlm.engine.client import EngineEvent, EngineObservation
-from qlm.engine.model import EngineConfig, EngineModel, EngineStats
+from qlm.engine.config import EngineConfig
+from qlm.engine.model import EngineModel
 from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
+from qlm.engine.stats import EngineStats
+from qlm.engine.types import EngineEvent, EngineObservation
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request
 

@@ -10,6 +10,7 @@ qlm/metrics/README.md lists each metric with its labels and where it is recorded
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
@@ -24,10 +25,13 @@ SWAP_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.
 REQUEST_OUTCOMES = ("admitted", "rejected", "completed", "cancelled", "failed")
 PLAN_FAILED = "failed"  # planner status label for a re-plan that raised
 EVICTION_KINDS = ("abort", "kv_swap")  # abort and requeue / KV moved to CPU memory
+_MODEL_CLASS_LABELS = ("model_name", "slo_class")  # the labels most request families share
 
 
 @dataclass(frozen=True)
 class Families:
+    """Every metric family, one field each, registered on one registry (`on`)."""
+
     requests: Counter
     rejections: Counter
     slo_met: Counter
@@ -53,152 +57,192 @@ class Families:
 
     @classmethod
     def on(cls, registry: CollectorRegistry) -> Families:
-        """Create and register every family on `registry`."""
-        r = registry
-        mc = ("model_name", "slo_class")
+        """Create and register every family on `registry`, in the order they are exposed."""
         return cls(
-            requests=Counter(
-                "qlm_requests_total",
-                "Requests by outcome: admitted and rejected at the API; completed, cancelled "
-                "and failed when the request ends.",
-                (*mc, "outcome"),
-                registry=r,
-            ),
-            rejections=Counter(
-                "qlm_request_rejections_total",
-                "Requests the API refused, by error code (queue_full, model_not_found, ...).",
-                ("reason",),
-                registry=r,
-            ),
-            slo_met=Counter(
-                "qlm_slo_met_total",
-                "Ended requests that met every SLO target they carried (numerator of attainment).",
-                (*mc, "instance_id"),
-                registry=r,
-            ),
-            slo_evaluated=Counter(
-                "qlm_slo_evaluated_total",
-                "Ended requests judged against their SLO: completed and failed, not cancelled "
-                "(denominator of attainment).",
-                (*mc, "instance_id"),
-                registry=r,
-            ),
-            attainment_target=Gauge(
-                "qlm_slo_attainment_target",
-                "Configured attainment target per class (metrics.attainment_targets).",
-                ("slo_class",),
-                registry=r,
-            ),
-            ttft=Histogram(
-                "qlm_request_ttft_seconds",
-                "Arrival to first token of completed requests (the actual wait).",
-                mc,
-                buckets=LATENCY_BUCKETS_S,
-                registry=r,
-            ),
-            e2e=Histogram(
-                "qlm_request_e2e_seconds",
-                "Arrival to last token of completed requests.",
-                mc,
-                buckets=LATENCY_BUCKETS_S,
-                registry=r,
-            ),
-            queue_depth=Gauge(
-                "qlm_queue_depth",
-                "Queued requests (not yet in an engine), as the leading control loop last saw.",
-                mc,
-                registry=r,
-            ),
-            groups=Gauge(
-                "qlm_request_groups",
-                "Request groups in the current plan that still hold queued requests.",
-                ("slo_class",),
-                registry=r,
-            ),
-            wait_predicted=Histogram(
-                "qlm_wait_predicted_seconds",
-                "Predicted arrival to first token, once per request at the first full plan "
-                "that places it.",
-                mc,
-                buckets=LATENCY_BUCKETS_S,
-                registry=r,
-            ),
-            wait_error=Summary(
-                "qlm_wait_prediction_error_seconds",
-                "Actual minus predicted first-token time (negative: earlier than predicted), "
-                "for requests planned and completed in the same process; sum/count is the bias.",
-                ("slo_class",),
-                registry=r,
-            ),
-            wait_abs_error=Histogram(
-                "qlm_wait_prediction_abs_error_seconds",
-                "|actual - predicted| first-token time, same requests as the error summary "
-                "(a histogram with negative buckets could not carry a sum).",
-                ("slo_class",),
-                buckets=LATENCY_BUCKETS_S,
-                registry=r,
-            ),
-            solve=Histogram(
-                "qlm_planner_solve_seconds",
-                "Wall time of each full re-plan's solve.",
-                ("policy",),
-                buckets=SOLVE_BUCKETS_S,
-                registry=r,
-            ),
-            planner_runs=Counter(
-                "qlm_planner_runs_total",
-                "Full re-plans by planner status (optimal, feasible, timeout, fallback, "
-                "heuristic) or failed (the solve raised; the last plan stays).",
-                ("policy", "status"),
-                registry=r,
-            ),
-            leading=Gauge(
-                "qlm_controller_leading",
-                "1 while this control loop holds the leader lease.",
-                registry=r,
-            ),
-            evictions=Counter(
-                "qlm_evictions_total",
-                "Requests evicted from an engine: aborted and requeued, or KV moved to CPU.",
-                ("instance_id", "slo_class", "kind"),
-                registry=r,
-            ),
-            swaps=Counter(
-                "qlm_model_swaps_total",
-                "Model swaps an agent started, by the model swapped in.",
-                ("instance_id", "model_name"),
-                registry=r,
-            ),
-            swap_time=Histogram(
-                "qlm_model_swap_seconds",
-                "From a swap's start until the new model serves.",
-                ("model_name",),
-                buckets=SWAP_BUCKETS_S,
-                registry=r,
-            ),
-            instance_state=Gauge(
-                "qlm_instance_state",
-                "1 for the engine's current state (empty, loading, ready, failed), else 0; "
-                "model_name is the loaded (or loading) model, 'none' without one.",
-                ("instance_id", "state", "model_name"),
-                registry=r,
-            ),
-            instance_running=Gauge(
-                "qlm_instance_running_requests",
-                "Requests inside the engine.",
-                ("instance_id",),
-                registry=r,
-            ),
-            instance_kv=Gauge(
-                "qlm_instance_kv_utilization_ratio",
-                "KV cache tokens used over capacity.",
-                ("instance_id",),
-                registry=r,
-            ),
-            instance_busy=Gauge(
-                "qlm_instance_busy_seconds",
-                "Estimated seconds until the work in the engine drains.",
-                ("instance_id",),
-                registry=r,
-            ),
+            **_request_families(registry),
+            **_slo_families(registry),
+            **_queue_families(registry),
+            **_planner_families(registry),
+            **_agent_families(registry),
+            **_instance_families(registry),
         )
+
+
+def _request_families(r: CollectorRegistry) -> dict[str, Any]:
+    """Requests by outcome at the API and at their end, and refusals by reason."""
+    return {
+        "requests": Counter(
+            "qlm_requests_total",
+            "Requests by outcome: admitted and rejected at the API; completed, cancelled "
+            "and failed when the request ends.",
+            (*_MODEL_CLASS_LABELS, "outcome"),
+            registry=r,
+        ),
+        "rejections": Counter(
+            "qlm_request_rejections_total",
+            "Requests the API refused, by error code (queue_full, model_not_found, ...).",
+            ("reason",),
+            registry=r,
+        ),
+    }
+
+
+def _slo_families(r: CollectorRegistry) -> dict[str, Any]:
+    """SLO attainment (numerator, denominator, target) and the latencies it judges."""
+    return {
+        "slo_met": Counter(
+            "qlm_slo_met_total",
+            "Ended requests that met every SLO target they carried (numerator of attainment).",
+            (*_MODEL_CLASS_LABELS, "instance_id"),
+            registry=r,
+        ),
+        "slo_evaluated": Counter(
+            "qlm_slo_evaluated_total",
+            "Ended requests judged against their SLO: completed and failed, not cancelled "
+            "(denominator of attainment).",
+            (*_MODEL_CLASS_LABELS, "instance_id"),
+            registry=r,
+        ),
+        "attainment_target": Gauge(
+            "qlm_slo_attainment_target",
+            "Configured attainment target per class (metrics.attainment_targets).",
+            ("slo_class",),
+            registry=r,
+        ),
+        "ttft": Histogram(
+            "qlm_request_ttft_seconds",
+            "Arrival to first token of completed requests (the actual wait).",
+            _MODEL_CLASS_LABELS,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        ),
+        "e2e": Histogram(
+            "qlm_request_e2e_seconds",
+            "Arrival to last token of completed requests.",
+            _MODEL_CLASS_LABELS,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        ),
+    }
+
+
+def _queue_families(r: CollectorRegistry) -> dict[str, Any]:
+    """The queue as the control loop sees it, and how well it predicts waits."""
+    return {
+        "queue_depth": Gauge(
+            "qlm_queue_depth",
+            "Queued requests (not yet in an engine), as the leading control loop last saw.",
+            _MODEL_CLASS_LABELS,
+            registry=r,
+        ),
+        "groups": Gauge(
+            "qlm_request_groups",
+            "Request groups in the current plan that still hold queued requests.",
+            ("slo_class",),
+            registry=r,
+        ),
+        "wait_predicted": Histogram(
+            "qlm_wait_predicted_seconds",
+            "Predicted arrival to first token, once per request at the first full plan "
+            "that places it.",
+            _MODEL_CLASS_LABELS,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        ),
+        "wait_error": Summary(
+            "qlm_wait_prediction_error_seconds",
+            "Actual minus predicted first-token time (negative: earlier than predicted), "
+            "for requests planned and completed in the same process; sum/count is the bias.",
+            ("slo_class",),
+            registry=r,
+        ),
+        "wait_abs_error": Histogram(
+            "qlm_wait_prediction_abs_error_seconds",
+            "|actual - predicted| first-token time, same requests as the error summary "
+            "(a histogram with negative buckets could not carry a sum).",
+            ("slo_class",),
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        ),
+    }
+
+
+def _planner_families(r: CollectorRegistry) -> dict[str, Any]:
+    """Re-plans: solve time, status, and leadership of the control loop."""
+    return {
+        "solve": Histogram(
+            "qlm_planner_solve_seconds",
+            "Wall time of each full re-plan's solve.",
+            ("policy",),
+            buckets=SOLVE_BUCKETS_S,
+            registry=r,
+        ),
+        "planner_runs": Counter(
+            "qlm_planner_runs_total",
+            "Full re-plans by planner status (optimal, feasible, timeout, fallback, "
+            "heuristic) or failed (the solve raised; the last plan stays).",
+            ("policy", "status"),
+            registry=r,
+        ),
+        "leading": Gauge(
+            "qlm_controller_leading",
+            "1 while this control loop holds the leader lease.",
+            registry=r,
+        ),
+    }
+
+
+def _agent_families(r: CollectorRegistry) -> dict[str, Any]:
+    """What agents do to engines: evictions and model swaps."""
+    return {
+        "evictions": Counter(
+            "qlm_evictions_total",
+            "Requests evicted from an engine: aborted and requeued, or KV moved to CPU.",
+            ("instance_id", "slo_class", "kind"),
+            registry=r,
+        ),
+        "swaps": Counter(
+            "qlm_model_swaps_total",
+            "Model swaps an agent started, by the model swapped in.",
+            ("instance_id", "model_name"),
+            registry=r,
+        ),
+        "swap_time": Histogram(
+            "qlm_model_swap_seconds",
+            "From a swap's start until the new model serves.",
+            ("model_name",),
+            buckets=SWAP_BUCKETS_S,
+            registry=r,
+        ),
+    }
+
+
+def _instance_families(r: CollectorRegistry) -> dict[str, Any]:
+    """Each engine instance's state, load and backlog."""
+    return {
+        "instance_state": Gauge(
+            "qlm_instance_state",
+            "1 for the engine's current state (empty, loading, ready, failed), else 0; "
+            "model_name is the loaded (or loading) model, 'none' without one.",
+            ("instance_id", "state", "model_name"),
+            registry=r,
+        ),
+        "instance_running": Gauge(
+            "qlm_instance_running_requests",
+            "Requests inside the engine.",
+            ("instance_id",),
+            registry=r,
+        ),
+        "instance_kv": Gauge(
+            "qlm_instance_kv_utilization_ratio",
+            "KV cache tokens used over capacity.",
+            ("instance_id",),
+            registry=r,
+        ),
+        "instance_busy": Gauge(
+            "qlm_instance_busy_seconds",
+            "Estimated seconds until the work in the engine drains.",
+            ("instance_id",),
+            registry=r,
+        ),
+    }

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.engine.client import EngineState
+from qlm.engine.types import EngineState
 from qlm.metrics.families import EVICTION_KINDS, PLAN_FAILED, REQUEST_OUTCOMES, Families
 from qlm.metrics.history import History
 from qlm.metrics.settings import MetricsConfig

@@ -21,7 +21,7 @@ def _memory(url: str, **options: Any) -> GlobalQueue:
 
 
 def _redis(url: str, **options: Any) -> GlobalQueue:
-    from qlm.queue.redis_queue import RedisQueue, RedisQueueConfig
+    from qlm.queue.redis import RedisQueue, RedisQueueConfig
 
     return RedisQueue(RedisQueueConfig(url=url, **options))
 

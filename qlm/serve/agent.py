@@ -9,20 +9,21 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
+from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.drain import drain_estimate_s
-from qlm.agents.reconcile import QueuedGroup, QueuedItem, ReconcileInput, reconcile
+from qlm.agents.reconcile import QueuedGroup, ReconcileInput, reconcile
+from qlm.agents.virtual_queue import virtual_queue
 from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
-from qlm.engine.client import (
+from qlm.engine.client import EngineClient, EventWaiter
+from qlm.engine.types import (
     Aborted,
-    EngineClient,
     EngineEvent,
     EngineFailed,
-    EventWaiter,
-    Finished,
+    EngineState,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
@@ -157,11 +158,13 @@ class Agent:
             if not (new_plan or self._reconcile_due(events)):
                 return ()  # only tokens streamed: nothing to decide, the next round will
             self._last_reconcile_s = self.clock.monotonic_s()
+            obs = self.engine.observe()
             actions = reconcile(
-                ReconcileInput(self.engine.observe(), self._heads(plan), self.priority),
+                ReconcileInput(obs, self._heads(plan), self.priority),
                 self.settings.reconcile_options(),
             )
-            await self._apply(actions)
+            loading = obs.state is EngineState.LOADING
+            await self._apply(lso_steps(actions, tuple(self._held), obs.model, loading))
         await self._housekeeping()
         return actions
 
@@ -175,19 +178,13 @@ class Agent:
         return self.clock.monotonic_s() - self._last_reconcile_s >= self.settings.poll_s
 
     def _heads(self, plan: PublishedPlan) -> tuple[QueuedGroup, ...]:
-        heads = []
-        for group in plan.queue_of(self.instance.id):
-            n = len(group.request_ids)
-            prompts = group.prompt_tokens or (1,) * n
-            outputs = group.max_output_tokens or (1,) * n
-            classes = group.slo_classes or (group.slo_class,) * n
-            items = tuple(
-                QueuedItem(rid, p, o, c)
-                for rid, p, o, c in zip(group.request_ids, prompts, outputs, classes, strict=True)
-                if rid not in self._taken and rid not in self._held
-            )
-            heads.append(QueuedGroup(group.group_id, group.model, group.slo_class, items))
-        return tuple(heads)
+        """This instance's virtual queue, less what another instance took or the engine
+        holds (the loop republishes the cut as the head leaves)."""
+
+        def still_queued(request_id: str) -> bool:
+            return request_id not in self._taken and request_id not in self._held
+
+        return virtual_queue(plan, self.instance.id, still_queued)
 
     async def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -195,8 +192,7 @@ class Agent:
                 await self._pull(action.request_ids)
             elif isinstance(action, Evict):
                 self._evict(action.request_ids)
-            elif isinstance(action, LoadModel):
-                self._evict(tuple(self._held))
+            elif isinstance(action, LoadModel):  # lso_steps evicted what the engine held
                 self.engine.load_model(action.model)
                 self.counters.swaps += 1
                 self.metrics.model_swap_started(self.instance.id, action.model)
@@ -238,7 +234,7 @@ class Agent:
                     batch.running.append(event.request_id)
             elif isinstance(event, TokenChunk):
                 self._chunk(event, batch)
-            elif isinstance(event, Finished):
+            elif isinstance(event, RequestFinished):
                 self._finished(event, batch)
             else:
                 await self._flush(batch)
@@ -281,7 +277,7 @@ class Agent:
         held.sent_tokens += event.num_tokens
         held.text.append(event.text)
 
-    def _finished(self, event: Finished, batch: _Batch) -> None:
+    def _finished(self, event: RequestFinished, batch: _Batch) -> None:
         held = self._held.pop(event.request_id, None)
         if held is None:
             return

@@ -5,7 +5,7 @@ variable holding the queue URL or the Redis password, a mounted file with the pa
 the API keys), and qlm/serve/secrets.py reads them when a process starts.
 
 Sections: `qlm` (QlmConfig, qlm/config.py), `queue` (QueueConfig), `api` (ApiConfig,
-qlm/api/settings.py), `controller` (ControllerSettings), `agent` (AgentConfig), `engine`
+qlm/api/settings.py), `controller` (ControllerConfig), `agent` (AgentConfig), `engine`
 (LiveEngineConfig), `metrics` (MetricsConfig, qlm/metrics/settings.py), `models`
 (ModelConfig, qlm/api/settings.py) and `fleet` (FleetConfig, qlm/fleet_config.py: the same
 section as in `qlm plan` snapshots and `qlm simulate` scenarios)."""
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -78,8 +78,11 @@ class QueueConfig(StrictModel):
         return self
 
 
-class ControllerSettings(StrictModel):
-    tick_s: float = Field(default=1.0, gt=0, description="Re-check the plan at least this often.")
+class ControllerConfig(StrictModel):
+    """The live control loop's process settings. When it checks and re-plans, and how much of
+    each virtual queue agents see, is `qlm.control` (QlmConfig.control), shared with the
+    simulator."""
+
     leader_lease_s: float = Field(default=5.0, gt=0, description="Leader lease in Redis.")
     node_id: str | None = Field(default=None, description="Leader-election id; default random.")
     instance_timeout_s: float = Field(
@@ -94,18 +97,21 @@ class ControllerSettings(StrictModel):
         description="Control rounds start at most this often; arrivals in between are taken "
         "together.",
     )
-    min_replan_interval_s: float = Field(
-        default=0.5,
-        ge=0,
-        description="Full re-plans (regroup + solve) at most this often once a plan exists; "
-        "arrivals in between join their planned groups.",
-    )
-    published_members_per_instance: int = Field(
-        default=512,
-        ge=1,
-        description="Requests per virtual queue in the plan agents read (the head they "
-        "admit from); the rest is published as the head leaves.",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in MOVED_TO_CONTROL:
+                if name in data:
+                    raise ValueError(
+                        f"controller.{name} moved to qlm.control.{name} (shared with the "
+                        "simulator's scenario files)"
+                    )
+        return data
+
+
+MOVED_TO_CONTROL = ("tick_s", "min_replan_interval_s", "published_members_per_instance")
 
 
 class AgentConfig(StrictModel):
@@ -176,8 +182,8 @@ class ServeConfig(StrictModel):
     qlm: QlmConfig = Field(default_factory=QlmConfig, description="The policy core.")
     queue: QueueConfig = Field(default_factory=QueueConfig, description="The global queue.")
     api: ApiConfig = Field(default_factory=ApiConfig, description="The HTTP API.")
-    controller: ControllerSettings = Field(
-        default_factory=ControllerSettings, description="The control loop."
+    controller: ControllerConfig = Field(
+        default_factory=ControllerConfig, description="The control loop."
     )
     agent: AgentConfig = Field(default_factory=AgentConfig, description="The instance agents.")
     engine: LiveEngineConfig = Field(
@@ -219,7 +225,7 @@ class ServeConfig(StrictModel):
     def _engine_problems(self) -> Iterator[Problem]:
         if self.engine.kind != "vllm":
             return
-        from qlm.engine.vllm import VllmEngineConfig
+        from qlm.engine.vllm.config import VllmEngineConfig
 
         try:
             VllmEngineConfig.model_validate(self.engine.vllm)

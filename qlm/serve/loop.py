@@ -1,6 +1,7 @@
-"""The live control loop: on arrivals and on a tick, snapshot the queue, let the Controller
-(qlm/control/controller.py, the same step the simulator runs) decide whether to re-plan, and
-publish. Only the leader plans (a lease in the queue); a failed solve keeps the last good plan."""
+"""The live control loop: on queue changes and on a tick, snapshot the queue and the agents'
+reports, feed the control driver (qlm/control/driver.py, the same one the simulator's `qlm`
+policy runs) and publish the cut of the plan agents see (qlm/agents/virtual_queue.py). Only the
+leader plans (a lease in the queue); a failed solve keeps the last good plan."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from qlm.agents.virtual_queue import cut_for_agents, shown, subset
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
+from qlm.control.driver import ControlDriver
 from qlm.control.liveness import InstanceLiveness
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import PublishedPlan
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
-from qlm.serve.config import ControllerSettings
+from qlm.serve.config import ControllerConfig
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")
@@ -37,27 +40,30 @@ class LoopCounters:
 
 
 class ControlLoop:
+    """The live adapter around the control driver (qlm/control/driver.py): each round reads
+    the queue and the agents' reports, feeds the driver, solves in a worker thread when it
+    says so, and publishes the cut of the plan agents see."""
+
     def __init__(
         self,
         config: QlmConfig,
         fleet: Fleet,
         queue: GlobalQueue,
         clock: Clock,
-        settings: ControllerSettings,
+        settings: ControllerConfig,
         metrics: MetricsHooks | None = None,
     ) -> None:
-        self.controller = Controller(config, fleet, clock)
+        self.driver = ControlDriver(Controller(config, fleet, clock), config.control)
+        self.controller = self.driver.controller
         self.metrics = metrics or NO_METRICS
         self.fleet = fleet
         self.queue = queue
         self.clock = clock
         self.settings = settings
+        self.members = config.control.published_members_per_instance
         self.node_id = settings.node_id or f"controller-{uuid.uuid4().hex[:8]}"
         self.counters = LoopCounters()
-        self._planned_ids: set[str] = set()
         self._annotated: dict[str, tuple[str, float | None]] = {}  # what records say now
-        self._last_replan_s = float("-inf")
-        self._replan_due = False  # a re-plan is needed but min_replan_interval_s holds it
         self._shown: tuple[tuple[str, tuple[str, ...]], ...] = ()  # what agents were shown
         self._published_epoch = -1  # the controller epoch of the last publish
         self._liveness = InstanceLiveness(
@@ -76,7 +82,7 @@ class ControlLoop:
                 await self.queue.wait_for_change(self._wait_s())
             except Exception as exc:  # the queue is unreachable: the loop must outlive that
                 log.warning("waiting for queue changes failed (%r); next round in a tick", exc)
-                await asyncio.sleep(self.settings.tick_s)
+                await asyncio.sleep(self.driver.config.tick_s)
             # Under a flood of arrivals, one round takes many of them (a round's cost grows
             # with the queue, not with the arrivals it takes).
             rest_s = self.settings.min_round_interval_s - (self.clock.monotonic_s() - started_s)
@@ -84,12 +90,13 @@ class ControlLoop:
                 await asyncio.sleep(rest_s)
 
     def _wait_s(self) -> float:
-        """Until the next round at the latest: a tick, or sooner when a re-plan is due but
-        was held back by min_replan_interval_s."""
-        if not self._replan_due:
-            return self.settings.tick_s
-        allowed_at_s = self._last_replan_s + self.settings.min_replan_interval_s
-        return max(0.0, min(self.settings.tick_s, allowed_at_s - self.clock.now_s()))
+        """Until the next round at the latest: the driver's next check or held-back re-plan,
+        and a tick at most (leases expire, agents' reports age)."""
+        tick_s = self.driver.config.tick_s
+        wake_at_s = self.driver.wake_at_s()
+        if wake_at_s is None:
+            return tick_s
+        return max(0.0, min(tick_s, wake_at_s - self.clock.now_s()))
 
     async def step(self) -> PublishedPlan | None:
         self.counters.rounds += 1
@@ -102,35 +109,33 @@ class ControlLoop:
         self.counters.expired += len(await self.queue.expire_leases(now_s))
         queued = await self.queue.queued()
         views = self._views(await self.queue.instances())
-        self._planned_ids.intersection_update(r.id for r in queued)  # a requeued one returns
-        plan = self._insert_arrivals(queued, now_s)
-        reason = self.controller.needs_replan(queued, views, now_s)
-        self._replan_due = reason.needed and not self._may_replan(now_s)
-        if reason.needed and not self._replan_due:
-            plan = await self._replan(queued, views, now_s, reason.why) or plan
+        await self._drive(queued, views, now_s)
         self.metrics.queue_snapshot(queued, self.controller.plan)
-        plan = plan or self.controller.plan
+        plan = self.driver.plan
         if plan is None:
             return None
-        view = _for_agents(plan, queued, self.settings.published_members_per_instance)
-        shown = _shown(view)
-        if shown == self._shown and plan.epoch == self._published_epoch:
+        view = cut_for_agents(plan, {r.id for r in queued}, self.members)
+        seen = shown(view)
+        if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
         published = await self.queue.publish_plan(view)
-        self._shown, self._published_epoch = shown, plan.epoch
+        self._shown, self._published_epoch = seen, plan.epoch
         changed, current = self._changed_annotations(plan)
         await self.queue.annotate(changed)
         self._annotated = current  # only once written: a failed write is retried next round
         return published
 
-    def _may_replan(self, now_s: float) -> bool:
-        """At most one full re-plan per `min_replan_interval_s` once a plan exists: a solve
-        costs up to the planner's time limit, and arrivals between re-plans still join
-        their groups through `on_arrival`. Without the bound, a backlog whose groups keep
-        turning late would be re-solved on every arrival."""
-        if self.controller.plan is None:
-            return True
-        return now_s - self._last_replan_s >= self.settings.min_replan_interval_s
+    async def _drive(
+        self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float
+    ) -> None:
+        """One round of the driver: offer what the plan does not hold, check when a tick
+        is due, re-plan when one is due."""
+        driver = self.driver
+        self.counters.inserts += len(driver.arrive(driver.unplanned(queued), now_s).joined)
+        if driver.check_due(now_s):
+            driver.check(queued, views, now_s)
+        if driver.replan_due(now_s):
+            await self._replan(queued, views, now_s)
 
     def _changed_annotations(
         self, plan: PublishedPlan
@@ -138,54 +143,42 @@ class ControlLoop:
         """The part of the plan whose group or predicted wait differs from what the
         records hold (so that a round costs the queue writes of what changed), and the
         annotations the records will hold once it is written."""
-        changed: dict[str, list[str]] = {}
+        changed: dict[str, list[int]] = {}
         current: dict[str, tuple[str, float | None]] = {}
         for gid, group in plan.groups.items():
-            for rid in group.request_ids:
+            for i, rid in enumerate(group.request_ids):
                 mark = (gid, plan.predicted_wait_s.get(rid))
                 current[rid] = mark
                 if self._annotated.get(rid) != mark:
-                    changed.setdefault(gid, []).append(rid)
-        subsets = {g: _subset(plan.groups[g], ids) for g, ids in changed.items()}
+                    changed.setdefault(gid, []).append(i)
+        subsets = {g: subset(plan.groups[g], positions) for g, positions in changed.items()}
         return replace(plan, groups=subsets), current
 
-    def _insert_arrivals(self, queued: Sequence[Request], now_s: float) -> PublishedPlan | None:
-        plan = None
-        if self.controller.plan is None:
-            return None
-        for request in queued:
-            if request.id in self._planned_ids:
-                continue
-            updated = self.controller.on_arrival(request, now_s)
-            if updated is None:
-                continue  # not insertable: needs_replan will ask for a full re-plan
-            self._planned_ids.add(request.id)
-            self.counters.inserts += 1
-            plan = updated
-        return plan
-
     async def _replan(
-        self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float, why: str
-    ) -> PublishedPlan | None:
-        """Solve in a worker thread: the solver's native core releases the GIL, so API and
-        agents sharing this event loop keep serving meanwhile."""
-        self._last_replan_s = now_s
+        self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float
+    ) -> None:
+        """Solve in a worker thread (the solver's native core releases the GIL, so API and
+        agents sharing this event loop keep serving meanwhile), then adopt at once: arrivals
+        during the solve are offered in the next round."""
         try:
-            plan = await asyncio.to_thread(self.controller.replan, queued, views, now_s)
+            plan = await asyncio.to_thread(self.driver.solve, queued, views, now_s)
         except Exception:
+            self.driver.failed()
             self.counters.failures += 1
             self.metrics.plan_failed()
-            log.exception("re-plan failed (%s); keeping the last good plan", why)
-            return None
+            log.exception("re-plan failed; keeping the last good plan")
+            return
+        if plan is None:
+            return
+        ids = {r.id for r in queued}
+        self.driver.adopt(ids.__contains__, now_s)
         self.counters.replans += 1
         solve = self.controller.last_solve
         self.metrics.planned(solve, plan, queued, now_s)
         if solve is not None:
             self.counters.last_solve_s = solve.solve_wall_s
             self.counters.last_status = str(solve.status)
-        self._planned_ids = {r.id for r in queued}
-        log.debug("re-planned (%s): epoch %d", why, plan.epoch)
-        return plan
+        log.debug("re-planned: epoch %d", plan.epoch)
 
     def _views(self, statuses: Sequence[InstanceStatus]) -> list[InstanceView]:
         """The instances that are up (their agents reported within instance_timeout_s):
@@ -203,57 +196,3 @@ class ControlLoop:
             else:
                 views.append(InstanceView(instance.id, status.model, status.busy_s))
         return views
-
-
-def _for_agents(plan: PublishedPlan, queued: Sequence[Request], members: int) -> PublishedPlan:
-    """The plan as agents need it: each instance's virtual queue listing only its first
-    `members` requests still queued (agents admit from the head of their queue; the rest
-    follows in later epochs as the head leaves). Groups past the head stay, empty, with the
-    predicted wait of their last member (`group_wait_s`, for the API's SLO gate). Keeps each
-    publish, and each agent's read of it, small however long the queue, and keeps agents from
-    walking requests that other instances took."""
-    queued_ids = {r.id for r in queued}
-    groups: dict[str, PlannedGroup] = {}
-    group_wait_s: dict[str, float] = {}
-    for group_ids in plan.queues.values():
-        budget = members
-        for gid in group_ids:
-            group = plan.groups.get(gid)
-            if group is None:
-                continue
-            keep = [rid for rid in group.request_ids if rid in queued_ids][: max(budget, 0)]
-            budget -= len(keep)
-            groups[gid] = group if len(keep) == len(group.request_ids) else _subset(group, keep)
-            member_waits = [plan.predicted_wait_s.get(rid) for rid in group.request_ids]
-            if known := [w for w in member_waits if w is not None]:
-                group_wait_s[gid] = max(known)
-    waits = {
-        rid: plan.predicted_wait_s[rid]
-        for group in groups.values()
-        for rid in group.request_ids
-        if rid in plan.predicted_wait_s
-    }
-    return replace(plan, groups=groups, predicted_wait_s=waits, group_wait_s=group_wait_s)
-
-
-def _shown(view: PublishedPlan) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """What agents see of a plan: per instance, the requests in queue order."""
-    return tuple(
-        (instance_id, tuple(rid for g in view.queue_of(instance_id) for rid in g.request_ids))
-        for instance_id in sorted(view.queues)
-    )
-
-
-def _subset(group: PlannedGroup, request_ids: Sequence[str]) -> PlannedGroup:
-    """The group with only `request_ids` (in the group's order), per-member fields kept."""
-    wanted = set(request_ids)
-    keep = [i for i, rid in enumerate(group.request_ids) if rid in wanted]
-    return replace(
-        group,
-        request_ids=tuple(group.request_ids[i] for i in keep),
-        prompt_tokens=tuple(group.prompt_tokens[i] for i in keep if group.prompt_tokens),
-        max_output_tokens=tuple(
-            group.max_output_tokens[i] for i in keep if group.max_output_tokens
-        ),
-        slo_classes=tuple(group.slo_classes[i] for i in keep if group.slo_classes),
-    )

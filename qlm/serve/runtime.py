@@ -58,7 +58,8 @@ def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Cloc
 
 @ENGINE_KINDS.register("vllm")
 def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
-    from qlm.engine.vllm import VllmEngine, VllmEngineConfig
+    from qlm.engine.vllm.config import VllmEngineConfig
+    from qlm.engine.vllm.engine import VllmEngine
 
     engine: LiveEngine = VllmEngine(
         instance, VllmEngineConfig.model_validate(config.engine.vllm), clock

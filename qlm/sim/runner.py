@@ -24,22 +24,22 @@ from typing import Protocol
 
 import numpy as np
 
-from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
+from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.clock import Clock, VirtualClock, WallClock
 from qlm.config import QlmConfig
-from qlm.engine.client import (
+from qlm.engine.client import EngineClient
+from qlm.engine.config import EngineConfig
+from qlm.engine.simulated import SimulatedEngine
+from qlm.engine.types import (
     Aborted,
-    EngineClient,
     EngineEvent,
     EngineFailed,
     EngineObservation,
     EngineState,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
 )
-from qlm.engine.model import EngineConfig
-from qlm.engine.simulated import SimulatedEngine
 from qlm.sim.events import EventKey, EventLoop, Priority, RandomStreams
 from qlm.sim.policies import SimPolicy, make_policy
 from qlm.sim.result import Attempt, LoadInterval, OutcomeState, QueueSample, RequestOutcome
@@ -253,7 +253,7 @@ class Simulation:
         }
         self._handlers: dict[type, Callable[[_Slot, EngineEvent, list[Request]], None]] = {
             FirstToken: self._on_first_token,
-            Finished: self._on_finished,
+            RequestFinished: self._on_finished,
             Aborted: self._on_aborted,
             ModelLoaded: self._on_model_loaded,
             EngineFailed: self._on_engine_failed,
@@ -393,7 +393,7 @@ class Simulation:
             track.first_token_s = event.at_s
 
     def _on_finished(self, slot: _Slot, event: EngineEvent, _: list[Request]) -> None:
-        assert isinstance(event, Finished)
+        assert isinstance(event, RequestFinished)
         track = slot.held.pop(event.request_id, None)
         if track is None:
             return
@@ -451,7 +451,16 @@ class Simulation:
             return
         self._last_progress_s = self._loop.now_s()
         for action in actions:
-            self._appliers[type(action)](action)
+            for step in self._steps(action):
+                self._appliers[type(step)](step)
+
+    def _steps(self, action: Action) -> tuple[Action, ...]:
+        """The primitives an action comes down to (qlm.agents.actions.lso_steps, the rules
+        the live agents follow too)."""
+        if not isinstance(action, LoadModel):
+            return (action,)
+        slot = self._slot_for(action)
+        return lso_steps((action,), tuple(slot.held), slot.model, slot.loading)
 
     def _slot_for(self, action: Pull | Evict | SwapKv | LoadModel) -> _Slot:
         slot = self._slots.get(action.instance_id)
@@ -500,12 +509,9 @@ class Simulation:
     def _load_model(self, action: Action) -> None:
         assert isinstance(action, LoadModel)
         slot = self._slot_for(action)
-        if slot.model == action.model and not slot.loading:
-            return
         if not self._fleet.can_serve(slot.instance, action.model):
             raise SimulationError(f"{action}: instance cannot hold {action.model}")
-        slot.evicting.update(slot.held)  # the engine aborts them; they count as evicted
-        slot.engine.load_model(action.model)
+        slot.engine.load_model(action.model)  # lso_steps evicted what it held
         slot.model = action.model
         slot.loading = True
         slot.load_started_s = self._loop.now_s()

@@ -1,6 +1,6 @@
-"""benchmarks/control_plane.py: its pure helpers (percentiles, arrival schedules, window
-summaries, target verdicts, baseline pairing, the docs block), and a smoke run of the
-admission benchmark against a real `qlm api` process on a throwaway redis-server."""
+"""benchmarks/control_plane/: its pure helpers (arrival schedules, window summaries, target
+verdicts, baseline pairing, the docs block), and a smoke run of the admission benchmark against
+a real `qlm api` process on a throwaway redis-server."""
 
 from __future__ import annotations
 
@@ -10,32 +10,28 @@ from typing import Any
 
 import pytest
 
-from benchmarks import control_plane as cp
+from benchmarks.control_plane import main as cp_main
+from benchmarks.control_plane.admission import summarise_admission
+from benchmarks.control_plane.load import Samples, arrival_times
+from benchmarks.control_plane.overhead import ALONE, summarise_overhead
+from benchmarks.control_plane.render import BEGIN, END, write_docs
+from benchmarks.control_plane.targets import admission_targets, overhead_targets
 from tests.redis_server import redis_server_binary
 
 
-def test_percentile_is_nearest_rank() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert cp.percentile(values, 0.5) == 50.0
-    assert cp.percentile(values, 0.99) == 99.0
-    assert cp.percentile(values, 1.0) == 100.0
-    assert cp.percentile([7.0], 0.99) == 7.0
-    assert cp.percentile([], 0.5) != cp.percentile([], 0.5)  # nan
-
-
 def test_arrival_times_offer_exactly_the_rate_within_the_window() -> None:
-    times = cp.arrival_times(500.0, 2.0, seed=3)
+    times = arrival_times(500.0, 2.0, seed=3)
     assert len(times) == 1000
     assert times == sorted(times)
     assert times[0] >= 0.0
     assert times[-1] < 2.0
     first_half = sum(t < 1.0 for t in times)
     assert 400 < first_half < 600  # spread over the window, not bunched
-    assert cp.arrival_times(500.0, 2.0, seed=3) == times
+    assert arrival_times(500.0, 2.0, seed=3) == times
 
 
-def samples(rows: list[tuple[float, float, float, bool]]) -> cp.Samples:
-    out = cp.Samples()
+def samples(rows: list[tuple[float, float, float, bool]]) -> Samples:
+    out = Samples()
     for scheduled, sent, done, ok in rows:
         out.scheduled.append(scheduled)
         out.sent.append(sent)
@@ -48,7 +44,7 @@ def test_admission_summary_counts_only_the_window_and_latency_from_the_schedule(
     rows = [(0.5, 0.5, 0.501, True)]  # warm-up: left out
     rows += [(1.0 + i / 100, 1.0 + i / 100 + 0.002, 1.0 + i / 100 + 0.004, True) for i in range(99)]
     rows += [(1.995, 1.995, 2.2, False)]  # an error inside the window
-    got = cp.summarise_admission(samples(rows), window_start=1.0, window_end=2.0)
+    got = summarise_admission(samples(rows), window_start=1.0, window_end=2.0)
     assert got["requests"] == 100
     assert got["accepted"] == 99
     assert got["errors"] == 1
@@ -59,7 +55,7 @@ def test_admission_summary_counts_only_the_window_and_latency_from_the_schedule(
 
 def test_admission_throughput_stretches_when_answers_come_late() -> None:
     rows = [(1.0 + i / 10, 1.0 + i / 10, 4.0, True) for i in range(10)]  # all answered at 4 s
-    got = cp.summarise_admission(samples(rows), window_start=1.0, window_end=2.0)
+    got = summarise_admission(samples(rows), window_start=1.0, window_end=2.0)
     assert got["achieved_per_s"] == pytest.approx(10 / 3.0)
 
 
@@ -86,7 +82,7 @@ def test_admission_target_needs_the_rate_sustained_within_the_p99_bound() -> Non
         step("b", 2000.0, 2000.0, 12.0),  # sustained, but p99 too high
         step("c", 2000.0, 2000.0, 2.0, errors=3),  # errors
     ]
-    verdicts = {r["subject"]: r for r in cp.admission_targets(rows)}
+    verdicts = {r["subject"]: r for r in admission_targets(rows)}
     assert verdicts["a"]["result"] == "PASS"
     assert verdicts["a"]["measured"] == (
         "1,995 req/s at p99 8.0 ms; closed loop 2,600 req/s (p99 30 ms)"
@@ -118,32 +114,32 @@ def run(variant: str, workload: str, tokens_per_s: float, ttft_ms: list[float]) 
 
 def test_overhead_compares_qlm_with_the_vllm_run_beside_it() -> None:
     runs = [
-        run(cp.ALONE, "burst", 2000.0, [50.0, 60.0, 70.0]),
+        run(ALONE, "burst", 2000.0, [50.0, 60.0, 70.0]),
         run("vLLM beside QLM memory", "burst", 1000.0, [100.0, 110.0, 120.0]),
         run("vLLM beside QLM memory", "burst", 1200.0, [100.0, 110.0, 120.0]),
         run("QLM memory", "burst", 960.0, [115.0, 125.0, 135.0]),
         run("QLM memory", "burst", 1000.0, [115.0, 125.0, 135.0]),
     ]
-    rows = {r["variant"]: r for r in cp.summarise_overhead(runs)}
+    rows = {r["variant"]: r for r in summarise_overhead(runs)}
     qlm = rows["QLM memory"]
     assert qlm["baseline"] == "vLLM beside QLM memory"
     assert qlm["throughput_ratio"] == pytest.approx(980.0 / 1100.0)
     assert qlm["added_ttft_p50_ms"] == pytest.approx(15.0)
-    assert rows["vLLM beside QLM memory"]["baseline"] == cp.ALONE
-    assert rows[cp.ALONE]["baseline"] is None
-    verdicts = cp.overhead_targets(list(rows.values()))
+    assert rows["vLLM beside QLM memory"]["baseline"] == ALONE
+    assert rows[ALONE]["baseline"] is None
+    verdicts = overhead_targets(list(rows.values()))
     assert [v["result"] for v in verdicts] == ["MISS", "PASS"]  # 0.89 < 0.95; +15 ms <= 20
 
 
 def test_docs_block_is_replaced_and_other_blocks_stay(tmp_path: Path) -> None:
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\n<!-- solver:begin -->\nsolver\n<!-- solver:end -->\n")
-    cp.write_docs("first", docs)
-    cp.write_docs("second", docs)
+    write_docs("first", docs)
+    write_docs("second", docs)
     text = docs.read_text()
     assert "<!-- solver:begin -->\nsolver\n<!-- solver:end -->" in text
-    assert text.count(cp.BEGIN) == 1
-    assert f"{cp.BEGIN}\nsecond\n{cp.END}" in text
+    assert text.count(BEGIN) == 1
+    assert f"{BEGIN}\nsecond\n{END}" in text
     assert "first" not in text
 
 
@@ -156,7 +152,7 @@ def test_quick_admission_run_against_a_real_api_process(tmp_path: Path) -> None:
         pytest.skip("redis-server is not installed")
     out = tmp_path / "control_plane.json"
     argv = ["--quick", "--skip-vllm", "--setups", "api x1", "--rates", "100"]
-    cp.main([*argv, "--duration", "1", "--clients", "1", "--out", str(out), "--no-docs"])
+    cp_main.main([*argv, "--duration", "1", "--clients", "1", "--out", str(out), "--no-docs"])
     report = json.loads(out.read_text())
     rows = report["admission"]["rows"]
     assert [(r["setup"], r["mode"]) for r in rows] == [("api x1", "open"), ("api x1", "closed")]
@@ -178,9 +174,9 @@ def test_a_partial_run_keeps_the_skipped_section_with_its_own_provenance(tmp_pat
     previous = tmp_path / "control_plane.json"
     previous.write_text(json.dumps(earlier))
     now = {"command": "--skip-admission", "date": "d2", "code": "c2", "overhead": {"summary": [3]}}
-    merged = cp._with_skipped_sections(now, previous)
+    merged = cp_main._with_skipped_sections(now, previous)
     assert merged["admission"]["rows"] == [1]
     assert merged["admission"]["measured"]["command"] == "full"
     assert merged["overhead"]["summary"] == [3]
     assert merged["overhead"]["measured"]["date"] == "d2"
-    assert cp._with_skipped_sections(now, tmp_path / "missing.json") == now
+    assert cp_main._with_skipped_sections(now, tmp_path / "missing.json") == now

@@ -1,4 +1,4 @@
-"""benchmarks/fidelity.py: its comparison and estimator checks on hand-made runs, the scenario
+"""benchmarks/fidelity/: its comparison and estimator checks on hand-made runs, the scenario
 files it writes, and (marked vllm) the --quick run end to end against real vLLM."""
 
 from __future__ import annotations
@@ -9,8 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import fidelity as fb
-from qlm.engine.library import save_profile
+from benchmarks.fidelity import main as fidelity_main
+from benchmarks.fidelity.comparison import compare
+from benchmarks.fidelity.estimator import check_estimator
+from benchmarks.fidelity.outcomes import LiveRun, Outcome, Prediction
+from benchmarks.fidelity.profiles import capacity_rps
+from benchmarks.fidelity.scenarios import write_scenario
+from benchmarks.fidelity.settings import (
+    DOCS,
+    JUST_BEFORE,
+    MAX_OUTPUT_TOKENS,
+    MAX_PROMPT_TOKENS,
+    UP_FRONT,
+    Paths,
+    RunSpec,
+)
+from benchmarks.fidelity.tables import error_table, misses
+from benchmarks.report import ROOT
+from qlm.engine.profiling.library import save_profile
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult
@@ -19,11 +35,11 @@ from tests.vllm_fixtures import vllm_python  # noqa: F401
 STEP = StepTime(base_s=2e-3, per_prefill_token_s=1e-4, per_decode_seq_s=1e-4, per_context_token_s=0)
 
 
-def outcome(rid: str, arrival: float, dispatch: float, first: float, finish: float) -> fb.Outcome:
-    return fb.Outcome(rid, "interactive", "tiny-a", arrival, dispatch, first, finish, True, 0, "i")
+def outcome(rid: str, arrival: float, dispatch: float, first: float, finish: float) -> Outcome:
+    return Outcome(rid, "interactive", "tiny-a", arrival, dispatch, first, finish, True, 0, "i")
 
 
-def sim_result(outcomes: list[fb.Outcome], scale: float) -> SimResult:
+def sim_result(outcomes: list[Outcome], scale: float) -> SimResult:
     """The same requests, every duration after arrival `scale` times the live one."""
     rows = tuple(
         RequestOutcome(
@@ -45,15 +61,15 @@ def sim_result(outcomes: list[fb.Outcome], scale: float) -> SimResult:
     return SimResult("qlm", 0, ("interactive",), rows, (), (), {}, 0, (), 0, 0.0, 10.0, 0.1)
 
 
-def live_run(outcomes: list[fb.Outcome], predictions: dict[str, fb.Prediction]) -> fb.LiveRun:
-    return fb.LiveRun(outcomes, [], predictions, [0.01], swaps=1, evictions=2, replans=3)
+def live_run(outcomes: list[Outcome], predictions: dict[str, Prediction]) -> LiveRun:
+    return LiveRun(outcomes, [], predictions, [0.01], swaps=1, evictions=2, replans=3)
 
 
 OUTCOMES = [outcome(f"r{i}", float(i), i + 0.1, i + 0.2 * (1 + i), i + 1.0 + i) for i in range(9)]
 
 
 def test_a_simulator_ten_percent_slow_shows_ten_percent_errors() -> None:
-    comparison = fb.compare("run", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.1))
+    comparison = compare("run", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.1))
     assert comparison.requests == 9
     for metric in ("ttft", "e2e"):
         for q in ("p50", "p90", "p99"):
@@ -62,28 +78,28 @@ def test_a_simulator_ten_percent_slow_shows_ten_percent_errors() -> None:
     assert comparison.e2e_live["p50"] == pytest.approx(5.0)  # finish - arrival: 1 + i
     assert (comparison.swaps_live, comparison.evictions_live) == (1, 2)
     assert comparison.attainment_live["overall"] == 1.0
-    assert fb.misses([comparison]) == []
-    slow = fb.compare("slow", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.5))
-    assert fb.misses([slow]) == [
+    assert misses([comparison]) == []
+    slow = compare("slow", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.5))
+    assert misses([slow]) == [
         "slow (up-front profile): TTFT p50 error 50.0% > 15.0%",
         "slow (up-front profile): end-to-end p50 error 50.0% > 10.0%",
     ]
-    table = "\n".join(fb.error_table([comparison, slow]))
+    table = "\n".join(error_table([comparison, slow]))
     assert "**50.0%**" in table
     assert "| 10.0% |" in table
 
 
 def test_the_estimator_check_measures_from_the_plan_and_counts_the_bound() -> None:
     outs = [outcome("a", 0.0, 2.0, 2.5, 9.0), outcome("b", 1.0, 3.0, 3.5, 9.0)]
-    evicted = fb.Outcome("c", "batch-1", "tiny-a", 0.0, 5.0, 6.0, 9.0, True, 1, "i")
+    evicted = Outcome("c", "batch-1", "tiny-a", 0.0, 5.0, 6.0, 9.0, True, 1, "i")
     predictions = {
         # planned at 1.0: predicted first token at 1.0 + 1.0 = 2.0 (bound 3.0)
-        "a": fb.Prediction(plan_s=1.0, ttft_mean_s=1.0, ttft_p_s=2.0),
+        "a": Prediction(plan_s=1.0, ttft_mean_s=1.0, ttft_p_s=2.0),
         # planned at 1.5: predicted at 1.5 + 3.0 = 4.5 (bound 3.2 < first token 3.5)
-        "b": fb.Prediction(plan_s=1.5, ttft_mean_s=3.0, ttft_p_s=1.7, annotated_mean_s=3.25),
-        "c": fb.Prediction(plan_s=0.0, ttft_mean_s=1.0, ttft_p_s=2.0),
+        "b": Prediction(plan_s=1.5, ttft_mean_s=3.0, ttft_p_s=1.7, annotated_mean_s=3.25),
+        "c": Prediction(plan_s=0.0, ttft_mean_s=1.0, ttft_p_s=2.0),
     }
-    check = fb.check_estimator("run", live_run([*outs, evicted], predictions))
+    check = check_estimator("run", live_run([*outs, evicted], predictions))
     assert (check.predicted, check.annotated, check.requests) == (2, 1, 3)  # c was evicted
     # a: predicted wait 2.0 vs dispatch 2.0 (0), TTFT 2.0 vs 2.5 (0.5)
     # b: predicted 3.5 vs dispatch 2.0 (1.5), TTFT 3.5 vs 2.5 (1.0)
@@ -117,17 +133,17 @@ def tiny(model: str, load_s: float) -> Profile:
 def test_capacity_is_a_full_batch_plus_each_prefill() -> None:
     # per request: 500 prompt tokens x 0.1 ms + 150 tokens x (2 + 0.8 ms) / 8
     per_request_s = 500 * 1e-4 + 150 * (2e-3 + 8e-4) / 8
-    assert fb.capacity_rps(tiny("tiny-a", 30), 500, 150) == pytest.approx(1 / per_request_s)
+    assert capacity_rps(tiny("tiny-a", 30), 500, 150) == pytest.approx(1 / per_request_s)
 
 
 def test_each_run_writes_a_scenario_that_reads_the_fitted_profiles(tmp_path: Path) -> None:
     args = argparse.Namespace(quick=True, docs=tmp_path / "fid.md")
-    paths = fb.Paths.of(args)
+    paths = Paths.of(args)
     paths.folder.mkdir(parents=True)
     for model in ("tiny-a", "tiny-b"):
         save_profile(tiny(model, 20.0), paths.profile(model))
-    run = fb.RunSpec("2x-swap", 2, 0.5, 10, {"tiny-a": 3.0, "tiny-b": 1.0})
-    scenario = fb.write_scenario(paths, run, 2.0, ["tiny-a", "tiny-b"])
+    run = RunSpec("2x-swap", 2, 0.5, 10, {"tiny-a": 3.0, "tiny-b": 1.0})
+    scenario = write_scenario(paths, run, 2.0, ["tiny-a", "tiny-b"])
     assert (paths.scenarios / "2x-swap.yaml").exists()
     fleet = scenario.fleet()
     assert [i.id for i in fleet.instances] == ["cpu-0", "cpu-1"]
@@ -136,18 +152,18 @@ def test_each_run_writes_a_scenario_that_reads_the_fitted_profiles(tmp_path: Pat
     assert requests == scenario.requests()  # the same draws every time
     assert {r.model for r in requests} == {"tiny-a", "tiny-b"}
     assert {r.slo_class for r in requests} == {"interactive", "batch-1"}
-    assert max(r.prompt_tokens for r in requests) <= fb.MAX_PROMPT_TOKENS
-    assert max(r.max_output_tokens for r in requests) <= fb.MAX_OUTPUT_TOKENS
+    assert max(r.prompt_tokens for r in requests) <= MAX_PROMPT_TOKENS
+    assert max(r.max_output_tokens for r in requests) <= MAX_OUTPUT_TOKENS
     assert 10 <= len(requests) <= 35  # Poisson at 2/s for 10 s
 
 
 def test_quick_runs_write_nowhere_near_the_committed_report() -> None:
-    paths = fb.Paths.of(argparse.Namespace(quick=True, docs=None))
-    assert paths.docs != fb.DOCS
-    assert "docs" not in paths.folder.relative_to(fb.ROOT).parts
-    full = fb.Paths.of(argparse.Namespace(quick=False, docs=None))
-    assert full.docs == fb.DOCS
-    assert full.folder == fb.ROOT / "docs" / "fidelity"
+    paths = Paths.of(argparse.Namespace(quick=True, docs=None))
+    assert paths.docs != DOCS
+    assert "docs" not in paths.folder.relative_to(ROOT).parts
+    full = Paths.of(argparse.Namespace(quick=False, docs=None))
+    assert full.docs == DOCS
+    assert full.folder == ROOT / "docs" / "fidelity"
 
 
 @pytest.mark.vllm
@@ -159,13 +175,13 @@ def test_the_quick_benchmark_compares_live_vllm_with_the_simulator(
     tmp_path: Path,
 ) -> None:
     docs = tmp_path / "fidelity.md"
-    assert fb.main(["--quick", "--docs", str(docs)]) == 0
+    assert fidelity_main.main(["--quick", "--docs", str(docs)]) == 0
     text = docs.read_text()
     assert "## Error table" in text
     assert "## The estimator on live runs" in text
     data = json.loads((tmp_path / "fidelity.json").read_text())
     # the simulator on the up-front profile and on the one re-measured just before the run
-    assert [c["profile"] for c in data["comparisons"]] == [fb.UP_FRONT, fb.JUST_BEFORE]
+    assert [c["profile"] for c in data["comparisons"]] == [UP_FRONT, JUST_BEFORE]
     for comparison in data["comparisons"]:
         assert comparison["requests"] > 5
         assert comparison["completed_live"] == comparison["requests"]  # every request finished

@@ -1,5 +1,6 @@
-"""benchmarks/soak.py: its pure helpers (memory slope and verdict, percentiles, the docs rows)
-and a --quick run against real `qlm api|controller|agent` processes on a throwaway Redis."""
+"""benchmarks/soak/: its pure helpers (memory slope and verdict, the docs rows) and a --quick
+run of benchmarks/soak.py against real `qlm api|controller|agent` processes on a throwaway
+Redis."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks import soak
+from benchmarks.soak.memory import memory_rows, memory_summary, slope_mib_per_hour
+from benchmarks.soak.summary import verdict
 from tests.redis_server import redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_slope_is_per_hour_and_zero_for_flat_or_short_series() -> None:
     times = [0.0, 60.0, 120.0, 180.0]
-    assert soak.slope_mib_per_hour(times, [100.0, 101.0, 102.0, 103.0]) == pytest.approx(60.0)
-    assert soak.slope_mib_per_hour(times, [100.0] * 4) == 0.0
-    assert soak.slope_mib_per_hour([5.0], [1.0]) == 0.0
+    assert slope_mib_per_hour(times, [100.0, 101.0, 102.0, 103.0]) == pytest.approx(60.0)
+    assert slope_mib_per_hour(times, [100.0] * 4) == 0.0
+    assert slope_mib_per_hour([5.0], [1.0]) == 0.0
 
 
 def samples(values: list[float], every_s: float = 10.0) -> list[dict[str, Any]]:
@@ -30,25 +32,18 @@ def samples(values: list[float], every_s: float = 10.0) -> list[dict[str, Any]]:
 
 def test_memory_summary_leaves_out_the_warm_up_and_flags_growth() -> None:
     warm_then_flat = samples([50.0, 150.0] + [200.0] * 8)  # grows only while warming up
-    flat = soak.memory_summary(warm_then_flat, duration_s=100.0)["api"]
+    flat = memory_summary(warm_then_flat, duration_s=100.0)["api"]
     assert flat["flat"]
     assert flat["start_mib"] == 50.0
     assert flat["after_warmup_mib"] == 200.0
     assert flat["slope_mib_per_hour"] == 0.0
-    leaking = soak.memory_summary(samples([200.0 + 3.0 * k for k in range(10)]), 100.0)["api"]
+    leaking = memory_summary(samples([200.0 + 3.0 * k for k in range(10)]), 100.0)["api"]
     assert not leaking["flat"]  # 3 MiB per 10 s: about 21 MiB over the measured part
     assert leaking["slope_mib_per_hour"] == pytest.approx(1080.0)
 
 
-def test_percentile_is_nearest_rank() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert soak.percentile(values, 0.5) == 50.0
-    assert soak.percentile(values, 0.99) == 99.0
-    assert soak.percentile([], 0.99) is None
-
-
 def test_memory_rows_keep_first_and_last_sample() -> None:
-    rows = soak.memory_rows(samples([float(v) for v in range(100)]), rows=11)
+    rows = memory_rows(samples([float(v) for v in range(100)]), rows=11)
     assert len(rows) == 11
     assert rows[0]["t_s"] == 0.0
     assert rows[-1]["t_s"] == 990.0
@@ -63,25 +58,25 @@ def test_verdict_allows_only_429_and_needs_every_accepted_request_completed() ->
         "accepted_total": 10,
         "memory": memory,
     }
-    assert soak.verdict(good) == {
+    assert verdict(good) == {
         "memory_flat": True,
         "unexpected_errors": 0,
         "all_accepted_completed": True,
     }
     bad = {**good, "errors": {"HTTP 429 [batch-1]": 1, "HTTP 500 [interactive]": 2}}
-    assert soak.verdict(bad)["unexpected_errors"] == 2
+    assert verdict(bad)["unexpected_errors"] == 2
     short = {**good, "final_counts": {"completed": 9, "failed": 1, "cancelled": 0}}
-    assert not soak.verdict(short)["all_accepted_completed"]
+    assert not verdict(short)["all_accepted_completed"]
     stuck = {**good, "final_counts": {"completed": 10, "queued": 1}}
-    assert not soak.verdict(stuck)["all_accepted_completed"]
+    assert not verdict(stuck)["all_accepted_completed"]
     # the plane completed one request whose answer the client lost to a transport error
     unanswered = {**good, "final_counts": {"completed": 11}, "transport_errors": 1}
-    assert soak.verdict(unanswered)["all_accepted_completed"]
-    assert not soak.verdict({**unanswered, "transport_errors": 0})["all_accepted_completed"]
+    assert verdict(unanswered)["all_accepted_completed"]
+    assert not verdict({**unanswered, "transport_errors": 0})["all_accepted_completed"]
     redis_grows = {**good, "memory": {"api": {"flat": True}, "redis-server": {"flat": False}}}
-    assert soak.verdict(redis_grows)["memory_flat"]  # retention of finished requests
+    assert verdict(redis_grows)["memory_flat"]  # retention of finished requests
     api_grows = {**good, "memory": {"api": {"flat": False}}}
-    assert not soak.verdict(api_grows)["memory_flat"]
+    assert not verdict(api_grows)["memory_flat"]
 
 
 @pytest.mark.redis

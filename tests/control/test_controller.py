@@ -112,8 +112,10 @@ def test_dequeued_requests_leave_grouping() -> None:
     ctl = small_groups_controller()
     queued = [make_request(slo_class="batch-2", ttft_s=3600) for _ in range(4)]
     ctl.replan(queued, [InstanceView("i0", "m7b")], 0.0)
-    ctl.needs_replan(queued[2:], [InstanceView("i0", "m7b")], 1.0)  # two were pulled
+    ctl.forget_dequeued(queued[2:])  # two were pulled
     members = sum(g.size for g in ctl._grouping.groups())
     assert members == 2
+    assert not ctl.holds(queued[0].id)
+    assert ctl.holds(queued[2].id)
     # A pulled request that comes back (evicted) is outside the plan: re-plan.
     assert ctl.needs_replan(queued, [InstanceView("i0", "m7b")], 2.0).needed

@@ -14,13 +14,13 @@ import pytest
 from pydantic import BaseModel
 
 from qlm.config import load_yaml_model
-from qlm.engine.vllm import VllmEngineConfig
+from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.metrics.settings import MetricsConfig
 from qlm.serve import cli as serve_cli
 from qlm.serve.config import (
     AgentConfig,
     ApiConfig,
-    ControllerSettings,
+    ControllerConfig,
     LiveEngineConfig,
     ServeConfig,
 )
@@ -202,7 +202,7 @@ def schema_properties(*path: str) -> set[str]:
 # values.schema.json section -> (settings class, fields the chart sets itself)
 PASSTHROUGH: dict[tuple[str, ...], tuple[type[BaseModel], set[str]]] = {
     ("api", "settings"): (ApiConfig, {"host", "port"}),
-    ("controller", "settings"): (ControllerSettings, {"node_id"}),
+    ("controller", "settings"): (ControllerConfig, {"node_id"}),
     ("agent", "settings"): (AgentConfig, set()),
     ("engine",): (LiveEngineConfig, set()),
     ("#vllm",): (VllmEngineConfig, {"models"}),

@@ -19,10 +19,11 @@ from typing import Protocol
 import pytest
 
 from qlm.clock import VirtualClock, WallClock
-from qlm.engine.client import EngineClient, EngineEvent
+from qlm.engine.client import EngineClient
+from qlm.engine.config import EngineConfig
 from qlm.engine.emulated import EmulatedEngine
-from qlm.engine.model import EngineConfig
 from qlm.engine.simulated import SimulatedEngine
+from qlm.engine.types import EngineEvent
 from qlm.perf.profile import Profile
 from qlm.types import Request
 from tests.engine.helpers import exact_instance, exact_profile

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from qlm.engine.client import Aborted, EngineEvent, Finished, FirstToken
-from qlm.engine.model import EngineConfig, EngineModel
+from qlm.engine.config import EngineConfig
+from qlm.engine.model import EngineModel
+from qlm.engine.types import Aborted, EngineEvent, FirstToken, RequestFinished
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.types import Instance, Request
@@ -88,8 +89,8 @@ def first_tokens(events: Iterable[EngineEvent]) -> dict[str, float]:
     return {e.request_id: e.at_s for e in events if isinstance(e, FirstToken)}
 
 
-def finishes(events: Iterable[EngineEvent]) -> dict[str, Finished]:
-    return {e.request_id: e for e in events if isinstance(e, Finished)}
+def finishes(events: Iterable[EngineEvent]) -> dict[str, RequestFinished]:
+    return {e.request_id: e for e in events if isinstance(e, RequestFinished)}
 
 
 def aborted(events: Iterable[EngineEvent]) -> dict[str, Aborted]:

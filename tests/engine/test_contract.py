@@ -7,22 +7,22 @@ from collections import Counter
 
 import pytest
 
-from qlm.engine.client import (
+from qlm.engine.client import EngineClient
+from qlm.engine.types import (
     Aborted,
-    EngineClient,
     EngineError,
     EngineEvent,
     EngineState,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
     TokenChunk,
 )
 from tests.engine.harness import HarnessFactory, make_request
 
 
 def _ended(events: list[EngineEvent]) -> set[str]:
-    return {e.request_id for e in events if isinstance(e, Finished | Aborted)}
+    return {e.request_id for e in events if isinstance(e, RequestFinished | Aborted)}
 
 
 def _started(events: list[EngineEvent]) -> set[str]:
@@ -56,7 +56,7 @@ async def test_every_request_starts_once_then_finishes_once(
         assert Counter(e.request_id for e in events if isinstance(e, FirstToken)) == dict.fromkeys(
             ids, 1
         )
-        done = {e.request_id: e for e in events if isinstance(e, Finished)}
+        done = {e.request_id: e for e in events if isinstance(e, RequestFinished)}
         assert set(done) == set(ids)
         for rid, fin in done.items():
             assert 1 <= fin.output_tokens <= 20
@@ -97,7 +97,7 @@ async def test_load_model_aborts_everything_then_serves_the_new_model(
         assert (obs.state, obs.model, obs.requests) == (EngineState.READY, new, ())
         h.engine.submit(make_request("fresh", new, max_output_tokens=5))
         events = await h.run_until(lambda ev: "fresh" in _ended(ev))
-        assert any(isinstance(e, Finished) and e.request_id == "fresh" for e in events)
+        assert any(isinstance(e, RequestFinished) and e.request_id == "fresh" for e in events)
         _assert_time_ordered(events)
 
 
@@ -130,5 +130,5 @@ async def test_kv_swap_pauses_and_resumes_or_is_refused(
         assert "s" not in _ended(h.events)
         h.engine.swap_in(["s"])
         events = await h.run_until(lambda ev: "s" in _ended(ev))
-        fin = [e for e in events if isinstance(e, Finished) and e.request_id == "s"]
+        fin = [e for e in events if isinstance(e, RequestFinished) and e.request_id == "s"]
         assert [f.output_tokens for f in fin] == [300]

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from qlm.clock import VirtualClock
-from qlm.engine.client import EngineEvent, Finished, FirstToken, TokenChunk
 from qlm.engine.emulated import EmulatedEngine
+from qlm.engine.types import EngineEvent, FirstToken, RequestFinished, TokenChunk
 from tests.engine.helpers import STEP, exact_instance, exact_profile, req
 
 
@@ -40,7 +40,7 @@ def test_tokens_stream_in_chunks_and_the_finish_carries_the_text() -> None:
     decode_s = sum(STEP.decode_step_s(1, 100 + k) for k in range(1, 100))  # ~1.1 s
     assert abs(len(chunks) - decode_s / 0.05) <= 3  # one chunk per 50 ms of engine time
     done = events[-1]
-    assert isinstance(done, Finished)
+    assert isinstance(done, RequestFinished)
     assert done.at_s == pytest.approx(ttft + decode_s)
     assert done.text == " tok" * 100
 
@@ -51,7 +51,7 @@ def test_speedup_compresses_time_onto_the_clock() -> None:
     engine.submit(req("a", prompt=100, output=3))
     events = _drive(engine, clock, 1001.0)
     first = next(e for e in events if isinstance(e, FirstToken))
-    done = next(e for e in events if isinstance(e, Finished))
+    done = next(e for e in events if isinstance(e, RequestFinished))
     assert first.at_s == pytest.approx(1000.0 + 0.0201 / 10)
     assert done.at_s == pytest.approx(1000.0 + (0.0201 + 0.011101 + 0.011102) / 10)
     assert done.first_token_at_s == pytest.approx(first.at_s)
@@ -66,7 +66,9 @@ def test_drawn_output_lengths_are_seeded_and_capped() -> None:
         for i in range(30):
             engine.submit(req(f"r{i}", prompt=10, output=150))
         events = _drive(engine, clock, 60.0)
-        lengths.append({e.request_id: e.output_tokens for e in events if isinstance(e, Finished)})
+        lengths.append(
+            {e.request_id: e.output_tokens for e in events if isinstance(e, RequestFinished)}
+        )
     assert lengths[0] == lengths[1]
     assert len(lengths[0]) == 30
     assert max(lengths[0].values()) <= 150
@@ -82,5 +84,5 @@ async def test_the_background_task_starts_and_stops() -> None:
     await asyncio.sleep(0.01)
     clock.advance_by(1.0)
     await engine.close()
-    assert any(isinstance(e, Finished) for e in engine.poll())
+    assert any(isinstance(e, RequestFinished) for e in engine.poll())
     await engine.close()  # idempotent

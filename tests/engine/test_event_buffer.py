@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from qlm.engine.client import EventBuffer, FirstToken
+from qlm.engine.client import EventBuffer
+from qlm.engine.types import FirstToken
 
 
 async def test_wait_wakes_when_an_event_arrives() -> None:

@@ -16,16 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qlm.engine.client import (
+from qlm.engine.config import EngineConfig
+from qlm.engine.model import EngineModel
+from qlm.engine.types import (
     Aborted,
     EngineError,
     EngineEvent,
     EngineState,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
 )
-from qlm.engine.model import EngineConfig, EngineModel
 from qlm.perf.step import StepTime
 from tests.engine.helpers import (
     STEP,
@@ -294,7 +295,7 @@ def test_a_decode_run_is_one_segment() -> None:
     assert end is not None
     steps = [STEP.decode_step_s(1, 100 + k) for k in range(1, 10_000)]
     assert end - first == pytest.approx(math.fsum(steps), rel=1e-9)
-    assert [type(e) for e in model.advance_to(end)] == [Finished]
+    assert [type(e) for e in model.advance_to(end)] == [RequestFinished]
     assert model.stats.iterations == 10_000
     assert model.stats.segments == 2  # the prefill, then 9,999 decode steps in one go
 
@@ -441,13 +442,13 @@ def test_every_request_ends_exactly_once(
     # Release everything still paused, then run to the end.
     model.swap_in([f"r{k}" for k in range(31)], t)
     events += model.advance_to(t + 1e6)
-    ends = Counter(e.request_id for e in events if isinstance(e, Finished | Aborted))
+    ends = Counter(e.request_id for e in events if isinstance(e, RequestFinished | Aborted))
     assert set(ends) == added
     assert all(n == 1 for n in ends.values())
     times = [e.at_s for e in events]
     assert times == sorted(times)
     for e in events:
-        if isinstance(e, Finished):
+        if isinstance(e, RequestFinished):
             assert e.first_token_at_s <= e.at_s
             assert e.output_tokens >= 1
     assert model.observe(t + 1e6).requests == ()

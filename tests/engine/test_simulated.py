@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from qlm.clock import VirtualClock
-from qlm.engine.client import EngineEvent, Finished
 from qlm.engine.model import EngineModel
 from qlm.engine.simulated import SimulatedEngine
+from qlm.engine.types import EngineEvent, RequestFinished
 from tests.engine.helpers import exact_instance, exact_profile, req
 
 
@@ -39,7 +39,7 @@ def test_submissions_act_at_the_clock_s_time() -> None:
     clock = VirtualClock(start_s=50.0)
     engine = SimulatedEngine(exact_instance(10_000), [exact_profile()], clock)
     engine.submit(req("a", prompt=100, output=1))
-    done = [e for e in _loop(engine, clock) if isinstance(e, Finished)]
+    done = [e for e in _loop(engine, clock) if isinstance(e, RequestFinished)]
     assert [d.at_s for d in done] == [pytest.approx(50.0 + 0.0201)]
 
 
@@ -50,7 +50,7 @@ def test_output_lengths_can_be_drawn_from_the_profile() -> None:
     )
     for i in range(40):
         engine.submit(req(f"r{i}", prompt=10, output=1000))
-    lengths = [e.output_tokens for e in _loop(engine, clock) if isinstance(e, Finished)]
+    lengths = [e.output_tokens for e in _loop(engine, clock) if isinstance(e, RequestFinished)]
     assert len(lengths) == 40
     assert 60 < sum(lengths) / 40 < 140  # profile mean 100
     assert len(set(lengths)) > 20

@@ -28,7 +28,7 @@ import redis.asyncio as aredis
 import yaml
 
 from qlm.queue.records import InstanceStatus, RequestRecord
-from qlm.queue.redis_queue import RedisQueue, RedisQueueConfig
+from qlm.queue.redis import RedisQueue, RedisQueueConfig
 from tests.faults.report import FaultReport
 from tests.redis_server import RedisServer, RedisServerError, free_port, redis_server_binary
 
@@ -64,10 +64,11 @@ def fleet_config(redis_url: str, *, count: int = 2, **sections: Any) -> dict[str
             ],
             "default_slo_class": "interactive",
             "planner": {"policy": "edf"},
+            "control": {"tick_s": 0.1},
         },
         "queue": {"url": redis_url, "key_prefix": KEY_PREFIX},
         "api": {"host": "127.0.0.1", "port": 0, "completion_timeout_s": 120},
-        "controller": {"tick_s": 0.1, "leader_lease_s": 1.0, "instance_timeout_s": 1.5},
+        "controller": {"leader_lease_s": 1.0, "instance_timeout_s": 1.5},
         "agent": {"poll_s": 0.01, "lease_s": LEASE_S, "status_every_s": 0.25},
         "engine": {"kind": "emulated", "speedup": 1.0, "output_length": "cap"},
         "metrics": {"host": "127.0.0.1", "port": 0},  # several processes share a host

@@ -35,9 +35,12 @@ def plane_config(
     instances: Sequence[Mapping[str, Any]], *, speedup: float = 1.0, **sections: Any
 ) -> ServeConfig:
     data: dict[str, Any] = {
-        "qlm": {"slo_classes": CLASSES, "planner": {"policy": "edf"}},
+        "qlm": {
+            "slo_classes": CLASSES,
+            "planner": {"policy": "edf"},
+            "control": {"tick_s": 0.05},
+        },
         "api": {"port": 0},
-        "controller": {"tick_s": 0.05},
         "agent": {"poll_s": 0.01, "status_every_s": 0.1},
         "engine": {"kind": "emulated", "speedup": speedup, "output_length": "cap"},
         "models": [{"name": "m-a"}, {"name": "m-b"}],
@@ -103,9 +106,12 @@ def sample(text: str, name: str, **labels: str) -> float:
 def serve_fleet(port: int) -> dict[str, Any]:
     """A fleet file for `qlm serve|api|controller|agent` processes: two emulated instances."""
     return {
-        "qlm": {"slo_classes": CLASSES, "planner": {"policy": "edf"}},
+        "qlm": {
+            "slo_classes": CLASSES,
+            "planner": {"policy": "edf"},
+            "control": {"tick_s": 0.05},
+        },
         "api": {"host": "127.0.0.1", "port": port},
-        "controller": {"tick_s": 0.05},
         "agent": {"poll_s": 0.01, "status_every_s": 0.2},
         "engine": {"kind": "emulated", "speedup": 20.0, "output_length": "cap"},
         "packaged_profiles": False,

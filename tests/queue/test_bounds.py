@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from qlm.queue.base import GlobalQueue, QueueFullError
 from qlm.queue.bounds import QueueBounds
 from qlm.queue.records import RequestResult
-from qlm.queue.redis_queue import RedisQueue
+from qlm.queue.redis import RedisQueue
 from qlm.types import Request, RequestState
 from tests.factories import make_request
 from tests.queue import test_contract

@@ -17,7 +17,7 @@ from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.base import UnknownRequestError
 from qlm.queue.factory import make_queue
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
-from qlm.queue.redis_queue import RedisQueue, RedisQueueConfig
+from qlm.queue.redis import RedisQueue, RedisQueueConfig
 from qlm.types import RequestState
 from tests.factories import make_request
 from tests.redis_server import RedisServer, redis_server_binary

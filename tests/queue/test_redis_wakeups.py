@@ -9,7 +9,7 @@ import time
 import pytest
 
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
-from qlm.queue.redis_queue import RedisQueue
+from qlm.queue.redis import RedisQueue
 from qlm.types import RequestState
 from tests.factories import make_request
 

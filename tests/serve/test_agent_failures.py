@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.engine.client import Aborted, EngineEvent, EngineObservation, EngineState
+from qlm.engine.types import Aborted, EngineEvent, EngineObservation, EngineState
 from qlm.queue.memory import MemoryQueue
 from qlm.serve.agent import Agent
 from qlm.serve.config import AgentConfig

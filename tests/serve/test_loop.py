@@ -7,12 +7,13 @@ import asyncio
 
 import pytest
 
+from qlm.agents.virtual_queue import cut_for_agents
 from qlm.clock import VirtualClock
-from qlm.config import QlmConfig
+from qlm.config import ControlConfig, QlmConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
-from qlm.serve.config import ControllerSettings
-from qlm.serve.loop import ControlLoop, _for_agents
+from qlm.serve.config import ControllerConfig
+from qlm.serve.loop import ControlLoop
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile, make_request
 
@@ -28,7 +29,7 @@ def _plan() -> PublishedPlan:
 
 def test_published_plan_drops_members_that_left_the_queue() -> None:
     plan = _plan()
-    pruned = _for_agents(plan, [make_request(id="c"), make_request(id="a")], members=10)
+    pruned = cut_for_agents(plan, {"c", "a"}, members=10)
     kept = pruned.groups["g"]
     assert kept.request_ids == ("a", "c")
     assert kept.prompt_tokens == (1, 3)
@@ -46,8 +47,7 @@ def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
     plan = PublishedPlan(
         1, 0.0, {"i0": ("g1", "g2", "g3"), "i1": ()}, {"g1": g1, "g2": g2, "g3": g3}, "", "", waits
     )
-    queued = [make_request(id=i) for i in "abcde"]
-    pruned = _for_agents(plan, queued, members=3)
+    pruned = cut_for_agents(plan, set("abcde"), members=3)
     assert pruned.queues == plan.queues
     assert pruned.groups["g1"] == g1
     assert pruned.groups["g2"].request_ids == ("c",)
@@ -63,11 +63,11 @@ def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
 def _loop(
     queue: MemoryQueue, clock: VirtualClock, interval_s: float, members: int = 512
 ) -> ControlLoop:
-    settings = ControllerSettings(
+    control = ControlConfig(
         min_replan_interval_s=interval_s, published_members_per_instance=members, tick_s=1.0
     )
     fleet = Fleet.of([make_instance("i0")], [make_profile("m7b"), make_profile("m13b")])
-    return ControlLoop(QlmConfig(), fleet, queue, clock, settings)
+    return ControlLoop(QlmConfig(control=control), fleet, queue, clock, ControllerConfig())
 
 
 def test_second_round_annotates_only_new_members() -> None:

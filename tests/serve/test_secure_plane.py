@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from qlm.queue.redis_queue import RedisQueue
+from qlm.queue.redis import RedisQueue
 from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import open_queue, running_plane
 from tests.factories import make_request
@@ -38,7 +38,7 @@ def secured(tmp_path: Path, port: int, **queue: Any) -> ServeConfig:
     keys.write_text(f"team-a: [{KEY_A}]\n")
     return ServeConfig.model_validate(
         {
-            "qlm": {"planner": {"policy": "edf"}},
+            "qlm": {"planner": {"policy": "edf"}, "control": {"tick_s": 0.05}},
             "queue": {
                 "url": f"redis://127.0.0.1:{port}/0",
                 "password_file": str(password),
@@ -46,7 +46,6 @@ def secured(tmp_path: Path, port: int, **queue: Any) -> ServeConfig:
                 **queue,
             },
             "api": {"port": 0, "keys_file": str(keys)},
-            "controller": {"tick_s": 0.05},
             "agent": {"poll_s": 0.01},
             "engine": {"kind": "emulated", "output_length": "cap"},
             "models": [{"name": "m-a"}],

@@ -64,10 +64,10 @@ def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
                 # groups sized to these 4-slot engines (the defaults suit GPU batch sizes):
                 # a 16-request backlog becomes several groups the plan spreads over both
                 "grouping": {"policy": "kmeans", "avg_batch_size": 4, "delta": 2},
+                "control": {"tick_s": 0.1},
             },
             "queue": {"url": redis_url, "key_prefix": "e2e:"},
             "api": {"port": 0},
-            "controller": {"tick_s": 0.1},
             "agent": {"poll_s": 0.02},
             "engine": {"kind": "vllm", "vllm": engine.model_dump(mode="json")},
             "models": [

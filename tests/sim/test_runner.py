@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from qlm.agents.actions import Pull
-from qlm.engine.client import EngineEvent
+from qlm.engine.types import EngineEvent
 from qlm.registry import UnknownPolicyError
 from qlm.sim.policies import SIM_POLICIES
 from qlm.sim.policies.base import NO_ACTIONS, Actions, BasePolicy

@@ -16,13 +16,13 @@ import numpy as np
 from qlm.agents.actions import Action
 from qlm.clock import Clock
 from qlm.config import QlmConfig
-from qlm.engine.client import (
+from qlm.engine.types import (
     Aborted,
     EngineEvent,
     EngineObservation,
-    Finished,
     FirstToken,
     ModelLoaded,
+    RequestFinished,
     TokenChunk,
 )
 from qlm.perf.profile import Profile
@@ -192,7 +192,7 @@ class AdmissionBook:
 
     An engine admits a request while it has a free sequence slot and KV room for
     `kv_need_tokens` (an empty engine always takes one). Kept from the policy's own pulls and
-    the engines' Finished/Aborted events, so no engine needs observing per decision.
+    the engines' RequestFinished/Aborted events, so no engine needs observing per decision.
     """
 
     def __init__(self) -> None:
@@ -228,7 +228,7 @@ class AdmissionBook:
     def on_events(self, ctx: SimContext, instance_id: str, events: Sequence[EngineEvent]) -> None:
         held = self._held[instance_id]
         for event in events:
-            if isinstance(event, Finished | Aborted):
+            if isinstance(event, RequestFinished | Aborted):
                 self._reserved[instance_id] -= held.pop(event.request_id, 0)
             elif isinstance(event, ModelLoaded):
                 self.refresh(ctx, instance_id)

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Sequence
 
 from qlm.agents.actions import Action, LoadModel, Pull
-from qlm.engine.client import EngineEvent
+from qlm.engine.types import EngineEvent
 from qlm.sim.policies.base import (
     NO_ACTIONS,
     SIM_POLICIES,

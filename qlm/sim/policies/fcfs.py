@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qlm.agents.actions import Pull
-from qlm.engine.client import Aborted, EngineEvent, Finished
+from qlm.engine.types import Aborted, EngineEvent, RequestFinished
 from qlm.sim.policies.base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
 
@@ -47,6 +47,6 @@ class FcfsPolicy(BasePolicy):
         return tuple(a for r in requests for a in self.on_arrival(r))
 
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
-        ended = sum(isinstance(e, Finished | Aborted) for e in events)
+        ended = sum(isinstance(e, RequestFinished | Aborted) for e in events)
         self._load[instance_id] -= ended
         return NO_ACTIONS

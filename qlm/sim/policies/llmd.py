@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qlm.agents.actions import Action, Pull
-from qlm.engine.client import EngineEvent
+from qlm.engine.types import EngineEvent
 from qlm.sim.policies.base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
 

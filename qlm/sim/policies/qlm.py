@@ -1,46 +1,43 @@
 """`qlm` and its ablations: the production control plane on the virtual clock.
 
-The production `Controller` (qlm/control: k-means groups, RWT estimator, MILP planner) publishes
-virtual queues; for each instance the production reconcile step (qlm/agents/reconcile.py) turns
-the published plan and the engine's observation into LSOs, which the runner applies. Nothing of
-either is re-implemented here; this file only decides *when* they run:
+Nothing of the control path is re-implemented here. The production control driver
+(qlm/control/driver.py: when to insert arrivals, check, re-plan) runs the production
+`Controller` (grouping, RWT estimator, MILP planner); for each instance the production
+reconcile step (qlm/agents/reconcile.py) turns the virtual queue agents see
+(qlm/agents/virtual_queue.py) and the engine's observation into LSOs, which the runner applies
+by the same rules as the live agents (qlm.agents.actions.lso_steps). This file is the
+simulator's adapter: it turns driver decisions into timers and agent steps.
 
-* a full re-plan when the controller has no plan, when an arrival fits no planned group, and on
-  a tick (every `tick_s`) when the controller's violation check (`needs_replan`) asks for one;
-  at most one re-plan is in flight, and a new one starts at most every `min_replan_gap_s`;
-* a re-plan sees the queue when it starts and is published `planning_latency_s` later (by
-  default the planner's time limit for `milp`, 0 for heuristic planners); meanwhile agents keep
-  reconciling against the previous plan and arrivals wait to be inserted into the new one. The
-  solver's real wall time is measured (`wall_s`) but not charged: the virtual clock advances by
-  the fixed latency, so runs stay reproducible;
-* an arrival joins its nearest planned group (`Controller.on_arrival`) and its instance is
-  reconciled; an instance is also reconciled whenever its engine frees capacity (a request ends,
-  a model finishes loading) and when a plan is published.
+* a round timer fires when the driver has something due (its violation check every
+  `qlm.control.tick_s` while anything is queued, a re-plan at the time it allows) and runs
+  the live loop's round: check, then re-plan;
+* a re-plan is published `planning_latency_s` later (by default the planner's time limit for
+  `milp`, 0 for heuristic planners); meanwhile agents keep reconciling against the previous
+  plan and arrivals wait for the new one. The solver's real wall time is measured (`wall_s`)
+  but not charged, so runs stay reproducible;
+* an instance is reconciled when an arrival joins one of its groups, when its engine frees
+  capacity (a request ends, a model finishes loading), and when a plan is published.
 
 Evicted requests go back to the global queue and stay in their planned group, so the next
-reconcile of that group's instance pulls them again.
+reconcile of that group's instance pulls them again; one the plan forgot meanwhile is offered
+again like an arrival (as the live loop does).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from qlm.agents.actions import Action
 from qlm.agents.drain import drain_estimate_s
-from qlm.agents.reconcile import (
-    QueuedGroup,
-    QueuedItem,
-    ReconcileConfig,
-    ReconcileInput,
-    reconcile,
-)
+from qlm.agents.reconcile import QueuedGroup, ReconcileConfig, ReconcileInput, reconcile
+from qlm.agents.virtual_queue import virtual_queue
 from qlm.clock import WallClock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
-from qlm.control.plan import PublishedPlan
-from qlm.engine.client import EngineEvent, EngineObservation
+from qlm.control.driver import ControlDriver, Decision
+from qlm.engine.types import EngineEvent, EngineObservation
 from qlm.perf.profile import Profile
 from qlm.sim.policies.base import (
     NO_ACTIONS,
@@ -52,17 +49,15 @@ from qlm.sim.policies.base import (
 )
 from qlm.types import Fleet, Request
 
-_TICK = "tick"
-_REPLAN = "replan"
+_ROUND = "round"
 _PUBLISH = "publish"
 
 
 @dataclass(frozen=True, slots=True)
-class QlmSettings:
-    """When the control loop runs in the simulation, and which ablation it is."""
+class QlmVariant:
+    """Which ablation of qlm runs, and the virtual time a solve is charged. When the control
+    loop checks and re-plans is the scenario's `qlm.control` (the same as the live plane's)."""
 
-    tick_s: float = 5.0  # violation check period
-    min_replan_gap_s: float = 1.0  # at most one re-plan start per this much virtual time
     planning_latency_s: float | None = None  # None: planner time limit (milp), else 0
     planner: str | None = None  # override config.planner.policy (qlm-edf: "edf")
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
@@ -73,20 +68,16 @@ class QlmSettings:
 class QlmPolicy(BasePolicy):
     name = "qlm"
 
-    def __init__(self, settings: QlmSettings | None = None, name: str = "qlm") -> None:
+    def __init__(self, variant: QlmVariant | None = None, name: str = "qlm") -> None:
         super().__init__()
-        self.settings = settings or QlmSettings()
+        self.variant = variant or QlmVariant()
         self.name = name
-        self._controller: Controller | None = None
+        self._driver: ControlDriver | None = None
         self._priority: dict[str, int] = {}
-        self._plan: PublishedPlan | None = None
         self._instance_of_group: dict[str, str] = {}
         self._latency_s = 0.0
-        self._in_flight: PublishedPlan | None = None  # solved, not yet published
-        self._deferred: list[Request] = []  # arrivals while a plan is in flight
-        self._replan_scheduled = False
-        self._last_replan_s = float("-inf")
-        self._ticking = False
+        self._members = 0
+        self._round_at_s: float | None = None  # the earliest round timer set
         self._counts: Counter[str] = Counter()
         self._wall_s = 0.0
         self._wall = WallClock()
@@ -96,129 +87,107 @@ class QlmPolicy(BasePolicy):
 
     def start(self, ctx: SimContext) -> Actions:
         super().start(ctx)
-        settings = self.settings
-        fleet = _pinned(ctx.fleet) if settings.pin_models else ctx.fleet
-        planner = settings.planner or ctx.config.planner.policy
+        variant = self.variant
+        fleet = _pinned(ctx.fleet) if variant.pin_models else ctx.fleet
+        planner = variant.planner or ctx.config.planner.policy
         config = _reproducible(ctx.config)
-        self._controller = Controller(config, fleet, self._wall, planner_policy=planner)
+        controller = Controller(config, fleet, self._wall, planner_policy=planner)
+        self._driver = ControlDriver(controller, config.control)
+        self._members = config.control.published_members_per_instance
         self._priority = {c.name: c.priority for c in ctx.config.slo_classes}
-        latency = settings.planning_latency_s
+        latency = variant.planning_latency_s
         if latency is None:
             latency = ctx.config.planner.time_limit_s if planner == "milp" else 0.0
         self._latency_s = latency
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
-        self._ensure_ticking()
-        if self._in_flight is not None:
-            self._deferred.append(request)
-            return NO_ACTIONS
-        return self._insert(request)
+        return self._follow(self.driver.arrive((request,), self.now_s()))
+
+    def on_requeued(self, requests: Sequence[Request]) -> Actions:
+        offered = self.driver.unplanned(requests)  # those the plan forgot while they ran
+        self._counts["requeued_offered"] += len(offered)
+        return self._follow(self.driver.arrive(offered, self.now_s()))
 
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
-        if self._plan is None or not frees_capacity(events):
+        if self.driver.plan is None or not frees_capacity(events):
             return NO_ACTIONS
         return self._reconcile(instance_id)
 
     def on_timer(self, tag: str) -> Actions:
-        timers = {_TICK: self._tick, _REPLAN: self._start_replan, _PUBLISH: self._publish}
+        timers = {_ROUND: self._round, _PUBLISH: self._publish}
         return timers[tag]()
 
     def stats(self) -> Mapping[str, float]:
-        return dict(sorted(self._counts.items()))
+        return dict(sorted((self._counts + Counter(self.driver.counts)).items()))
 
     def wall_s(self) -> float:
         return self._wall_s
 
-    # When the controller runs
+    # Driver decisions as timers and agent steps
 
-    def _ensure_ticking(self) -> None:
-        if not self._ticking:
-            self._ticking = True
-            self.ctx.call_at(self.now_s() + self.settings.tick_s, _TICK)
+    def _follow(self, decision: Decision) -> Actions:
+        """Wake for what the driver has due next; reconcile the instances whose groups
+        arrivals joined."""
+        self._schedule_round()
+        actions: list[Action] = []
+        for _, group_id in decision.joined:
+            instance_id = self._instance_of_group.get(group_id)
+            if instance_id is not None:
+                actions.extend(self._reconcile(instance_id))
+        return tuple(actions)
 
-    def _tick(self) -> Actions:
-        ctx = self.ctx
-        busy = ctx.queued() or any(ctx.held(i.id) for i in ctx.fleet.instances)
-        if not busy:
-            self._ticking = False
-            return NO_ACTIONS
-        ctx.call_at(self.now_s() + self.settings.tick_s, _TICK)
-        if self._in_flight is not None or self._replan_scheduled or not ctx.queued():
-            return NO_ACTIONS
-        started = self._wall.monotonic_s()
-        reason = self.controller.needs_replan(self._snapshot(), self._views(), self.now_s())
-        self._wall_s += self._wall.monotonic_s() - started
-        self._counts["violation_checks"] += 1
-        if reason.needed:
-            self._counts["replans_on_check"] += 1
-            self._request_replan()
-        return NO_ACTIONS
+    def _schedule_round(self) -> None:
+        """A round timer at the driver's next due time, unless one is set for then or sooner."""
+        at_s = self.driver.wake_at_s()
+        if at_s is not None and (self._round_at_s is None or at_s < self._round_at_s):
+            self._round_at_s = at_s
+            self.ctx.call_at(at_s, _ROUND)
 
-    def _request_replan(self) -> None:
-        """Coalesce: one re-plan at a time, at most one start per min_replan_gap_s; it runs
-        after every arrival of the current instant (timers follow arrivals)."""
-        if self._replan_scheduled or self._in_flight is not None:
-            return
-        self._replan_scheduled = True
-        at_s = max(self.now_s(), self._last_replan_s + self.settings.min_replan_gap_s)
-        self.ctx.call_at(at_s, _REPLAN)
-
-    def _start_replan(self) -> Actions:
-        self._replan_scheduled = False
-        ctx = self.ctx
-        queued = self._snapshot()
-        if not queued:
-            return NO_ACTIONS
+    def _round(self) -> Actions:
+        """What the live loop does in a round, past offering arrivals (the simulator offers
+        them as they come): the violation check when due, then the re-plan when due."""
         now_s = self.now_s()
-        self._last_replan_s = now_s
+        if self._round_at_s is not None and self._round_at_s <= now_s:
+            self._round_at_s = None
+        driver = self.driver
+        actions: Actions = NO_ACTIONS
+        if driver.check_due(now_s):
+            started = self._wall.monotonic_s()
+            queued = self._snapshot()
+            views = self._views() if driver.check_useful and queued else ()
+            driver.check(queued, views, now_s)
+            self._wall_s += self._wall.monotonic_s() - started
+        if driver.replan_due(now_s):
+            actions = self._start_replan(now_s)
+        self._schedule_round()
+        return actions
+
+    def _start_replan(self, now_s: float) -> Actions:
         started = self._wall.monotonic_s()
-        plan = self.controller.replan(queued, self._views(), now_s)
+        plan = self.driver.solve(self._snapshot(), self._views(), now_s)
         self._wall_s += self._wall.monotonic_s() - started
-        self._counts["replans"] += 1
-        self._counts[f"plans_{plan.status or 'unknown'}"] += 1
-        self._in_flight = plan
+        if plan is None:
+            return NO_ACTIONS
         if self._latency_s <= 0:
             return self._publish()
-        ctx.call_at(now_s + self._latency_s, _PUBLISH)
+        self.ctx.call_at(now_s + self._latency_s, _PUBLISH)
         return NO_ACTIONS
 
     def _publish(self) -> Actions:
-        plan = self._in_flight
-        if plan is None:
-            return NO_ACTIONS
-        self._in_flight = None
-        self._adopt(plan)
-        deferred, self._deferred = self._deferred, []
         queued = self.ctx.queued()
-        for request in deferred:
-            if request.id in queued:
-                self._insert(request, reconcile_now=False)
-        actions: list[Action] = []
-        for instance in self.ctx.fleet.instances:
-            actions.extend(self._reconcile(instance.id))
-        return tuple(actions)
-
-    def _insert(self, request: Request, reconcile_now: bool = True) -> Actions:
-        plan = self.controller.on_arrival(request, self.now_s())
-        if plan is None:
-            self._counts["arrivals_outside_plan"] += 1
-            self._request_replan()
-            return NO_ACTIONS
-        self._counts["arrivals_inserted"] += 1
-        self._plan = plan
-        if not reconcile_now:
-            return NO_ACTIONS
-        instance_id = self._instance_of_group.get(_group_with_last(plan, request.id) or "")
-        return NO_ACTIONS if instance_id is None else self._reconcile(instance_id)
-
-    def _adopt(self, plan: PublishedPlan) -> None:
-        self._plan = plan
+        decision = self.driver.adopt(queued.__contains__, self.now_s())
+        plan = self.driver.plan
+        assert plan is not None
         self._instance_of_group = {
             group_id: instance_id
             for instance_id, group_ids in plan.queues.items()
             for group_id in group_ids
         }
+        actions = list(self._follow(replace(decision, joined=())))  # instances: all, below
+        for instance in self.ctx.fleet.instances:
+            actions.extend(self._reconcile(instance.id))
+        return tuple(actions)
 
     # The agents' step
 
@@ -227,9 +196,9 @@ class QlmPolicy(BasePolicy):
         answer skip observing the engine: a loading engine gets nothing, and without KV
         swapping an instance with nothing queued for it gets nothing."""
         ctx = self.ctx
-        if self._plan is None:
+        if self.driver.plan is None:
             return ()
-        if not self.settings.shortcuts:
+        if not self.variant.shortcuts:
             return self._decide(ctx.observe(instance_id), self._heads(instance_id, whole=True))
         if ctx.loading(instance_id):
             return ()
@@ -249,44 +218,40 @@ class QlmPolicy(BasePolicy):
         return self._decide(obs, heads)
 
     def _decide(self, obs: EngineObservation, heads: tuple[QueuedGroup, ...]) -> tuple[Action, ...]:
-        actions = reconcile(ReconcileInput(obs, heads, self._priority), self.settings.reconcile)
+        actions = reconcile(ReconcileInput(obs, heads, self._priority), self.variant.reconcile)
         for action in actions:
             self._counts[f"lso_{type(action).__name__.lower()}"] += 1
         return actions
 
     def _heads(self, instance_id: str, whole: bool) -> tuple[QueuedGroup, ...]:
-        """The instance's virtual queue as its agent sees it: each planned group with its
-        members still in the global queue, groups with none left out (reconcile skips them).
-
-        Unless `whole`, only the prefix reconcile can act on is
-        built: it pulls at most max_num_seqs requests per round, from the run of groups of the
-        loaded model that starts at its head, so groups past that run or past max_num_seqs
-        queued members cannot change its answer. (With requests swapped to CPU it compares
-        them with every group's class: then the whole queue is needed.)"""
-        plan = self._plan
+        """The instance's virtual queue as its agent sees it (the live agents' cut). Unless
+        `whole`, building stops once the queue decides reconcile's answer (`_enough`)."""
+        plan = self.driver.plan
         assert plan is not None
-        ctx = self.ctx
-        queued = ctx.queued()
-        model = ctx.model_of(instance_id)
-        swaps_models = self.settings.reconcile.allow_model_swap
-        limit = None if whole else ctx.max_num_seqs(instance_id)
-        heads: list[QueuedGroup] = []
+        queued = self.ctx.queued()
+        enough = None if whole else self._enough(instance_id)
+        return virtual_queue(plan, instance_id, queued.__contains__, self._members, enough)
+
+    def _enough(self, instance_id: str) -> Callable[[QueuedGroup], bool]:
+        """Reconcile pulls at most max_num_seqs requests per round, from the run of groups
+        of the loaded model that starts at its head, so groups past that run or past
+        max_num_seqs queued members cannot change its answer. (With requests swapped to CPU
+        it compares them with every group's class: then the whole queue is needed.)"""
+        model = self.ctx.model_of(instance_id)
+        swaps_models = self.variant.reconcile.allow_model_swap
+        limit = self.ctx.max_num_seqs(instance_id)
         seen = 0
-        for g in plan.queue_of(instance_id):
-            items = tuple(_item(queued[rid]) for rid in g.request_ids if rid in queued)
-            if not items:
-                continue
-            heads.append(QueuedGroup(g.group_id, g.model, g.slo_class, items))
-            if limit is None:
-                continue
-            if not (swaps_models or model is None or g.model == model):
-                continue  # reconcile skips it
-            if g.model != model:
-                break  # reconcile swaps to it or stops pulling here
-            seen += len(items)
-            if seen >= limit:
-                break
-        return tuple(heads)
+
+        def enough(head: QueuedGroup) -> bool:
+            nonlocal seen
+            if not (swaps_models or model is None or head.model == model):
+                return False  # reconcile skips it
+            if head.model != model:
+                return True  # reconcile swaps to it or stops pulling here
+            seen += len(head.items)
+            return seen >= limit
+
+        return enough
 
     def _snapshot(self) -> tuple[Request, ...]:
         """The global queue as GlobalQueue.queued() gives it: in arrival order."""
@@ -303,25 +268,10 @@ class QlmPolicy(BasePolicy):
         return tuple(views)
 
     @property
-    def controller(self) -> Controller:
-        if self._controller is None:
+    def driver(self) -> ControlDriver:
+        if self._driver is None:
             raise RuntimeError("qlm policy used before start()")
-        return self._controller
-
-
-def _item(request: Request) -> QueuedItem:
-    """A queued request as the agent's reconcile step sees it (its own class ranks it)."""
-    return QueuedItem(
-        request.id, request.prompt_tokens, request.max_output_tokens, request.slo_class
-    )
-
-
-def _group_with_last(plan: PublishedPlan, request_id: str) -> str | None:
-    """The group an inserted request joined: inserts append, so it is a group's last member."""
-    for group in plan.groups.values():
-        if group.request_ids and group.request_ids[-1] == request_id:
-            return group.group_id
-    return None
+        return self._driver
 
 
 def _pinned(fleet: Fleet) -> Fleet:
@@ -343,23 +293,23 @@ def _pinned(fleet: Fleet) -> Fleet:
 
 
 def _qlm(**options: object) -> QlmPolicy:
-    return QlmPolicy(QlmSettings(**options))  # type: ignore[arg-type]
+    return QlmPolicy(QlmVariant(**options))  # type: ignore[arg-type]
 
 
 def _qlm_no_evict(**options: object) -> QlmPolicy:
-    settings = QlmSettings(**options)  # type: ignore[arg-type]
-    no_evict = replace(settings.reconcile, allow_evict=False)
-    return QlmPolicy(replace(settings, reconcile=no_evict), "qlm-no-evict")
+    variant = QlmVariant(**options)  # type: ignore[arg-type]
+    no_evict = replace(variant.reconcile, allow_evict=False)
+    return QlmPolicy(replace(variant, reconcile=no_evict), "qlm-no-evict")
 
 
 def _qlm_no_swap(**options: object) -> QlmPolicy:
-    settings = QlmSettings(**options)  # type: ignore[arg-type]
-    no_swap = replace(settings.reconcile, allow_model_swap=False)
-    return QlmPolicy(replace(settings, reconcile=no_swap, pin_models=True), "qlm-no-swap")
+    variant = QlmVariant(**options)  # type: ignore[arg-type]
+    no_swap = replace(variant.reconcile, allow_model_swap=False)
+    return QlmPolicy(replace(variant, reconcile=no_swap, pin_models=True), "qlm-no-swap")
 
 
 def _qlm_edf(**options: object) -> QlmPolicy:
-    return QlmPolicy(replace(QlmSettings(**options), planner="edf"), "qlm-edf")  # type: ignore[arg-type]
+    return QlmPolicy(replace(QlmVariant(**options), planner="edf"), "qlm-edf")  # type: ignore[arg-type]
 
 
 SIM_POLICIES.register("qlm")(_qlm)

@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Sequence
 
 from qlm.agents.actions import Action, Evict, Pull
-from qlm.engine.client import Aborted, EngineEvent, Finished
+from qlm.engine.types import Aborted, EngineEvent, RequestFinished
 from qlm.sim.policies.base import (
     NO_ACTIONS,
     SIM_POLICIES,
@@ -81,9 +81,9 @@ class ShepherdPolicy(BasePolicy):
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
         self._book.on_events(self.ctx, instance_id, events)
         for event in events:
-            if isinstance(event, Finished | Aborted):
+            if isinstance(event, RequestFinished | Aborted):
                 self._frees_at_s.pop(instance_id, None)
-                if isinstance(event, Finished):
+                if isinstance(event, RequestFinished):
                     self._requests.pop(event.request_id, None)
         return self._serve(instance_id)
 

@@ -1,0 +1,35 @@
+"""Control-plane benchmark (issue 4): admission through the HTTP API into the Redis queue, and
+the overhead of QLM in front of a real vLLM-CPU engine. Prints tables, writes
+results/control_plane.json and the control-plane block of docs/benchmarks.md.
+
+    .venv/bin/python benchmarks/control_plane.py               # full run (~15 min)
+    .venv/bin/python benchmarks/control_plane.py --quick       # CI smoke: short steps
+    .venv/bin/python benchmarks/control_plane.py --skip-vllm   # admission only
+
+Admission. Every server part runs as its own `qlm` process, as it would in production, against
+a throwaway redis-server (tests/redis_server.py); the setups are
+  api x1  one `qlm api` replica (no controller, no agents: the queue only grows)
+  api x2  two `qlm api` replicas sharing Redis (as two pods behind a Service; the load
+          generator spreads its connections over both ports)
+  serve   `qlm serve`: API, control loop and the agents of an emulated fleet in one process
+  split   two `qlm api` + `qlm controller` + `qlm agent` (every instance): the whole plane
+          as separate processes
+Each step restarts the setup on an emptied Redis. Load: `--clients` worker processes
+(raw asyncio HTTP/1.1 over keep-alive connections, uvloop) POST /v1/qlm/requests (batch work,
+202). Open-loop steps offer Poisson arrivals at a fixed rate (exactly rate x duration
+arrivals, uniformly spread); latency runs from the scheduled send to the 202, so a request
+waiting for a free connection counts (no coordinated omission). A closed-loop step (a fixed
+number of connections, back to back) gives the saturation throughput. The load generator
+shares the machine's cores with the servers and Redis: CPU use per part is reported.
+
+Overhead. The same fixed workload (64 streamed completions, ~32 prompt tokens, 32 output
+tokens, all at once and then Poisson arrivals at half the bare burst rate) against (a) a bare
+vLLM-CPU server started exactly as QLM's VllmEngine starts it (qlm.engine.vllm.serve_argv),
+through its OpenAI API; (b) `qlm serve` with one vLLM engine of the same settings, in-memory
+queue; (c) the same on Redis. TTFT is the time to the first chunk with text.
+
+Modules: load (the admission load generator), cpu (CPU accounting from /proc), admission
+(the admission steps), streams (streamed completions and their timing), engines (vLLM and
+`qlm serve` in front of it), overhead (QLM against vLLM), targets (PASS / MISS), render
+(the tables and the docs block), main (the command line).
+"""

@@ -1,0 +1,69 @@
+"""How much CPU each part used: a process's CPU seconds and run-queue wait, and the whole
+machine's busy time, from /proc; a meter over one measured interval."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of a live process; 0 when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the process's main thread (an event loop) has waited for a CPU while
+    runnable (/proc/PID/schedstat); 0 when unavailable."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core, every user)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values[:8]) - idle) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU used by each named process, the load generator and the whole machine, in cores
+    (CPU seconds per wall second) over the measured interval."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self.start_wall = time.monotonic()
+        self.start_machine = machine_busy_s()
+        self.start = {name: process_cpu_s(pid) for name, pid in self.pids.items()}
+
+    def stop(self, client_cpu_s: float, accepted: int) -> dict[str, float]:
+        """Cores used per part, and CPU microseconds per accepted request."""
+        wall = time.monotonic() - self.start_wall
+        used = {name: process_cpu_s(pid) - self.start[name] for name, pid in self.pids.items()}
+        parts = {
+            "api": sum(v for k, v in used.items() if k.startswith(("api:", "serve:"))),
+            "controller_agents": sum(
+                v for k, v in used.items() if k.startswith(("controller:", "agent:"))
+            ),
+            "redis": used["redis"],
+            "clients": client_cpu_s,
+        }
+        machine = machine_busy_s() - self.start_machine
+        parts["others"] = max(0.0, machine - sum(parts.values()))
+        cores = {f"cpu_{name}_cores": v / wall for name, v in parts.items()}
+        per_request = {
+            f"cpu_{name}_us_per_req": 1e6 * parts[name] / max(1, accepted)
+            for name in ("api", "controller_agents", "redis", "clients")
+        }
+        return {**cores, "cpu_machine_cores": machine / wall, **per_request}

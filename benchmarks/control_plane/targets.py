@@ -1,0 +1,87 @@
+"""The control plane's targets, PASS or MISS: admission of 2,000 requests per second with p99
+enqueue latency within 10 ms, and QLM's throughput and added median TTFT over bare vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from benchmarks.common.tables import target_row
+
+ADMISSION_RATE = 2000.0  # target: requests/s sustained ...
+ADMISSION_P99_MS = 10.0  # ... with p99 enqueue latency at most this
+THROUGHPUT_RATIO = 0.95  # target: QLM's throughput at least this share of bare vLLM's
+ADDED_TTFT_MS = 20.0  # target: added median TTFT at most this
+SUSTAINED = 0.99  # an open-loop step sustains its rate when achieved >= this x offered
+
+
+def admission_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Per setup: PASS when an open-loop step offering >= ADMISSION_RATE was sustained with
+    p99 within the bound. The measured text names the best step within the bound, the best
+    sustained step whatever its p99, and the closed-loop maximum."""
+    target = f">= {ADMISSION_RATE:,.0f} req/s with p99 <= {ADMISSION_P99_MS:g} ms"
+    out = []
+    for setup in dict.fromkeys(r["setup"] for r in rows):
+        best = best_sustained(rows, setup)
+        loose = best_sustained(rows, setup, p99_ms=float("inf"))
+        closed = [r for r in rows if r["setup"] == setup and r.get("mode") == "closed"]
+        parts = [
+            "p99 bound met at no step"
+            if best is None
+            else f"{best['achieved_per_s']:,.0f} req/s at p99 {best['p99_ms']:.1f} ms",
+        ]
+        if loose is not None and loose is not best:
+            parts.append(
+                f"sustained {loose['achieved_per_s']:,.0f} req/s at p99 {loose['p99_ms']:.0f} ms"
+            )
+        parts += [
+            f"closed loop {r['achieved_per_s']:,.0f} req/s (p99 {r['p99_ms']:.0f} ms)"
+            for r in closed
+        ]
+        ok = best is not None and best["offered_per_s"] >= ADMISSION_RATE
+        out.append(target_row(target, setup, "; ".join(parts), ok))
+    return out
+
+
+def best_sustained(
+    rows: Sequence[Mapping[str, Any]], setup: str, p99_ms: float = ADMISSION_P99_MS
+) -> Mapping[str, Any] | None:
+    """The highest open-loop step of `setup` sustained without errors and with p99 within
+    p99_ms."""
+    good = [
+        r
+        for r in rows
+        if r["setup"] == setup
+        and "error" not in r
+        and r["offered_per_s"] is not None
+        and r["errors"] == 0
+        and r["achieved_per_s"] >= SUSTAINED * r["offered_per_s"]
+        and r["p99_ms"] <= p99_ms
+    ]
+    return max(good, key=lambda r: r["offered_per_s"], default=None)
+
+
+def overhead_targets(summary: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    out = []
+    for row in summary:
+        if not row["variant"].startswith("QLM "):
+            continue
+        subject = f"{row['variant']}, {row['workload']}"
+        ratio, added = row["throughput_ratio"], row["added_ttft_p50_ms"]
+        out.append(
+            target_row(
+                f"throughput >= {THROUGHPUT_RATIO:.0%} of bare vLLM",
+                subject,
+                "-" if ratio is None else f"{ratio:.3f}",
+                None if ratio is None else ratio >= THROUGHPUT_RATIO,
+            )
+        )
+        out.append(
+            target_row(
+                f"added median TTFT <= {ADDED_TTFT_MS:g} ms",
+                subject,
+                "-" if added is None else f"{added:+.1f} ms",
+                None if added is None else added <= ADDED_TTFT_MS,
+            )
+        )
+    return out

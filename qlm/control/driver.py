@@ -1,0 +1,202 @@
+"""When the controller runs: the one control path of the live loop and the simulator.
+
+The `Controller` (controller.py) answers *what* to plan; this driver answers *when*, and owns
+the scheduling state both adapters used to keep apart: which arrivals joined the plan, the
+violation-check tick, the re-plan throttle, and the plan in flight. It has no I/O and reads no
+clock: every call carries `now_s`. Adapters feed it events and carry out what it returns:
+
+* `qlm/serve/loop.py` (live): every round offers the requests that are new in the queue, runs
+  the check when `check_due`, and solves in a worker thread when `replan_due`;
+* `qlm/sim/policies/qlm.py` (simulated): offers each arrival as it happens, runs the check on a
+  timer every `tick_s`, and publishes a solved plan `planning_latency_s` of virtual time later.
+
+The rules, stated once:
+
+1. An arrival joins its nearest planned group (`Controller.on_arrival`). One that fits no
+   planned group, or any arrival before the first plan, asks for a full re-plan.
+2. While anything is queued, the estimator's violation check (`Controller.needs_replan`)
+   runs every `tick_s`, the first one `tick_s` after the arrival that found the queue empty;
+   a group newly predicted late, a changed set of live instances or a grouping rebalance asks
+   for a full re-plan. A check that finds the queue empty stops the ticking.
+3. A re-plan asked for starts at once, or `min_replan_interval_s` after the previous start if
+   that is later; asks in between coalesce into one.
+4. While a solved plan is in flight (not yet adopted), arrivals wait; they join the new plan
+   when it is adopted, if still queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from qlm.config import ControlConfig
+from qlm.control.controller import Controller, InstanceView
+from qlm.control.plan import PublishedPlan
+from qlm.types import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one driver call changed.
+
+    joined: (request id, group id) for each arrival that joined a planned group, in order.
+    replan_at_s: set when this call asked for a re-plan that was not asked for already: the
+    time it may start (adapters wake then; `replan_due` says the same).
+    """
+
+    joined: tuple[tuple[str, str], ...] = ()
+    replan_at_s: float | None = None
+
+    @property
+    def plan_changed(self) -> bool:
+        return bool(self.joined)
+
+
+NOTHING = Decision()
+
+
+class ControlDriver:
+    """The control path's state machine around one Controller (see the module docstring)."""
+
+    def __init__(self, controller: Controller, config: ControlConfig) -> None:
+        self.controller = controller
+        self.config = config
+        self._wanted_since_s: float | None = None  # a re-plan was asked for then
+        self._last_replan_s = float("-inf")
+        self._in_flight: PublishedPlan | None = None
+        self._adopted: PublishedPlan | None = None
+        self._deferred: list[Request] = []
+        self._next_check_at_s: float | None = None  # None: nothing queued at the last look
+        self.counts: dict[str, int] = {}
+
+    @property
+    def plan(self) -> PublishedPlan | None:
+        """The adopted plan, with the arrivals that joined it: what agents reconcile against
+        (the previous plan while a new one is in flight)."""
+        return self._adopted
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    # Arrivals
+
+    def arrive(self, requests: Iterable[Request], now_s: float) -> Decision:
+        """Offer new queued requests to the plan (rule 1; rule 4 while a plan is in flight)."""
+        requests = list(requests)
+        if requests and self._next_check_at_s is None:
+            self._next_check_at_s = now_s + self.config.tick_s
+        if self._in_flight is not None:
+            self._deferred.extend(requests)
+            return NOTHING
+        joined: list[tuple[str, str]] = []
+        asked: float | None = None
+        for request in requests:
+            plan = self.controller.on_arrival(request, now_s)
+            if plan is None:
+                self._count("arrivals_outside_plan")
+                first_ask = self._ask_replan(now_s)
+                asked = asked if first_ask is None else first_ask
+                continue
+            self._count("arrivals_inserted")
+            self._adopted = plan
+            joined.append((request.id, self.controller.group_of(request.id) or ""))
+        return Decision(tuple(joined), asked)
+
+    def unplanned(self, queued: Iterable[Request]) -> list[Request]:
+        """The queued requests the plan does not hold and that do not wait for a plan in
+        flight: new arrivals, and requests back in the queue (evicted, or their agent died)
+        that the plan forgot while they were out. The live loop offers these each round."""
+        waiting = {r.id for r in self._deferred}
+        return [r for r in queued if not self.controller.holds(r.id) and r.id not in waiting]
+
+    # The violation check
+
+    @property
+    def next_check_at_s(self) -> float | None:
+        return self._next_check_at_s
+
+    def wake_at_s(self) -> float | None:
+        """The next time something is due without any new event (a check or a re-plan);
+        None when nothing is."""
+        times = [t for t in (self._next_check_at_s, self.replan_at_s()) if t is not None]
+        return min(times, default=None)
+
+    @property
+    def check_useful(self) -> bool:
+        """Whether a check could change anything: not while a re-plan is asked for or in
+        flight (adapters skip gathering its inputs then)."""
+        return self._in_flight is None and self._wanted_since_s is None
+
+    def check_due(self, now_s: float) -> bool:
+        return self._next_check_at_s is not None and now_s >= self._next_check_at_s
+
+    def check(
+        self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float
+    ) -> Decision:
+        """The periodic violation check (rule 2). Skipped while a re-plan is asked for or in
+        flight, or when nothing is queued: its answer could not change what happens next."""
+        if not queued:
+            self._next_check_at_s = None
+            return NOTHING
+        self._next_check_at_s = now_s + self.config.tick_s
+        if not self.check_useful:
+            return NOTHING
+        self.controller.forget_dequeued(queued)
+        reason = self.controller.needs_replan(queued, views, now_s)
+        self._count("violation_checks")
+        if not reason.needed:
+            return NOTHING
+        self._count("replans_on_check")
+        return Decision(replan_at_s=self._ask_replan(now_s))
+
+    # Re-planning
+
+    def replan_at_s(self) -> float | None:
+        """When the re-plan asked for may start (rule 3); None when none is asked for."""
+        if self._wanted_since_s is None or self._in_flight is not None:
+            return None
+        return max(self._wanted_since_s, self._last_replan_s + self.config.min_replan_interval_s)
+
+    def replan_due(self, now_s: float) -> bool:
+        at_s = self.replan_at_s()
+        return at_s is not None and now_s >= at_s
+
+    def solve(
+        self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float
+    ) -> PublishedPlan | None:
+        """Start the re-plan asked for: regroup and solve over `queued` (the live loop calls
+        this from a worker thread and awaits it). The new plan is in flight until `adopt`.
+        With nothing queued there is nothing to plan: the ask lapses and None comes back. If
+        the solve raises, call `failed`: the last good plan stays adopted."""
+        self._wanted_since_s = None
+        if not queued:
+            return None
+        self._last_replan_s = now_s
+        self._count("replans")
+        plan = self.controller.replan(queued, views, now_s)
+        self._in_flight = plan
+        self._count(f"plans_{plan.status or 'unknown'}")
+        return plan
+
+    def adopt(self, still_queued: Callable[[str], bool], now_s: float) -> Decision:
+        """Adopt the plan in flight; arrivals that waited for it join it (rule 4)."""
+        if self._in_flight is None:
+            return NOTHING
+        self._adopted, self._in_flight = self._in_flight, None
+        deferred, self._deferred = self._deferred, []
+        return self.arrive((r for r in deferred if still_queued(r.id)), now_s)
+
+    def failed(self) -> None:
+        """A solve raised: keep the last good plan; the next check may ask again."""
+        self._in_flight = None
+        self._deferred.clear()
+
+    def _ask_replan(self, now_s: float) -> float | None:
+        if self._wanted_since_s is not None:
+            return None
+        self._wanted_since_s = now_s
+        return self.replan_at_s()
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1

@@ -1,0 +1,58 @@
+"""How one engine model schedules: its token budget, preemption mode and swap space.
+
+Question answered: what can be set on the engine model's scheduler? (vLLM's SchedulerConfig,
+reduced.) One validated, frozen config per engine; the fields say their ranges.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from qlm.config import StrictModel
+
+PreemptionMode = Literal["recompute", "swap"]
+
+
+class EngineConfig(StrictModel):
+    """Scheduler settings of one engine (vLLM's SchedulerConfig, reduced)."""
+
+    chunk_tokens: int = Field(
+        default=2048,
+        ge=1,
+        description="Token budget per iteration (vLLM max_num_batched_tokens): one per "
+        "decoding sequence plus prefill chunks; max_num_seqs is capped at it.",
+    )
+    preemption_mode: PreemptionMode = Field(
+        default="recompute",
+        description="What happens to a sequence preempted for KV room: 'recompute' drops its "
+        "KV and requeues it; 'swap' moves its KV to CPU (recompute when CPU space is full).",
+    )
+    cpu_swap_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="KV tokens that fit in CPU swap space; 0 means no KV swapping "
+        "(swap_out raises EngineError).",
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, description="Sequences running at once; None: the profile's."
+    )
+    swap_bytes_per_s: float = Field(
+        default=16e9,
+        gt=0,
+        description="GPU<->CPU bandwidth for KV swaps; transfers lengthen the next iteration.",
+    )
+
+    @model_validator(mode="after")
+    def _swap_needs_space(self) -> EngineConfig:
+        if self.preemption_mode == "swap" and self.cpu_swap_tokens == 0:
+            raise ValueError("preemption_mode 'swap' needs cpu_swap_tokens > 0")
+        return self
+
+    @property
+    def supports_kv_swap(self) -> bool:
+        return self.cpu_swap_tokens > 0
+
+
+__all__ = ["EngineConfig", "PreemptionMode"]

@@ -1,0 +1,149 @@
+"""The iteration-level scheduler of the engine model (vLLM's default chunked-prefill policy).
+
+Question answered: what runs in the next iteration, and what does a completed one change?
+
+`schedule` plans one iteration within a token budget (`chunk_tokens`, vLLM's
+max_num_batched_tokens) and the free sequence slots (`max_num_seqs`):
+
+1. decodes first: every running sequence past its prompt decodes one token; while the KV cache
+   has no room for those tokens the most recently admitted running sequence is preempted
+   (recompute: back to the front of the waiting queue, its KV dropped; swap: KV to CPU);
+2. running sequences still in prefill get chunks from what is left of the budget;
+3. if nothing was preempted, swapped sequences come back, then waiting ones are admitted in
+   FCFS order (the head blocks the rest) while there are slots, budget and KV room for the
+   whole prefill after this iteration's decodes (KV is reserved at admission, as vLLM v0 does).
+
+`complete` applies completed iterations: decode steps add a token to every decoding sequence
+and end those that reach their length (RequestFinished); prefill chunks advance their
+sequences, and the iteration that computes a prompt's last chunk samples its next token (its
+first one, FirstToken, unless it is recomputing after a preemption). Chunks whose sequence
+changed phase while the iteration ran (aborted, preempted, swapped) count for nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qlm.engine.segment import Chunk, Segment
+from qlm.engine.seq_queues import SeqQueues
+from qlm.engine.sequence import Seq, SeqPhase
+from qlm.engine.types import EngineEvent, FirstToken, RequestFinished
+
+
+@dataclass(slots=True)
+class IterationPlan:
+    """One scheduling pass: its budgets as it goes, and what it decided."""
+
+    tokens_left: int
+    seqs_left: int
+    preempted: bool = False
+    chunks: list[Chunk] = field(default_factory=list)
+
+    def add_chunk(self, seq: Seq, tokens: int) -> None:
+        self.chunks.append(Chunk(seq, seq.version, tokens))
+        self.tokens_left -= tokens
+
+
+def schedule(
+    queues: SeqQueues, chunk_tokens: int, max_num_seqs: int, preempted_before: bool = False
+) -> IterationPlan:
+    """Plan the next iteration (module docstring). `preempted_before`: a plan dropped at this
+    very instant had preempted, so this one admits nothing either."""
+    plan = IterationPlan(tokens_left=chunk_tokens, seqs_left=max_num_seqs - len(queues.running))
+    plan.preempted = _make_decode_room(queues) or preempted_before
+    plan.tokens_left -= queues.decode.num_seqs
+    _plan_running_prefills(queues, plan)
+    if not plan.preempted:
+        _plan_swap_ins(queues, plan)
+        _plan_admissions(queues, plan)
+    return plan
+
+
+def _make_decode_room(queues: SeqQueues) -> bool:
+    """Preempt the latest admitted running sequences until every decode has a KV slot."""
+    preempted = False
+    while queues.kv.decode_slots_short:
+        victim = queues.running[next(reversed(queues.running))]
+        queues.preempt(victim)
+        preempted = True
+    return preempted
+
+
+def _plan_running_prefills(queues: SeqQueues, plan: IterationPlan) -> None:
+    for seq in queues.prefilling.values():
+        if plan.tokens_left <= 0:
+            return
+        plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
+
+
+def _plan_swap_ins(queues: SeqQueues, plan: IterationPlan) -> None:
+    for seq in list(queues.resumable.values()):
+        if plan.seqs_left <= 0 or plan.tokens_left <= 0:
+            return
+        kv_tokens = seq.cpu_tokens if seq.resume_phase is SeqPhase.DECODE else seq.prefill_target
+        if kv_tokens + 1 > queues.kv.room_after_decodes:
+            return
+        queues.swap_to_gpu(seq)
+        plan.seqs_left -= 1
+        if seq.phase is SeqPhase.DECODE:
+            plan.tokens_left -= 1
+        else:
+            plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
+
+
+def _plan_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
+    waiting = queues.waiting
+    while waiting and plan.seqs_left > 0 and plan.tokens_left > 0:
+        seq, version = waiting[0]
+        if seq.version != version or seq.phase is not SeqPhase.WAITING:
+            waiting.popleft()
+            continue
+        need = seq.prompt_tokens + seq.output_tokens + 1
+        if need > queues.kv.room_after_decodes:
+            return
+        waiting.popleft()
+        queues.admit(seq)
+        plan.seqs_left -= 1
+        plan.add_chunk(seq, min(seq.prefill_target, plan.tokens_left))
+
+
+def complete(queues: SeqQueues, segment: Segment, steps: int, events: list[EngineEvent]) -> None:
+    """Apply `steps` completed iterations of a segment; append the finishes and first tokens
+    to `events`."""
+    at_s = segment.start_s + segment.run.duration_s(steps)
+    decode = queues.decode
+    c = queues.counters
+    c.segments += 1
+    c.iterations += steps
+    c.busy_s += segment.run.duration_s(steps)
+    c.decode_tokens += decode.num_seqs * steps
+    decode.advance(steps)
+    for seq in decode.finished():
+        decode.leave(seq)
+        events.append(_finish(queues, seq, at_s))
+    for seq, version, tokens in segment.chunks:
+        if seq.version != version:
+            continue  # aborted, preempted or swapped while the iteration ran
+        seq.computed_tokens += tokens
+        c.prefill_tokens += tokens
+        if seq.computed_tokens >= seq.prefill_target:
+            _complete_prefill(queues, seq, at_s, events)
+
+
+def _complete_prefill(queues: SeqQueues, seq: Seq, at_s: float, events: list[EngineEvent]) -> None:
+    """The iteration that computes a prompt's last chunk samples its next token."""
+    queues.end_prefill(seq)
+    seq.output_tokens += 1
+    if seq.first_token_at_s is None:
+        seq.first_token_at_s = at_s
+        events.append(FirstToken(seq.id, at_s))
+    if seq.output_tokens >= seq.target_tokens:
+        events.append(_finish(queues, seq, at_s))
+    else:
+        queues.decode.join(seq)
+
+
+def _finish(queues: SeqQueues, seq: Seq, at_s: float) -> RequestFinished:
+    queues.finish(seq)
+    assert seq.first_token_at_s is not None
+    return RequestFinished(seq.id, at_s, seq.first_token_at_s, seq.output_tokens, seq.finish_reason)

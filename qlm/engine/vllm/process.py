@@ -1,0 +1,211 @@
+"""The vLLM server process of one engine over its life: launch, health, watch, stop.
+
+Question answered: how is a server process started, known to be serving, noticed when it dies,
+and stopped with everything it spawned? A server runs in its own session (its pid is its
+process group: API server, engine core, workers), on a free local port, its output in a log
+file. Linux kills it when its agent dies, even by SIGKILL (PR_SET_PDEATHSIG). Stopping is
+SIGTERM to the group, a grace period, then SIGKILL. `Supervisor` holds the engine's current
+server: a model load stops it and starts another (`stop`, `start`); an exit nobody asked for
+is reported to `on_exit` with the tail of the server's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import functools
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+
+import aiohttp
+
+from qlm.engine.types import EngineError
+from qlm.engine.vllm.config import DEFAULT_SERVER_ENV, VllmEngineConfig, serve_argv
+
+HEALTH_POLL_S = 0.25
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)  # /health and /metrics requests
+GROUP_EXIT_POLL_S = 0.1
+STRAY_GRACE_S = 5.0  # SIGTERM grace for the engine core and workers of a server that died
+LOG_TAIL_BYTES = 4096
+
+
+@dataclass(slots=True)
+class ServerProcess:
+    """One launched server."""
+
+    proc: asyncio.subprocess.Process
+    model: str
+    port: int
+    host: str
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class Supervisor:
+    """The current server of one engine (`server`; None when stopped)."""
+
+    def __init__(self, config: VllmEngineConfig, name: str, on_exit: Callable[[str], None]) -> None:
+        self.config = config
+        self.server: ServerProcess | None = None
+        self._name = name  # in log file names
+        self._on_exit = on_exit
+        self._launches = 0
+        self._log_dir = config.log_dir
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    async def start(self, model: str, http: aiohttp.ClientSession) -> ServerProcess:
+        """Launch a server with `model` and wait until /health answers. EngineError when it
+        exits first or is not healthy within the startup timeout."""
+        server = await self._launch(model)
+        await self._wait_healthy(server, http)
+        return server
+
+    async def stop(self) -> None:
+        """Stop the current server (if any) and everything it spawned."""
+        server, self.server = self.server, None
+        if server is not None:
+            await terminate(server.proc, self.config.stop_timeout_s)
+
+    async def close(self) -> None:
+        """Stop watching (after stop)."""
+        for task in list(self._watchers):
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def _launch(self, model: str) -> ServerProcess:
+        port = self.config.port or await free_port(self.config.host)
+        self._launches += 1
+        log_path = self._next_log_path(model)
+        env = {**os.environ, **DEFAULT_SERVER_ENV, **self.config.env}
+        with log_path.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *serve_argv(self.config, model, port),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+            )
+        server = ServerProcess(proc, model, port, self.config.host, log_path)
+        self.server = server
+        task = asyncio.get_running_loop().create_task(self._watch(server), name=f"watch-{proc.pid}")
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+        return server
+
+    def _next_log_path(self, model: str) -> Path:
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="qlm-vllm-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        return self._log_dir / f"{self._name}-{self._launches}-{model}.log"
+
+    async def _wait_healthy(self, server: ServerProcess, http: aiohttp.ClientSession) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.startup_timeout_s
+        while True:
+            if server.proc.returncode is not None:
+                raise EngineError(
+                    f"vllm server exited with code {server.proc.returncode} while starting: "
+                    f"{log_tail(server.log_path)}"
+                )
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(f"{server.base_url}/health", timeout=PROBE_TIMEOUT) as r:
+                    if r.status == HTTPStatus.OK:
+                        return
+            if loop.time() > deadline:
+                raise EngineError(
+                    f"vllm server not healthy after {self.config.startup_timeout_s} s "
+                    f"(log: {server.log_path})"
+                )
+            await asyncio.sleep(HEALTH_POLL_S)
+
+    async def _watch(self, server: ServerProcess) -> None:
+        """Report an exit nobody asked for, then clear up what the server left."""
+        code = await server.proc.wait()
+        if self.server is not server:
+            return  # stopped on purpose
+        self.server = None
+        self._on_exit(f"vllm server exited with code {code}: {log_tail(server.log_path)}")
+        await terminate(server.proc, min(STRAY_GRACE_S, self.config.stop_timeout_s))
+
+
+async def free_port(host: str) -> int:
+    """A port nobody listens on now (asked of the OS by binding port 0)."""
+
+    def _close(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(_close, host, 0)
+    port = int(server.sockets[0].getsockname()[1])
+    server.close()
+    await server.wait_closed()
+    return port
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Runs in the server's process between fork and exec: Linux sends it SIGTERM when the
+    agent that started it dies, even by SIGKILL, so a server never outlives its agent (it
+    would hold its GPU memory, and a restarted agent would start a second one). The server
+    stops its engine core and workers on SIGTERM. No-op elsewhere."""
+    if sys.platform != "linux":
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the agent died before prctl took effect
+        os._exit(1)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the server's process group (API server, engine core, workers), wait, SIGKILL
+    what is left. The server is a session leader, so its pid is the group id."""
+    loop = asyncio.get_running_loop()
+    pgid = proc.pid
+    _signal_group(pgid, signal.SIGTERM)
+    try:
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except TimeoutError:
+            _signal_group(pgid, signal.SIGKILL)
+            await proc.wait()
+        deadline = loop.time() + grace_s
+        while _group_alive(pgid) and loop.time() < deadline:
+            await asyncio.sleep(GROUP_EXIT_POLL_S)
+    finally:  # also when cancelled: nothing of the server may outlive this
+        _signal_group(pgid, signal.SIGKILL)
+
+
+def log_tail(path: Path, max_lines: int = 6) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-max_lines:])

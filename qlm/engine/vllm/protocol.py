@@ -1,0 +1,96 @@
+"""vLLM's OpenAI completions on the wire: the request body QLM sends and the SSE it reads back.
+
+Question answered: what does a streamed /v1/completions request look like, and what does each
+line of its server-sent-event stream say? Pure: no I/O. The body asks for `stream: true` and
+continuous usage statistics, so token counts come from the usage numbers, not from counting
+chunks. A request without prompt text sends `prompt_tokens` synthetic token ids, so its prompt
+length is exact, and always runs to max_tokens (`ignore_eos`).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from qlm.engine.vllm.config import VllmEngineConfig
+from qlm.types import Request
+
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed"})  # passed to vLLM
+
+
+def synthetic_prompt(request_id: str, num_tokens: int, token_ids: tuple[int, int]) -> list[int]:
+    """num_tokens token ids, different per request (so the prefix cache does not share them)."""
+    low, high = token_ids
+    offset = zlib.crc32(request_id.encode())
+    return [low + (offset + 7 * i) % (high - low) for i in range(num_tokens)]
+
+
+def completion_body(request: Request, max_tokens: int, config: VllmEngineConfig) -> dict[str, Any]:
+    prompt: str | list[int] = (
+        request.prompt
+        if request.prompt is not None
+        else synthetic_prompt(request.id, request.prompt_tokens, config.synthetic_token_ids)
+    )
+    seed = {"seed": zlib.crc32(request.id.encode())} if config.seed_requests else {}
+    return {
+        **seed,  # the client's own seed, if any, wins
+        **{k: v for k, v in request.sampling.items() if k in SAMPLING_FIELDS},
+        "model": request.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        # synthetic prompts stand for a length, so they always run to max_tokens
+        "ignore_eos": config.ignore_eos or request.prompt is None,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+
+
+class SseLines:
+    """Splits a server-sent-event byte stream into lines at LF (a CR before it is dropped).
+
+    Not str.splitlines, which also splits at U+0085, U+2028 and U+2029: JSON leaves those
+    unescaped inside a token's text, and the JSON of such a chunk would break."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        return [line.removesuffix(b"\r").decode() for line in lines]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """One SSE chunk of a streamed completion."""
+
+    text: str = ""
+    completion_tokens: int | None = None  # cumulative, from the usage statistics
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def parse_sse_line(line: str) -> StreamDelta | None:
+    """A `data: {...}` line as a delta; None for blank lines, comments and `[DONE]`."""
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:") :].strip()
+    if not data or data == "[DONE]":
+        return None
+    chunk = json.loads(data)
+    if "error" in chunk:
+        error = chunk["error"]
+        return StreamDelta(
+            error=str(error.get("message", error) if isinstance(error, dict) else error)
+        )
+    usage = chunk.get("usage") or {}
+    choices = chunk.get("choices") or []
+    choice = choices[0] if choices else {}
+    return StreamDelta(
+        text=choice.get("text") or "",
+        completion_tokens=usage.get("completion_tokens"),
+        prompt_tokens=usage.get("prompt_tokens"),
+        finish_reason=choice.get("finish_reason"),
+    )

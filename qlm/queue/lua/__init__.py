@@ -1,1 +1,0 @@
-"""The Lua scripts of the Redis queue (qlm/queue/redis_queue.py), one per state change."""

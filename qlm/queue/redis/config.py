@@ -1,0 +1,170 @@
+"""How to reach Redis and how to use it: the RedisQueue's one validated configuration.
+
+URL, credentials and TLS (a password never appears in repr; `redacted_url` is for logs), the
+queue's bounds, the batch sizes of its reads and writes, the two connection pools, and the
+retries a command gets after a connection error or timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+
+from qlm.config import StrictModel
+from qlm.queue.bounds import QueueBounds
+
+
+class RedisQueueConfig(StrictModel):
+    """How to reach Redis and how to use it. The URL may carry a user and password
+    (redis://user:pass@host:6379/0); rediss:// turns TLS on."""
+
+    url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        repr=False,
+        description="redis:// or rediss:// (TLS) URL, with optional user:password and db.",
+    )
+    key_prefix: str = Field(
+        default="qlm:", description="Prefix of every key; separates deployments and tests."
+    )
+    username: str | None = Field(default=None, description="Overrides the URL's user.")
+    password: SecretStr | None = Field(default=None, description="Overrides the URL's password.")
+    max_queued: int | None = Field(
+        default=None, ge=0, description="QUEUED requests at most; enqueue raises QueueFullError."
+    )
+    max_queued_per_tenant: int | None = Field(
+        default=None, ge=0, description="QUEUED requests of one tenant at most."
+    )
+    reserved_queued: int = Field(
+        default=0, ge=0, description="Places of max_queued that only reserved_classes may take."
+    )
+    reserved_classes: frozenset[str] = Field(
+        default=frozenset({"interactive"}), description="SLO classes that may use reserved places."
+    )
+    finished_ttl_s: float = Field(
+        default=24 * 3600.0,
+        ge=0,
+        description="Finished records and their streams expire after this; 0 keeps them.",
+    )
+    block_chunk_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="Longest single blocking read; stream readers re-check their request "
+        "between chunks.",
+    )
+    snapshot_batch: int = Field(
+        default=2000, ge=1, description="Requests read per script call by queued()."
+    )
+    annotate_batch: int = Field(
+        default=500, ge=1, description="Requests annotated per script call."
+    )
+    socket_connect_timeout_s: float = Field(default=5.0, gt=0)
+    socket_timeout_s: float | None = Field(
+        default=None, gt=0, description="Per-command timeout; must exceed block_chunk_s."
+    )
+    max_connections: int = Field(
+        default=64,
+        ge=1,
+        description="Connections for commands; callers wait for a free one (pool_timeout_s).",
+    )
+    pool_timeout_s: float = Field(
+        default=20.0, gt=0, description="Longest wait for a free command connection."
+    )
+    max_blocking_connections: int = Field(
+        default=10_000,
+        ge=1,
+        description="Connections for blocking reads: one per open stream() or wait_for_change().",
+    )
+    health_check_interval_s: float = Field(default=30.0, ge=0)
+    retries: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="Retries of a command after a connection error or timeout, reconnecting "
+        "each time, with jittered exponential backoff: about 6 s in all at the defaults, "
+        "which rides out a Redis restart on its AOF.",
+    )
+    retry_backoff_base_s: float = Field(default=0.05, gt=0, description="First backoff step.")
+    retry_backoff_cap_s: float = Field(default=1.0, gt=0, description="Longest backoff step.")
+    ssl_ca_certs: str | None = Field(default=None, description="CA bundle for rediss://.")
+    ssl_certfile: str | None = Field(default=None, description="Client certificate (mTLS).")
+    ssl_keyfile: str | None = Field(default=None, description="Client key (mTLS).")
+    ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("url must start with redis://, rediss:// or unix://")
+        return url
+
+    @model_validator(mode="after")
+    def _bounds_consistent(self) -> RedisQueueConfig:
+        _ = self.bounds  # QueueBounds raises ValueError for inconsistent bounds
+        return self
+
+    @property
+    def bounds(self) -> QueueBounds:
+        return QueueBounds(
+            self.max_queued, self.max_queued_per_tenant, self.reserved_queued, self.reserved_classes
+        )
+
+    @property
+    def tls(self) -> bool:
+        return urlsplit(self.url).scheme == "rediss"
+
+    @property
+    def redacted_url(self) -> str:
+        """The URL without its password, for logs."""
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    @property
+    def connect_url(self) -> str:
+        """The URL handed to redis-py: without credentials when `username` or `password` is
+        set here (redis-py lets the URL's win over keyword arguments)."""
+        parts = urlsplit(self.url)
+        if (self.username is None and self.password is None) or "@" not in parts.netloc:
+            return self.url
+        return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for redis.asyncio.Redis.from_url(connect_url, ...)."""
+        parts = urlsplit(self.url)
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_connect_timeout": self.socket_connect_timeout_s,
+            "socket_timeout": self.socket_timeout_s,
+            "health_check_interval": self.health_check_interval_s,
+            # Both pools need it: a pool built outside Redis() gets no retries by default.
+            "retry": Retry(
+                ExponentialWithJitterBackoff(
+                    cap=self.retry_backoff_cap_s, base=self.retry_backoff_base_s
+                ),
+                self.retries,
+            ),
+        }
+        if self.username is not None or self.password is not None:
+            options["username"] = self.username or parts.username
+            options["password"] = (
+                parts.password if self.password is None else self.password.get_secret_value()
+            )
+        if self.tls:
+            options["ssl_cert_reqs"] = self.ssl_cert_reqs
+            options |= {
+                key: value
+                for key, value in (
+                    ("ssl_ca_certs", self.ssl_ca_certs),
+                    ("ssl_certfile", self.ssl_certfile),
+                    ("ssl_keyfile", self.ssl_keyfile),
+                )
+                if value is not None
+            }
+        return options

@@ -1,0 +1,314 @@
+"""The GlobalQueue in Redis, shared by every API replica, agent and control loop: what each
+operation does there.
+
+Every state change is one Lua script (qlm/queue/redis/lua/scripts.py), so it is atomic across
+any number of clients. Output streams (streams.py) and plans (plans.py) are served by helpers
+this class owns; the key layout and the design are in qlm/queue/README.md. Times come from
+the callers' clocks; only the leader lease's expiry is measured by Redis (SET PX), which keeps
+leadership safe under clock skew between nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, cast
+
+import redis.asyncio as redis
+from redis.typing import KeyT, StreamIdT
+
+from qlm.control.plan import PublishedPlan
+from qlm.queue.base import DuplicateRequestError, QueueError
+from qlm.queue.records import (
+    InstanceStatus,
+    RequestRecord,
+    RequestResult,
+    StreamEvent,
+    cancelled_result,
+    check_result,
+    done_event,
+    request_from_dict,
+)
+from qlm.queue.redis.batching import GroupCommit
+from qlm.queue.redis.codec import (
+    Entries,
+    as_hash,
+    as_strs,
+    block_ms,
+    chunks,
+    finish_sources,
+    num,
+    record_from_fields,
+    request_json,
+    result_json,
+    xread_entries,
+)
+from qlm.queue.redis.config import RedisQueueConfig
+from qlm.queue.redis.keys import Keys
+from qlm.queue.redis.lua import scripts
+from qlm.queue.redis.plans import PlanBoard
+from qlm.queue.redis.streams import OutputStreams
+from qlm.types import Request, RequestState
+
+_LIVE = (RequestState.DISPATCHED, RequestState.RUNNING)
+_READ_BATCH = 1000  # requests per pipelined read
+
+
+def _clients(config: RedisQueueConfig) -> tuple[redis.Redis, redis.Redis]:
+    """(commands, blocking reads). Commands share a bounded pool that makes callers wait;
+    blocking reads (streams, wait_for_change) hold a connection each, so they get their own
+    pool and can never starve the commands."""
+    commands = redis.Redis.from_pool(
+        redis.BlockingConnectionPool.from_url(
+            config.connect_url,
+            max_connections=config.max_connections,
+            timeout=config.pool_timeout_s,
+            **config.client_options(),
+        )
+    )
+    blocking = redis.Redis.from_url(
+        config.connect_url,
+        max_connections=config.max_blocking_connections,
+        **config.client_options(),
+    )
+    return commands, blocking
+
+
+class RedisQueue:
+    """The Redis GlobalQueue (qlm.queue.base.GlobalQueue). Several RedisQueue objects, in one
+    process or many, with the same URL and key prefix are clients of one queue."""
+
+    def __init__(self, config: RedisQueueConfig, client: redis.Redis | None = None) -> None:
+        self.config = config
+        self._keys = Keys(config.key_prefix)
+        self._bounds = config.bounds
+        self._redis, self._blocking = (client, client) if client is not None else _clients(config)
+        self._owns_client = client is None
+        register = self._redis.register_script
+        self._enqueue = register(scripts.ENQUEUE)
+        self._enqueue_batch = GroupCommit(self._redis, self._enqueue)
+        self._pull = register(scripts.PULL)
+        self._mark_running = register(scripts.MARK_RUNNING)
+        self._renew = register(scripts.RENEW)
+        self._requeue = register(scripts.REQUEUE)
+        self._finish = register(scripts.FINISH)
+        self._annotate = register(scripts.ANNOTATE)
+        self._renew_lead = register(scripts.RENEW_LEAD)
+        self._queued_requests = register(scripts.QUEUED_REQUESTS)
+        self._last_change = "0-0"
+        self._queued_cache: dict[str, Request] = {}  # the last queued() snapshot, by id
+        self._plans = PlanBoard(self._redis, self._blocking, self._keys, config.block_chunk_s)
+        self._streams = OutputStreams(self._redis, self._blocking, self._keys, config.block_chunk_s)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisQueue:
+        return cls(RedisQueueConfig(url=url, **options))
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def get(self, request_id: str) -> RequestRecord | None:
+        fields = as_hash(await self._redis.hgetall(self._keys.record(request_id)))
+        return record_from_fields(fields) if fields else None
+
+    async def queued(self) -> tuple[Request, ...]:
+        """The queued ids in arrival order, then the requests: a request's fields never
+        change once enqueued, so only ids this client has not seen queued before are read
+        (in chunks of `snapshot_batch`); the control loop asks every round, and a long
+        queue then costs one ZRANGE instead of re-reading and parsing every request."""
+        ids = as_strs(await self._redis.zrange(self._keys.queued, 0, -1))
+        known = self._queued_cache
+        missing = [rid for rid in ids if rid not in known]
+        fetched: dict[str, Request] = {}
+        for chunk in chunks(missing, self.config.snapshot_batch):
+            text = await self._queued_requests(list(map(self._keys.record, chunk)))
+            for data in json.loads(cast(str, text)):
+                fetched[data["id"]] = Request(**data, state=RequestState.QUEUED)
+        # A request pulled between the ZRANGE and its read is left out; one requeued
+        # meanwhile shows up in the next snapshot.
+        current = {rid: r for rid in ids if (r := known.get(rid) or fetched.get(rid))}
+        self._queued_cache = current
+        return tuple(current.values())
+
+    async def in_flight(self) -> tuple[RequestRecord, ...]:
+        ids = as_strs(await self._redis.zrange(self._keys.leases, 0, -1))
+        records = await self._records(ids)
+        return tuple(r for r in records if r.state in _LIVE)
+
+    async def _records(self, ids: Sequence[str]) -> list[RequestRecord]:
+        records: list[RequestRecord] = []
+        for chunk in chunks(ids, _READ_BATCH):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for rid in chunk:
+                    pipe.hgetall(self._keys.record(rid))
+                rows = await pipe.execute()
+            records += [record_from_fields(fields) for fields in rows if fields]
+        return records
+
+    async def counts(self) -> Mapping[RequestState, int]:
+        stored = as_hash(await self._redis.hgetall(self._keys.counts))
+        return {state: int(stored.get(state, 0)) for state in RequestState}
+
+    async def instances(self) -> tuple[InstanceStatus, ...]:
+        stored = as_hash(await self._redis.hgetall(self._keys.instances))
+        return tuple(InstanceStatus.from_json(stored[i]) for i in sorted(stored))
+
+    # -- state changes: one script each -------------------------------------------------
+
+    async def enqueue(self, request: Request) -> None:
+        if request.state is not RequestState.QUEUED:
+            raise QueueError(f"request {request.id!r}: only QUEUED requests can be enqueued")
+        k = self._keys
+        bounds = self._bounds
+        limit = bounds.class_limit(request.slo_class)
+        tenant_limit = bounds.max_queued_per_tenant
+        keys = [
+            k.record(request.id),
+            k.stream(request.id),
+            k.queued,
+            k.seq,
+            k.counts,
+            k.changes,
+            k.tenants,
+        ]
+        args: list[str | int] = [
+            request.id,
+            request_json(request),
+            -1 if limit is None else limit,
+            request.tenant,
+            -1 if tenant_limit is None else tenant_limit,
+        ]
+        outcome = await self._enqueue_batch.call(keys, args)
+        if outcome == -1:
+            raise DuplicateRequestError(request.id)
+        if outcome == -2:
+            scope = "queue" if limit == bounds.max_queued else "reserved"
+            raise bounds.full_error(request.slo_class, request.tenant, scope)
+        if outcome == -3:
+            raise bounds.full_error(request.slo_class, request.tenant, "tenant")
+
+    async def pull(
+        self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
+    ) -> tuple[Request, ...]:
+        if not request_ids:
+            return ()
+        k = self._keys
+        keys = [k.queued, k.leases, k.counts, k.tenants, *map(k.record, request_ids)]
+        flat = await self._pull(keys, [instance_id, num(now_s + lease_s), *request_ids])
+        return tuple(
+            request_from_dict({**json.loads(flat[i + 1]), "state": RequestState.DISPATCHED})
+            for i in range(0, len(flat), 2)
+        )
+
+    async def mark_running(self, request_id: str, instance_id: str) -> bool:
+        keys = [self._keys.record(request_id), self._keys.counts]
+        return bool(await self._mark_running(keys, [instance_id]))
+
+    async def renew_leases(
+        self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
+    ) -> None:
+        if request_ids:
+            keys = [self._keys.leases, *map(self._keys.record, request_ids)]
+            await self._renew(keys, [instance_id, num(now_s + lease_s), *request_ids])
+
+    async def requeue(
+        self, instance_id: str, request_ids: Sequence[str], evicted: bool, now_s: float
+    ) -> tuple[str, ...]:
+        mode_args = ["holder", instance_id, "1" if evicted else "0", num(now_s)]
+        return await self._run_requeue(request_ids, mode_args)
+
+    async def expire_leases(self, now_s: float) -> tuple[str, ...]:
+        due = as_strs(await self._redis.zrangebyscore(self._keys.leases, "-inf", now_s))
+        # The script checks each lease again: one renewed since the read above stays.
+        return await self._run_requeue(due, ["lease", "", "0", num(now_s)])
+
+    async def _run_requeue(self, ids: Sequence[str], args: list[str]) -> tuple[str, ...]:
+        if not ids:
+            return ()
+        k = self._keys
+        keys = [k.queued, k.leases, k.counts, k.changes, k.tenants]
+        for rid in ids:
+            keys += [k.record(rid), k.stream(rid)]
+        return tuple(await self._requeue(keys, [*args, *ids]))
+
+    async def complete(self, result: RequestResult) -> bool:
+        check_result(result)
+        return await self._run_finish(result, "holder")
+
+    async def cancel(self, request_id: str, now_s: float) -> bool:
+        return await self._run_finish(cancelled_result(request_id, now_s), "any")
+
+    async def _run_finish(self, result: RequestResult, mode: str) -> bool:
+        k = self._keys
+        rid = result.request_id
+        keys = [k.record(rid), k.stream(rid), k.queued, k.leases, k.counts, k.changes, k.tenants]
+        args: list[str | int] = [
+            rid,
+            mode,
+            result.instance_id or "",
+            str(result.state),
+            finish_sources(result.state),
+            result_json(result),
+            num(done_event(result, 0).at_s),
+            int(self.config.finished_ttl_s * 1000),
+        ]
+        return bool(await self._finish(keys, args))
+
+    async def annotate(self, plan: PublishedPlan) -> None:
+        targets = {
+            rid: group.group_id for group in plan.groups.values() for rid in group.request_ids
+        }
+        ids = list(targets)
+        for chunk in chunks(ids, self.config.annotate_batch):
+            args: list[str] = []
+            for rid in chunk:
+                wait_s = plan.predicted_wait_s.get(rid)
+                args += [targets[rid], "" if wait_s is None else num(wait_s)]
+            await self._annotate([self._keys.record(rid) for rid in chunk], args)
+
+    async def report_instance(self, status: InstanceStatus) -> None:
+        await self._redis.hset(self._keys.instances, status.instance_id, status.to_json())
+
+    # -- plans and output streams (plans.py, streams.py) --------------------------------
+
+    async def publish_plan(self, plan: PublishedPlan) -> PublishedPlan:
+        return await self._plans.publish(plan)
+
+    async def current_plan(self) -> PublishedPlan | None:
+        return await self._plans.current()
+
+    async def wait_for_plan(self, newer_than_epoch: int, timeout_s: float) -> bool:
+        return await self._plans.wait(newer_than_epoch, timeout_s)
+
+    async def emit(self, event: StreamEvent) -> None:
+        await self._streams.emit(event)
+
+    async def emit_many(self, events: Sequence[StreamEvent]) -> None:
+        await self._streams.emit_many(events)
+
+    def stream(self, request_id: str, timeout_s: float | None = None) -> AsyncIterator[StreamEvent]:
+        return self._streams.read(request_id, timeout_s)
+
+    # -- the control loop's wake-up and leadership ---------------------------------------
+
+    async def wait_for_change(self, timeout_s: float) -> bool:
+        streams: dict[KeyT, StreamIdT] = {self._keys.changes: self._last_change}
+        block = block_ms(timeout_s) if timeout_s > 0 else None  # None: do not block
+        reply = xread_entries(await self._blocking.xread(streams, count=1, block=block))
+        if not reply:
+            return False
+        newest = cast(Entries, await self._redis.xrevrange(self._keys.changes, count=1))
+        self._last_change = (newest or reply)[-1][0]
+        return True
+
+    async def try_lead(self, node_id: str, lease_s: float) -> bool:
+        lease_ms = max(1, int(lease_s * 1000))
+        if await self._redis.set(self._keys.leader, node_id, nx=True, px=lease_ms):
+            return True
+        return bool(await self._renew_lead([self._keys.leader], [node_id, lease_ms]))
+
+    async def close(self) -> None:
+        await self._streams.close()
+        await self._plans.close()
+        if self._owns_client:
+            await self._redis.aclose()
+            await self._blocking.aclose()

@@ -1,0 +1,112 @@
+"""How a request's output events are written to its Redis Stream and read back.
+
+Writes go through the EMIT script, which appends only while the request is live (so no token
+lands after DONE) and PUBLISHes a poke. Readers read with XRANGE from the first entry, so a
+reader that connects late, or on another API replica, sees the whole stream; they wait for
+the next entry on a poke (qlm/queue/redis/pokes.py) and re-read on a timer should one be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import redis.asyncio as redis
+
+from qlm.queue.base import QueueError, UnknownRequestError
+from qlm.queue.records import StreamEvent, StreamKind
+from qlm.queue.redis.batching import ScriptCall, pipelined
+from qlm.queue.redis.codec import as_range, event_args, event_from_fields
+from qlm.queue.redis.keys import Keys
+from qlm.queue.redis.lua import scripts
+from qlm.queue.redis.pokes import StreamPokes
+
+UNSUBSCRIBED_POLL_S = 0.05  # stream re-read period while the poke subscription is down
+XRANGE_COUNT = 256  # entries per read
+
+
+class OutputStreams:
+    """Every request's output stream: emit events, read them in order until DONE."""
+
+    def __init__(
+        self, client: redis.Redis, blocking: redis.Redis, keys: Keys, block_chunk_s: float
+    ) -> None:
+        self._redis = client
+        self._keys = keys
+        self._block_chunk_s = block_chunk_s
+        self._emit = client.register_script(scripts.EMIT)
+        self._pokes = StreamPokes(blocking, keys.stream_pattern)
+
+    async def emit(self, event: StreamEvent) -> None:
+        if event.kind is StreamKind.DONE:
+            raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
+        await self._emit(*self._emit_call(event))
+
+    async def emit_many(self, events: Sequence[StreamEvent]) -> None:
+        """The events in one pipeline; the first error raises once all have run."""
+        if len(events) <= 1:
+            for event in events:
+                await self.emit(event)
+            return
+        if any(event.kind is StreamKind.DONE for event in events):
+            raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
+        calls = [self._emit_call(event) for event in events]
+        for result in await pipelined(self._redis, self._emit, calls):
+            if isinstance(result, Exception):
+                raise result
+
+    def _emit_call(self, event: StreamEvent) -> ScriptCall:
+        rid = event.request_id
+        return [self._keys.record(rid), self._keys.stream(rid)], event_args(event)
+
+    async def read(
+        self, request_id: str, timeout_s: float | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """Read with XRANGE from the last entry each time the stream is poked, and on a timer
+        should a poke be lost. Ends after DONE; UnknownRequestError once the record is gone,
+        TimeoutError after `timeout_s` without an event."""
+        record_key, stream_key = self._keys.record(request_id), self._keys.stream(request_id)
+        if not await self._redis.exists(record_key):
+            raise UnknownRequestError(request_id)
+        await self._pokes.start(timeout_s=1.0)
+        start, waited_s = "-", 0.0
+        with self._pokes.watch(stream_key) as poke:
+            while True:
+                poke.clear()
+                reply = await self._redis.xrange(stream_key, start, "+", count=XRANGE_COUNT)
+                entries = as_range(reply)
+                for entry_id, fields in entries:
+                    start = f"({entry_id}"
+                    event = event_from_fields(request_id, fields)
+                    yield event
+                    if event.kind is StreamKind.DONE:
+                        return
+                if entries:
+                    waited_s = 0.0
+                    continue
+                block_s = self._block_s(timeout_s, waited_s)
+                if not self._pokes.subscribed:
+                    block_s = min(block_s, UNSUBSCRIBED_POLL_S)
+                if await _wait_event(poke, block_s):
+                    continue
+                waited_s += block_s
+                if timeout_s is not None and waited_s >= timeout_s:
+                    raise TimeoutError(f"no stream event for {request_id!r} within {timeout_s} s")
+                if not await self._redis.exists(record_key):
+                    raise UnknownRequestError(request_id)  # expired while we waited
+
+    def _block_s(self, timeout_s: float | None, waited_s: float) -> float:
+        chunk_s = self._block_chunk_s
+        return chunk_s if timeout_s is None else min(chunk_s, max(timeout_s - waited_s, 0.0))
+
+    async def close(self) -> None:
+        """Stop listening for pokes."""
+        await self._pokes.close()
+
+
+async def _wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    return event.is_set()

@@ -1,0 +1,43 @@
+"""How a vLLM server is run (qlm/engine/vllm/config.py): its command line and its settings."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from qlm.clock import WallClock
+from qlm.engine.vllm.config import SERVE_MODULE, VllmEngineConfig, serve_argv
+from qlm.engine.vllm.engine import VllmEngine
+from tests.engine.vllm.helpers import config
+from tests.vllm_fixtures import tiny_instance
+
+
+def test_the_command_line_carries_the_cpu_settings() -> None:
+    argv = serve_argv(
+        config(max_model_len=1024, kv_cache_gib=1 / 64, extra_args=("--x",)), "tiny-b", 8123
+    )
+    assert argv[:3] == [".venv-vllm/bin/python", "-m", SERVE_MODULE]
+    pairs = dict(itertools.pairwise(argv))
+    assert pairs["--model"] == "/m/b"
+    assert pairs["--served-model-name"] == "tiny-b"
+    assert pairs["--port"] == "8123"
+    assert pairs["--max-model-len"] == "1024"
+    assert pairs["--max-num-seqs"] == "16"
+    assert pairs["--kv-cache-memory-bytes"] == str(16 * 1024 * 1024)
+    assert "--enforce-eager" in argv
+    assert argv[-1] == "--x"
+    no_kv = serve_argv(config(kv_cache_gib=None, enforce_eager=False), "tiny-a", 1)
+    assert "--kv-cache-memory-bytes" not in no_kv
+    assert "--enforce-eager" not in no_kv
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="synthetic_token_ids"):
+        config(synthetic_token_ids=(5, 5))
+    with pytest.raises(ValueError, match="Extra inputs"):
+        config(gpus=1)
+    with pytest.raises(ValueError, match="models"):
+        VllmEngineConfig(models={})
+    with pytest.raises(ValueError, match="not in the engine's models"):
+        VllmEngine(tiny_instance(model="tiny-z"), config(), WallClock())
