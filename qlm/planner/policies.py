@@ -115,7 +115,7 @@ _STATUS = {
 
 @PLANNERS.register("milp")
 class MilpPlanner(_HeuristicPlanner):
-    """QLM's global scheduler: the virtual-queue MILP (README.md, C1..C8)."""
+    """QLM's global scheduler: the virtual-queue MILP (README.md, C1..C9)."""
 
     name = "milp"
 

@@ -1,4 +1,4 @@
-"""The planning MILP, written once in a solver-neutral form (constraints labelled C1..C8 as in
+"""The planning MILP, written once in a solver-neutral form (constraints labelled C1..C9 as in
 qlm/planner/README.md); backends only translate it.
 
 x[q,g,s]  group g in slot s of instance q's virtual queue         (binary)

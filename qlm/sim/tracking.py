@@ -1,0 +1,125 @@
+"""What the simulation runner keeps per request and per instance while a run goes on, and the
+contract of the engines it drives (mutable, private to the runner's modules)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from qlm.clock import VirtualClock
+from qlm.config import QlmConfig
+from qlm.engine.client import EngineClient
+from qlm.engine.types import EngineState
+from qlm.sim.events import EventKey
+from qlm.sim.result import OutcomeState, RequestOutcome
+from qlm.types import Fleet, Instance, Request
+
+
+class SimEngine(EngineClient, Protocol):
+    """An EngineClient on the virtual clock that the runner advances."""
+
+    def next_event_at_s(self) -> float | None:
+        """When the engine next has something to report (None: idle)."""
+        ...
+
+    def advance_to(self, at_s: float) -> None:
+        """Run the engine up to virtual time at_s; its events wait in poll(). (Operations and
+        poll() act at the clock's time and advance the engine there themselves.)"""
+        ...
+
+
+EngineFactory = Callable[[Instance, Fleet, VirtualClock, int], SimEngine]  # ..., seed
+
+
+class SimulationError(RuntimeError):
+    """A policy asked for something no engine can do (a policy bug)."""
+
+
+MAX_ENGINE_ABORTS = 3  # an engine dropping a request this often on its own fails it
+
+
+class Track:
+    """One request's progress through the run (mutable, private to the runner)."""
+
+    __slots__ = (
+        "aborts",
+        "class_index",
+        "dispatch_s",
+        "ended",
+        "evictions",
+        "finish_s",
+        "first_token_s",
+        "holder",
+        "request",
+        "started",
+        "state",
+    )
+
+    def __init__(self, request: Request, class_index: int) -> None:
+        self.request = request
+        self.class_index = class_index
+        self.holder: Slot | None = None
+        self.dispatch_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.started = False  # the current attempt produced its first token
+        self.evictions = 0
+        self.aborts = 0
+        self.ended = False
+        self.state = OutcomeState.UNFINISHED
+
+
+class Slot:
+    """One instance and its engine."""
+
+    __slots__ = (
+        "engine",
+        "evicting",
+        "held",
+        "id",
+        "instance",
+        "load_started_s",
+        "loading",
+        "max_num_seqs",
+        "model",
+        "wake_at_s",
+        "wake_key",
+    )
+
+    def __init__(self, instance: Instance, engine: SimEngine) -> None:
+        obs = engine.observe()
+        self.instance = instance
+        self.id = instance.id
+        self.engine = engine
+        self.held: dict[str, Track] = {}
+        self.evicting: set[str] = set()
+        self.model = obs.model
+        self.loading = obs.state is EngineState.LOADING
+        self.load_started_s = 0.0
+        self.max_num_seqs = obs.max_num_seqs
+        self.wake_at_s: float | None = None
+        self.wake_key: EventKey | None = None
+
+
+def outcome(track: Track) -> RequestOutcome:
+    r = track.request
+    return RequestOutcome(
+        request_id=r.id,
+        slo_class=r.slo_class,
+        model=r.model,
+        instance_id=None if track.holder is None else track.holder.id,
+        arrival_s=r.arrival_at_s,
+        dispatch_s=track.dispatch_s,
+        first_token_s=track.first_token_s,
+        finish_s=track.finish_s,
+        ttft_deadline_s=r.ttft_deadline_at_s,
+        completion_deadline_s=r.completion_deadline_at_s,
+        evictions=track.evictions,
+        state=track.state,
+    )
+
+
+def class_names(config: QlmConfig, requests: Sequence[Request]) -> tuple[str, ...]:
+    names = [c.name for c in config.slo_classes]
+    extra = sorted({r.slo_class for r in requests} - set(names))
+    return (*names, *extra)
