@@ -15,9 +15,10 @@ The rules, stated once:
 1. An arrival joins its nearest planned group (`Controller.on_arrival`). One that fits no
    planned group, or any arrival before the first plan, asks for a full re-plan.
 2. While anything is queued, the estimator's violation check (`Controller.needs_replan`)
-   runs every `tick_s`, the first one `tick_s` after the arrival that found the queue empty;
-   a group newly predicted late, a changed set of live instances or a grouping rebalance asks
-   for a full re-plan. A check that finds the queue empty stops the ticking.
+   runs every `tick_s`, the first one `tick_s` after the arrival (or request back from an
+   engine) that found the queue empty; a group newly predicted late, a changed set of live
+   instances or a grouping rebalance asks for a full re-plan. A check that finds the queue
+   empty stops the ticking.
 3. A re-plan asked for starts at once, or `min_replan_interval_s` after the previous start if
    that is later; asks in between coalesce into one.
 4. While a solved plan is in flight (not yet adopted), arrivals wait; they join the new plan
@@ -84,8 +85,8 @@ class ControlDriver:
     def arrive(self, requests: Iterable[Request], now_s: float) -> Decision:
         """Offer new queued requests to the plan (rule 1; rule 4 while a plan is in flight)."""
         requests = list(requests)
-        if requests and self._next_check_at_s is None:
-            self._next_check_at_s = now_s + self.config.tick_s
+        if requests:
+            self.note_queued(now_s)
         if self._in_flight is not None:
             self._deferred.extend(requests)
             return NOTHING
@@ -102,6 +103,12 @@ class ControlDriver:
             self._adopted = plan
             joined.append((request.id, self.controller.group_of(request.id) or ""))
         return Decision(tuple(joined), asked)
+
+    def note_queued(self, now_s: float) -> None:
+        """Something is queued (an arrival, or a request back from an engine): the violation
+        check runs `tick_s` from now unless it is already ticking."""
+        if self._next_check_at_s is None:
+            self._next_check_at_s = now_s + self.config.tick_s
 
     def unplanned(self, queued: Iterable[Request]) -> list[Request]:
         """The queued requests the plan does not hold and that do not wait for a plan in

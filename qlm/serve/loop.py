@@ -131,6 +131,8 @@ class ControlLoop:
         """One round of the driver: offer what the plan does not hold, check when a tick
         is due, re-plan when one is due."""
         driver = self.driver
+        if queued:
+            driver.note_queued(now_s)
         self.counters.inserts += len(driver.arrive(driver.unplanned(queued), now_s).joined)
         if driver.check_due(now_s):
             driver.check(queued, views, now_s)

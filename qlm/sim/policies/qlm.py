@@ -105,9 +105,11 @@ class QlmPolicy(BasePolicy):
         return self._follow(self.driver.arrive((request,), self.now_s()))
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
-        offered = self.driver.unplanned(requests)  # those the plan forgot while they ran
+        driver = self.driver
+        driver.note_queued(self.now_s())
+        offered = driver.unplanned(requests)  # those the plan forgot while they ran
         self._counts["requeued_offered"] += len(offered)
-        return self._follow(self.driver.arrive(offered, self.now_s()))
+        return self._follow(driver.arrive(offered, self.now_s()))
 
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
         if self.driver.plan is None or not frees_capacity(events):
