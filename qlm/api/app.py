@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from qlm.api.context import ApiContext
 from qlm.api.errors import install_error_handlers
-from qlm.api.metrics_routes import MeteredContext, add_metrics_routes, default_metrics
+from qlm.api.metrics_routes import add_metrics_routes, default_metrics
 from qlm.api.openai_routes import add_openai_routes
 from qlm.api.openapi import install_openapi
 from qlm.api.qlm_routes import add_qlm_routes
@@ -37,7 +37,7 @@ def create_app(
     tokenizer). `metrics` is the process's recorder (a registry of the app's own when None):
     GET /metrics exposes it, GET /dashboard shows it, and admissions are counted on it."""
     metrics = metrics or default_metrics(settings, clock)
-    context = MeteredContext.wrap(ApiContext.build(settings, queue, clock, token_counter), metrics)
+    context = ApiContext.build(settings, queue, clock, token_counter, metrics)
     app = FastAPI(title="QLM", summary="SLO-aware queue for LLM serving fleets")
     install_error_handlers(app)
     add_openai_routes(app, context)

@@ -20,9 +20,11 @@ from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.quotas import TenantQuotas
 from qlm.api.schemas import Body
 from qlm.api.settings import ApiAppConfig
+from qlm.api.slo import HEADER_CLASS
 from qlm.api.slo_gate import SloGate
 from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.clock import Clock
+from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue, QueueError, QueueFullError
 from qlm.queue.records import RequestRecord
 from qlm.types import Request
@@ -55,6 +57,7 @@ class ApiContext:
     keys: KeyRing
     quotas: TenantQuotas
     gate: SloGate | None  # None: admission does not consult the plan
+    metrics: MetricsHooks = NO_METRICS  # admissions, refusals and cancels are counted here
 
     @classmethod
     def build(
@@ -63,6 +66,7 @@ class ApiContext:
         queue: GlobalQueue,
         clock: Clock,
         token_counter: TokenCounter | None = None,
+        metrics: MetricsHooks = NO_METRICS,
     ) -> ApiContext:
         counter = token_counter or make_token_counter(settings.api.token_counter)
         return cls(
@@ -74,6 +78,7 @@ class ApiContext:
             KeyRing(settings.api_keys),
             TenantQuotas(settings, clock),
             SloGate(queue, settings, clock) if settings.api.reject_unattainable_slo else None,
+            metrics,
         )
 
     def authenticate(self, http: HttpRequest) -> str | None:
@@ -85,7 +90,20 @@ class ApiContext:
         self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
     ) -> Request:
         """Build the request, check the plan (if asked) and the tenant's quotas, and enqueue
-        it; refusals become 429 (with Retry-After) or 503."""
+        it; refusals become 429 (with Retry-After) or 503. Each outcome is counted."""
+        try:
+            request = await self._enqueue(body, http, id_prefix, tenant)
+        except ApiError as exc:
+            requested = body.tags().slo_class or http.headers.get(HEADER_CLASS)
+            slo_class = requested or self.settings.default_slo_class
+            self.metrics.request_rejected(body.model, slo_class, exc.code or exc.type)
+            raise
+        self.metrics.request_admitted(request)
+        return request
+
+    async def _enqueue(
+        self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
+    ) -> Request:
         request_id = id_prefix + uuid.uuid4().hex
         request = self.admitter.build(body, http.headers, request_id, self.clock.now_s(), tenant)
         if self.gate is not None:
@@ -112,7 +130,12 @@ class ApiContext:
         return request
 
     async def cancel(self, request_id: str) -> bool:
-        return await self.queue.cancel(request_id, self.clock.now_s())
+        cancelled = await self.queue.cancel(request_id, self.clock.now_s())
+        if cancelled and self.metrics is not NO_METRICS:
+            record = await self.queue.get(request_id)
+            if record is not None:
+                self.metrics.request_cancelled(record.request)
+        return cancelled
 
     async def record(self, request_id: str, tenant: str | None) -> RequestRecord:
         """The record, if the caller may see it: with authentication on, another tenant's

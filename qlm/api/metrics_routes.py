@@ -1,38 +1,29 @@
 """Operator routes: GET /metrics (Prometheus) and the SLO-attainment dashboard at GET /dashboard,
 which polls GET /dashboard/data. The page's HTML, JS and CSS ship in qlm/metrics/static; the
 data comes from the process's registry or, with `metrics.prometheus_url`, from Prometheus.
-
-`MeteredContext` is the routes' ApiContext with the admission and cancellation hooks: every
-request the API admits or refuses, and every cancellation it makes, is counted."""
+(Admissions, refusals and cancels are counted where they happen: qlm/api/context.py.)"""
 
 from __future__ import annotations
 
-import dataclasses
 from importlib import resources
-from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request as HttpRequest
 from starlette.responses import RedirectResponse, Response
 
-from qlm.api.context import ApiContext, json_response
+from qlm.api.context import json_response
 from qlm.api.errors import SERVER_ERROR, ApiError
-from qlm.api.schemas import Body
 from qlm.api.settings import ApiAppConfig
-from qlm.api.slo import HEADER_CLASS
 from qlm.clock import Clock
 from qlm.metrics import (
-    NO_METRICS,
     Dashboard,
     DashboardSource,
     LocalSource,
-    MetricsHooks,
     PlaneMetrics,
     render,
 )
 from qlm.metrics.prometheus import PrometheusError, PrometheusSource
-from qlm.types import Request
 
 STATIC = {
     "dashboard.js": "text/javascript; charset=utf-8",
@@ -103,34 +94,3 @@ def add_metrics_routes(app: FastAPI, metrics: PlaneMetrics, clock: Clock) -> Non
             raise ApiError(404, f"No dashboard asset {name!r}.", code="not_found")
         body, media = assets[name]
         return Response(body, media_type=media, headers=NO_CACHE)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeteredContext(ApiContext):
-    metrics: MetricsHooks = NO_METRICS
-
-    @classmethod
-    def wrap(cls, context: ApiContext, metrics: MetricsHooks) -> MeteredContext:
-        fields = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
-        return cls(**{**fields, "metrics": metrics})
-
-    async def admit(
-        self, body: Body, http: HttpRequest, id_prefix: str, *args: Any, **kwargs: Any
-    ) -> Request:
-        try:
-            request = await super().admit(body, http, id_prefix, *args, **kwargs)
-        except ApiError as exc:
-            requested = body.tags().slo_class or http.headers.get(HEADER_CLASS)
-            slo_class = requested or self.settings.default_slo_class
-            self.metrics.request_rejected(body.model, slo_class, exc.code or exc.type)
-            raise
-        self.metrics.request_admitted(request)
-        return request
-
-    async def cancel(self, request_id: str) -> bool:
-        cancelled = await super().cancel(request_id)
-        if cancelled and self.metrics is not NO_METRICS:
-            record = await self.queue.get(request_id)
-            if record is not None:
-                self.metrics.request_cancelled(record.request)
-        return cancelled
