@@ -114,10 +114,12 @@ def serve_fleet(port: int) -> dict[str, Any]:
         "api": {"host": "127.0.0.1", "port": port},
         "agent": {"poll_s": 0.01, "status_every_s": 0.2},
         "engine": {"kind": "emulated", "speedup": 20.0, "output_length": "cap"},
-        "packaged_profiles": False,
-        "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
         "models": [{"name": "m-a"}, {"name": "m-b"}],
-        "instances": [{"id": "gpu", "gpu_type": "A100", "model": "m-a", "count": 2}],
+        "fleet": {
+            "packaged_profiles": False,
+            "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
+            "instances": [{"id": "gpu", "gpu_type": "A100", "model": "m-a", "count": 2}],
+        },
         "metrics": {"sample_every_s": 0.5},
     }
 
