@@ -34,7 +34,7 @@ from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # 
 pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(420)]
 
 MODEL = "tiny-a"
-STREAM_TOKENS = 400
+STREAM_TOKENS = 800  # long enough to be caught mid-generation
 ASYNC_TOKENS = 200
 START_TIMEOUT_S = 300.0  # two vLLM-CPU servers starting at once on a shared machine
 
@@ -130,6 +130,11 @@ async def test_killed_vllm_agent_and_its_server_die_and_the_other_agent_finishes
             agents = {i: plane.agent(i) for i in ("i-0", "i-1")}
             await plane.ready(api, controller, *agents.values(), timeout_s=START_TIMEOUT_S)
 
+            # The batch work first, then the streams: the kill must land while a stream is
+            # generating, and the posts can take seconds on a 2-core machine whose CPU the two
+            # vLLM servers hold (streams started before them could end before the posts do).
+            async with httpx.AsyncClient(base_url=api.url, timeout=10.0) as http:
+                ids = await submit(http, 4)
             streams = [StreamResult() for _ in range(2)]
             tasks = [
                 asyncio.create_task(
@@ -137,8 +142,6 @@ async def test_killed_vllm_agent_and_its_server_die_and_the_other_agent_finishes
                 )
                 for s in streams
             ]
-            async with httpx.AsyncClient(base_url=api.url, timeout=10.0) as http:
-                ids = await submit(http, 4)
             victim = await mid_stream(plane, streams)
             held = [r.id for r in await plane.queue.in_flight() if r.instance_id == victim]
             server = agents[victim].descendants()
