@@ -48,10 +48,6 @@ class Decision:
     joined: tuple[tuple[str, str], ...] = ()
     replan_at_s: float | None = None
 
-    @property
-    def plan_changed(self) -> bool:
-        return bool(self.joined)
-
 
 NOTHING = Decision()
 
@@ -118,10 +114,6 @@ class ControlDriver:
         return [r for r in queued if not self.controller.holds(r.id) and r.id not in waiting]
 
     # The violation check
-
-    @property
-    def next_check_at_s(self) -> float | None:
-        return self._next_check_at_s
 
     def wake_at_s(self) -> float | None:
         """The next time something is due without any new event (a check or a re-plan);

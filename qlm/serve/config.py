@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -98,20 +98,12 @@ class ControllerConfig(StrictModel):
         "together.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name in MOVED_TO_CONTROL:
-                if name in data:
-                    raise ValueError(
-                        f"controller.{name} moved to qlm.control.{name} (shared with the "
-                        "simulator's scenario files)"
-                    )
-        return data
-
-
-MOVED_TO_CONTROL = ("tick_s", "min_replan_interval_s", "published_members_per_instance")
+    moved_fields = MappingProxyType(
+        {
+            name: f"moved to qlm.control.{name} (shared with the simulator's scenario files)"
+            for name in ("tick_s", "min_replan_interval_s", "published_members_per_instance")
+        }
+    )
 
 
 class AgentConfig(StrictModel):

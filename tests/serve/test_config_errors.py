@@ -9,13 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from qlm.api import create_app
 from qlm.cli import main
 from qlm.clock import VirtualClock
 from qlm.config import load_yaml_model
 from qlm.queue.memory import MemoryQueue
-from qlm.serve.config import ServeConfig
+from qlm.serve.config import ControllerConfig, ServeConfig
 from qlm.serve.runtime import api_settings
 
 ROOT = Path(__file__).parent.parent.parent
@@ -343,3 +344,11 @@ async def test_context_lengths_and_body_limit_come_from_the_fleet_file(
             SUBMIT, json={"kind": "completion", "model": "m", "prompt": "x" * 40_001}
         )
         assert huge.status_code == 413
+
+
+@pytest.mark.parametrize(
+    "field", ["tick_s", "min_replan_interval_s", "published_members_per_instance"]
+)
+def test_controller_fields_that_moved_to_qlm_control_are_refused_with_where(field: str) -> None:
+    with pytest.raises(ValidationError, match=f"moved to qlm.control.{field}"):
+        ControllerConfig.model_validate({field: 1})
