@@ -112,8 +112,13 @@ class Request:
     prompt: str | None = None
     state: RequestState = RequestState.QUEUED
     # The client's sampling settings, passed to the engine as given (temperature, top_p,
-    # stop, seed); plain JSON values. Not part of the request's identity.
+    # stop, seed, ignore_eos); plain JSON values. Not part of the request's identity.
     sampling: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def ignores_eos(self) -> bool:
+        """The client asked to generate max_output_tokens even past end-of-sequence."""
+        return self.sampling.get("ignore_eos") is True
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:

@@ -60,7 +60,7 @@ def summary() -> str:
 @dataclass(frozen=True)
 class Example:
     make: Callable[[], str]
-    deterministic: bool  # the same text on every run (sim_wall_s aside)
+    deterministic: bool  # the same text on every run
 
 
 EXAMPLES = {

@@ -144,7 +144,7 @@ def _completion_body(index: int, workload: Workload) -> dict[str, Any]:
         "max_tokens": workload.output_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "ignore_eos": True,  # vLLM: exact lengths (QLM's engine sets it itself)
+        "ignore_eos": True,  # vLLM: exact lengths (QLM passes it on to its engine)
     }
 
 

@@ -17,6 +17,7 @@ POLICY_ORDER = (
 )
 
 
+BASELINES = ("fcfs", "edf", "shepherd", "llmd")  # what qlm is measured against
 ISSUE_BAR = 0.80
 NOISE = 0.001  # attainment differences below 0.1 point are not reported as wins
 

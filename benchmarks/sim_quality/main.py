@@ -19,6 +19,8 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
+from benchmarks.sim_quality import fuzz
+from benchmarks.sim_quality import seeds as multi_seed
 from benchmarks.sim_quality.checks import POLICY_ORDER
 from benchmarks.sim_quality.render import render
 from benchmarks.sim_quality.runs import CALIBRATION_GRID, SCENARIOS, calibrate, run_matrix
@@ -63,15 +65,39 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--policies", help="comma-separated (default: every registered policy)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
     parser.add_argument("--seed", type=int, help="seed (default: each scenario's)")
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds, e.g. 0,1,7: each seed's results side by side "
+        "(results/sim_quality_seeds.json, block sim-quality-seeds) with a verdict table",
+    )
     parser.add_argument("--calibrate", action="store_true", help="fcfs over the load grid only")
     parser.add_argument(
         "--max-run-s",
         type=float,
         help="stop a run after this many wall seconds and report it as not finished",
     )
+    parser.add_argument(
+        "--random", type=int, metavar="N", help="N random scenarios (qlm/sim/fuzz) instead"
+    )
+    parser.add_argument(
+        "--random-seed-base", type=int, default=0, help="first random seed (default 0)"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if args.random is not None and (args.random < 1 or args.calibrate):
+        parser.error("--random needs N >= 1 and no --calibrate")
+    if args.random_seed_base < 0:
+        parser.error("--random-seed-base must be >= 0")
+    if args.seeds is not None:
+        if args.seed is not None or args.calibrate or args.random is not None:
+            parser.error("--seeds goes without --seed, --calibrate and --random")
+        try:
+            args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            parser.error("--seeds takes comma-separated integers")
+        if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+            parser.error("--seeds needs at least one seed and no repeats")
     return args
 
 
@@ -86,20 +112,36 @@ def main(argv: Sequence[str]) -> None:
     )
     for p in policies:
         SIM_POLICIES.get(p)
+    if args.random is not None:
+        seeds = range(args.random_seed_base, args.random_seed_base + args.random)
+        if not args.policies:  # the baselines and qlm; --policies adds the ablations
+            policies = [p for p in (*fuzz.BASELINES, "qlm") if p in known]
+        command = command_line("sim_quality.py", argv)
+        fuzz.main(fuzz.RandomRun(seeds, policies, args.jobs, args.max_run_s, command))
+        return
+    if args.seeds is not None:
+        command = command_line("sim_quality.py", argv)
+        multi_seed.main(
+            multi_seed.SeedsRun(
+                names, policies, args.seeds, args.quick, args.jobs, args.max_run_s, command
+            )
+        )
+        return
     size = "quick" if args.quick else "full"
     code = code_version()
-    data = load_results()
-    run = data.get(size, {})
     command = command_line("sim_quality.py", argv)
     if args.calibrate:
         print(f"calibrating ({size}): fcfs at rate scales {CALIBRATION_GRID}", flush=True)
-        run["calibration"] = {
-            **run.get("calibration", {}),
-            **calibrate(names, args.quick, args.seed, args.jobs),
-        }
+        calibration = calibrate(names, args.quick, args.seed, args.jobs)
     else:
         print(f"running {len(names)} scenarios x {len(policies)} policies ({size})", flush=True)
         scenarios = run_matrix(names, policies, args.quick, args.seed, args.jobs, args.max_run_s)
+    # Read the file only now: a run of the other size may have written it meanwhile.
+    data = load_results()
+    run = data.get(size, {})
+    if args.calibrate:
+        run["calibration"] = {**run.get("calibration", {}), **calibration}
+    else:
         stamp = {"code": code, "date": datetime.now(UTC).isoformat(timespec="seconds")}
         for entry in scenarios.values():
             for summary in entry["policies"].values():

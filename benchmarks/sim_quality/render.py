@@ -24,38 +24,54 @@ def classes_of(scenarios: dict[str, Any]) -> list[str]:
 
 def results_table(scenarios: dict[str, Any]) -> str:
     classes = classes_of(scenarios)
-    head = ["scenario", "requests", "GPUs", "policy", "overall", *classes]
-    head += ["throughput rps", "goodput rps", "TTFT p50 s", "TTFT p99 s", "swaps", "evictions"]
-    head += ["sim wall s"]
+    head = ["scenario", "requests", "GPUs", "policy", "overall", *classes, *HEAD_AFTER_CLASSES]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, entry in scenarios.items():
-        for policy, s in ordered(entry["policies"]):
-            att = s["slo_attainment"]
-            cells = [
-                name,
-                str(entry["requests"]),
-                str(entry["gpus"]),
-                policy,
-                f"{att['overall']:.1%}",
-                *(f"{att[c]:.1%}" if c in att else "-" for c in classes),
-                f"{s['throughput_rps']:.2f}",
-                f"{s['goodput_rps']:.2f}",
-                _num(s["ttft_p50_s"]),
-                _num(s["ttft_p99_s"]),
-                str(s["swaps"]),
-                str(s["evictions"]),
-                f"{s['sim_wall_s']:.1f}",
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
+        lead = [name, str(entry["requests"]), str(entry["gpus"])]
+        for policy, summary in ordered(entry["policies"]):
+            lines.append(row([*lead, policy, *policy_cells(summary, classes)]))
         for policy, stop in entry.get("timeouts", {}).items():
-            note = (
-                f"not finished: stopped after {stop['after_s']} s wall with {stop['ended']} "
-                f"of {entry['requests']} requests ended"
-            )
-            cells = [name, str(entry["requests"]), str(entry["gpus"]), policy, note]
-            cells += ["-"] * (len(head) - len(cells))
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append(row([*lead, policy, timeout_note(entry, stop)], len(head)))
     return "\n".join(lines)
+
+
+HEAD_AFTER_CLASSES = (
+    "throughput rps",
+    "goodput rps",
+    "TTFT p50 s",
+    "TTFT p99 s",
+    "swaps",
+    "evictions",
+    "sim wall s",
+)
+
+
+def policy_cells(summary: dict[str, Any], classes: list[str] | tuple[str, ...]) -> list[str]:
+    """One policy's cells of a results table, from `overall` to `sim wall s`."""
+    att = summary["slo_attainment"]
+    return [
+        f"{att['overall']:.1%}",
+        *(f"{att[c]:.1%}" if att.get(c) is not None else "-" for c in classes),
+        f"{summary['throughput_rps']:.2f}",
+        f"{summary['goodput_rps']:.2f}",
+        _num(summary["ttft_p50_s"]),
+        _num(summary["ttft_p99_s"]),
+        str(summary["swaps"]),
+        str(summary["evictions"]),
+        f"{summary['sim_wall_s']:.1f}",
+    ]
+
+
+def timeout_note(entry: dict[str, Any], stop: dict[str, Any]) -> str:
+    return (
+        f"not finished: stopped after {stop['after_s']} s wall with {stop['ended']} "
+        f"of {entry['requests']} requests ended"
+    )
+
+
+def row(cells: list[str], width: int = 0) -> str:
+    """A Markdown table row, padded with "-" to `width` cells."""
+    return "| " + " | ".join(cells + ["-"] * (width - len(cells))) + " |"
 
 
 def _num(value: float | None) -> str:

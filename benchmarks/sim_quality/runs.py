@@ -47,6 +47,7 @@ def run_one(
     result = simulate(scenario.fleet(), requests, policy, scenario.config, seed, progress=progress)
     return {
         **policy_summary(result),
+        "sim_wall_s": result.sim_wall_s,  # no longer in policy_summary (summary.json)
         "events": result.events_processed,
         "events_per_s": result.events_per_s,
         "planner_wall_s": result.planner_wall_s,

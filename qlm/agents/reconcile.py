@@ -21,73 +21,30 @@ alike. The rules, in order:
 
 from __future__ import annotations
 
+__all__ = [
+    "Budget",
+    "EngineTiming",
+    "QueuedGroup",
+    "QueuedItem",
+    "ReconcileConfig",
+    "ReconcileInput",
+    "reconcile",
+]
+
+import copy
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
+from qlm.agents.queued import (
+    EngineTiming,
+    QueuedGroup,
+    QueuedItem,
+    ReconcileConfig,
+    ReconcileInput,
+    rank_of,
+)
 from qlm.engine.types import EngineObservation, EngineRequest, EngineState
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedItem:
-    request_id: str
-    prompt_tokens: int
-    max_output_tokens: int
-    slo_class: str = ""  # the request's own class; "" means the group's
-
-
-@dataclass(frozen=True, slots=True)
-class _Ranked:
-    item: QueuedItem
-    rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedGroup:
-    """One planned group as the agent sees it: its members still in the global queue.
-    A group may hold members of several classes; each ranks by its own."""
-
-    group_id: str
-    model: str
-    slo_class: str
-    items: tuple[QueuedItem, ...]
-
-    def class_of(self, item: QueuedItem) -> str:
-        return item.slo_class or self.slo_class
-
-    def ranked(self, priority: Mapping[str, int]) -> tuple[QueuedItem, ...]:
-        """Members, most urgent class first, plan order within a class."""
-        return tuple(sorted(self.items, key=lambda it: -_rank(priority, self.class_of(it))))
-
-    def top_rank(self, priority: Mapping[str, int]) -> int:
-        return max((_rank(priority, self.class_of(it)) for it in self.items), default=0)
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcileConfig:
-    allow_evict: bool = True
-    allow_model_swap: bool = True
-    allow_kv_swap: bool = True
-    max_pull: int = 256  # requests pulled in one round
-    # KV budgeting: True reserves each request's prompt plus its whole output cap, so an
-    # admitted request never waits inside the engine or gets preempted there (the global
-    # queue, not the engine, holds the waiting); False reserves the prompt plus
-    # kv_reserve_output_tokens, admitting more and letting the engine preempt.
-    reserve_full_output: bool = True
-    kv_reserve_output_tokens: int = 16
-    # Requests admitted beyond the engine's sequence slots, to wait inside the engine: the
-    # next one starts at the engine's next step instead of a round trip through the agent
-    # after each completion. Only requests that outrank nothing in the engine wait there (a
-    # more urgent one preempts instead). 0 keeps all waiting in the global queue (the
-    # simulator's model).
-    engine_backlog: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcileInput:
-    observation: EngineObservation
-    virtual_queue: tuple[QueuedGroup, ...]  # this instance's groups, in plan order
-    priority: Mapping[str, int]  # SLO class -> priority (larger is more urgent)
 
 
 def reconcile(inp: ReconcileInput, options: ReconcileConfig | None = None) -> tuple[Action, ...]:
@@ -101,7 +58,7 @@ def reconcile(inp: ReconcileInput, options: ReconcileConfig | None = None) -> tu
     head = queue[0]
     if head.model != obs.model:
         return _change_model(obs, head, inp.priority, opts)
-    return _serve(obs, queue, inp.priority, opts)
+    return _serve(obs, queue, inp.priority, opts, inp.timing)
 
 
 def _pending(
@@ -113,10 +70,6 @@ def _pending(
     return groups
 
 
-def _rank(priority: Mapping[str, int], slo_class: str) -> int:
-    return priority.get(slo_class, 0)
-
-
 def _change_model(
     obs: EngineObservation,
     head: QueuedGroup,
@@ -126,18 +79,22 @@ def _change_model(
     if not obs.requests:
         return (LoadModel(obs.instance_id, head.model),)
     head_rank = head.top_rank(priority)
-    if opts.allow_evict and all(_rank(priority, r.slo_class) < head_rank for r in obs.requests):
+    if opts.allow_evict and all(rank_of(priority, r.slo_class) < head_rank for r in obs.requests):
         ids = tuple(r.request_id for r in obs.requests)
         reason = f"model swap to {head.model} for group {head.group_id}"
         return (Evict(obs.instance_id, ids, reason), LoadModel(obs.instance_id, head.model))
     return ()  # let the running requests drain first
 
 
-class _Budget:
-    """Free sequence slots and KV tokens, spent as requests are admitted."""
+class Budget:
+    """Free sequence slots, KV tokens and prefill backlog, spent as requests are admitted."""
 
     def __init__(
-        self, obs: EngineObservation, opts: ReconcileConfig, priority: Mapping[str, int]
+        self,
+        obs: EngineObservation,
+        opts: ReconcileConfig,
+        priority: Mapping[str, int],
+        timing: EngineTiming | None = None,
     ) -> None:
         self.full = opts.reserve_full_output
         self.reserve = opts.kv_reserve_output_tokens
@@ -146,11 +103,67 @@ class _Budget:
         self.slots = min(obs.max_num_seqs - len(obs.active), opts.max_pull)
         waiting = max(0, -self.slots)
         self.backlog = max(0, min(opts.engine_backlog - waiting, opts.max_pull - self.slots))
-        ranks = [_rank(priority, r.slo_class) for r in obs.active]
+        ranks = [rank_of(priority, r.slo_class) for r in obs.active]
         self.floor_rank = min(ranks) if ranks else None  # least urgent in the engine
         held = sum(self.held(r) for r in obs.active)
         self.kv_tokens = obs.kv_capacity_tokens - max(obs.kv_used_tokens, held)
         self.empty = not obs.active
+        limit = opts.prefill_backlog_s
+        rate = None if timing is None or limit is None else timing.prefill_tokens_per_s
+        self.prefill_rate = rate  # None: no prefill bound
+        pending = sum(r.prompt_tokens for r in obs.active if not r.started)
+        self.prefill_pending = pending > 0
+        self.prefill_left_s = 0.0 if rate is None or limit is None else limit - pending / rate
+        self.top_rank = max(priority.values(), default=0)
+        urgent = sum(
+            r.prompt_tokens
+            for r in obs.active
+            if not r.started and rank_of(priority, r.slo_class) >= self.top_rank
+        )
+        # The bound again, over the most urgent class's own queued prompts only.
+        self.urgent_left_s = 0.0 if rate is None or limit is None else limit - urgent / rate
+        beside = None if timing is None else timing.prefill_beside_tokens_per_s
+        self.lane_rate = beside or rate  # None when there is no bound
+        self.prefill_queued_s = 0.0 if self.lane_rate is None else pending / self.lane_rate
+        self.now_s = 0.0 if timing is None else timing.now_s
+
+    def prefill_room(self, item: QueuedItem, rank: int) -> bool:
+        """Whether the item's prompt may join the engine's queued prefill: it always may when
+        none is queued; within the bound, it may. Past it, a request of the most urgent
+        class still may (nothing that comes later outranks it, so it delays no one who
+        matters more) when its class's own queued prompts stay within the bound, so lower
+        classes' work queued ahead does not hold it back, and its first token still comes by
+        its deadline behind all that is queued."""
+        if self.within_bound(item):
+            return True
+        if rank < self.top_rank or self.prefill_rate is None:
+            return False
+        fits = self.urgent_left_s >= item.prompt_tokens / self.prefill_rate
+        return fits and self.first_token_at_s(item) <= item.ttft_deadline_at_s
+
+    def within_bound(self, item: QueuedItem) -> bool:
+        """Whether the item's prompt fits the bound on queued prefill (any prompt does when
+        none is queued)."""
+        if self.prefill_rate is None or not self.prefill_pending:
+            return True
+        return self.prefill_left_s >= item.prompt_tokens / self.prefill_rate
+
+    def first_token_at_s(self, item: QueuedItem) -> float:
+        """When the item's first token comes if admitted now, behind the queued prefill."""
+        rate = self.lane_rate or math.inf
+        return self.now_s + self.prefill_queued_s + item.prompt_tokens / rate
+
+    def spend_prefill(self, item: QueuedItem, rank: int) -> None:
+        """The item's prompt joins the queued prefill. Requests pulled in one round go to the
+        engine most urgent class first (`_admit`), so only a prompt of the most urgent class
+        delays the next ones of that class."""
+        if self.prefill_rate is None or self.lane_rate is None:
+            return
+        self.prefill_left_s -= item.prompt_tokens / self.prefill_rate
+        if rank >= self.top_rank:
+            self.urgent_left_s -= item.prompt_tokens / self.prefill_rate
+            self.prefill_queued_s += item.prompt_tokens / self.lane_rate
+        self.prefill_pending = True
 
     def held(self, request: EngineRequest) -> int:
         """KV a running request holds now, or will hold at its output cap."""
@@ -166,6 +179,7 @@ class _Budget:
         return self.slots > 0 and (self.need(item) <= self.kv_tokens or self.empty)
 
     def spend(self, item: QueuedItem, rank: int) -> None:
+        self.spend_prefill(item, rank)
         self.slots -= 1
         self.kv_tokens -= self.need(item)
         self.empty = False
@@ -195,13 +209,14 @@ def _serve(
     queue: tuple[QueuedGroup, ...],
     priority: Mapping[str, int],
     opts: ReconcileConfig,
+    timing: EngineTiming | None,
 ) -> tuple[Action, ...]:
-    budget = _Budget(obs, opts, priority)
+    budget = Budget(obs, opts, priority, timing)
     head = queue[0]
-    preempt = _preempt_for(obs, head, budget, priority, opts)
+    preempt = _preempt_for(obs, head, budget, priority, opts, timing)
     victims = {rid for a in preempt if isinstance(a, Evict | SwapKv) for rid in a.request_ids}
     if victims:  # they are leaving: nothing may park behind them
-        ranks = [_rank(priority, r.slo_class) for r in obs.active if r.request_id not in victims]
+        ranks = [rank_of(priority, r.slo_class) for r in obs.active if r.request_id not in victims]
         budget.floor_rank = min(ranks) if ranks else None
     pulled = _admit(queue, obs.model, budget, priority)
     actions: list[Action] = list(preempt)
@@ -216,42 +231,63 @@ def _serve(
 def _admit(
     queue: tuple[QueuedGroup, ...],
     model: str | None,
-    budget: _Budget,
+    budget: Budget,
     priority: Mapping[str, int],
 ) -> tuple[str, ...]:
-    pulled: list[str] = []
+    """Pull in queue order while there is room. A prompt the queued prefill has no room
+    for waits, and so does everything of its class or below behind it (in their order);
+    more urgent requests behind it may still pass. The engine prefills in the order pulled:
+    most urgent class first, queue order within a class."""
+    pulled: list[tuple[int, int, str]] = []  # (-rank, queue position, id): the pull order
+    waits_up_to: int | None = None  # ranks that wait behind a prompt without prefill room
     for group in queue:
         if group.model != model:
             break  # never pull past the point where the plan swaps models
         for item in group.ranked(priority):
-            rank = _rank(priority, group.class_of(item))
+            rank = rank_of(priority, group.class_of(item))
+            if waits_up_to is not None and rank <= waits_up_to:
+                continue
+            if not budget.prefill_room(item, rank):
+                if rank < budget.top_rank:  # the most urgent wait only for their own deadline
+                    waits_up_to = rank
+                continue
             if budget.admits(item):
                 budget.spend(item, rank)
             elif budget.parks(item, rank):
                 budget.park(item)
             else:
-                return tuple(pulled)
-            pulled.append(item.request_id)
-    return tuple(pulled)
+                return _in_pull_order(pulled)
+            pulled.append((-rank, len(pulled), item.request_id))
+    return _in_pull_order(pulled)
+
+
+def _in_pull_order(pulled: list[tuple[int, int, str]]) -> tuple[str, ...]:
+    return tuple(request_id for _, _, request_id in sorted(pulled))
 
 
 def _preempt_for(
     obs: EngineObservation,
     head: QueuedGroup,
-    budget: _Budget,
+    budget: Budget,
     priority: Mapping[str, int],
     opts: ReconcileConfig,
+    timing: EngineTiming | None,
 ) -> tuple[Action, ...]:
     """Free room for the head group's most urgent members by preempting lower-priority
-    requests, if they are blocked. Victims go lowest priority first, least progress first,
-    until those members fit."""
+    requests, if they are blocked and room would not free on its own before their deadline.
+    Victims go lowest priority first, least progress first, until those members fit."""
     head_rank = head.top_rank(priority)
-    urgent = tuple(it for it in head.items if _rank(priority, head.class_of(it)) == head_rank)
-    if not opts.allow_evict or budget.admits(urgent[0]):
+    urgent = tuple(it for it in head.items if rank_of(priority, head.class_of(it)) == head_rank)
+    if not opts.allow_evict or budget.admits(urgent[0]) or not budget.within_bound(urgent[0]):
+        # Room enough; or queued prefill past the bound, which preempting cannot cut: the
+        # head would wait behind it anyway (another instance may take it sooner), and the
+        # victims' work would be lost for nothing.
+        return ()
+    if timing is not None and _room_in_time(obs, budget, urgent, timing):
         return ()
     victims = sorted(
-        (r for r in obs.active if _rank(priority, r.slo_class) < head_rank),
-        key=lambda r: (_rank(priority, r.slo_class), r.output_tokens, r.request_id),
+        (r for r in obs.active if rank_of(priority, r.slo_class) < head_rank),
+        key=lambda r: (rank_of(priority, r.slo_class), r.output_tokens, r.request_id),
     )
     chosen: list[str] = []
     for victim in victims:
@@ -268,7 +304,30 @@ def _preempt_for(
     return (Evict(obs.instance_id, ids, reason),)
 
 
-def _fits_all(budget: _Budget, items: tuple[QueuedItem, ...]) -> bool:
+def _room_in_time(
+    obs: EngineObservation, budget: Budget, urgent: tuple[QueuedItem, ...], timing: EngineTiming
+) -> bool:
+    """Whether the running requests that finish first free room for `urgent` early enough
+    for the first of them to get its first token by its deadline (each running request
+    needs its remaining output tokens, one per decode iteration)."""
+    first = urgent[0]
+    prefill_s = first.prompt_tokens / timing.prefill_tokens_per_s
+    due_s = min(it.ttft_deadline_at_s for it in urgent) - prefill_s
+    if due_s <= timing.now_s:
+        return False  # nothing but preemption (if anything) can save it
+    probe = copy.copy(budget)
+    running = sorted(obs.active, key=lambda r: r.max_output_tokens - r.output_tokens)
+    for request in running:
+        left_tokens = max(0, request.max_output_tokens - request.output_tokens)
+        if timing.now_s + left_tokens * timing.decode_step_s > due_s:
+            return False
+        probe.release(request)
+        if probe.admits(first):
+            return True
+    return False
+
+
+def _fits_all(budget: Budget, items: tuple[QueuedItem, ...]) -> bool:
     slots, kv_tokens, empty = budget.slots, budget.kv_tokens, budget.empty
     for item in items:
         slots -= 1
@@ -285,8 +344,8 @@ def _swap_in(
     budget_slots = obs.free_slots
     budget_kv = obs.free_kv_tokens
     back: list[str] = []
-    for r in sorted(obs.swapped, key=lambda r: (-_rank(priority, r.slo_class), r.request_id)):
-        if queued_top is not None and _rank(priority, r.slo_class) < queued_top:
+    for r in sorted(obs.swapped, key=lambda r: (-rank_of(priority, r.slo_class), r.request_id)):
+        if queued_top is not None and rank_of(priority, r.slo_class) < queued_top:
             break
         if budget_slots < 1 or r.context_tokens > budget_kv:
             break

@@ -50,8 +50,10 @@ def virtual_queue(
         if not keep:
             continue
         prompts, outputs, classes = group.member_fields()
+        deadlines = group.deadlines_at_s()
         items = tuple(
-            QueuedItem(group.request_ids[i], prompts[i], outputs[i], classes[i]) for i in keep
+            QueuedItem(group.request_ids[i], prompts[i], outputs[i], classes[i], deadlines[i])
+            for i in keep
         )
         head = QueuedGroup(group.group_id, group.model, group.slo_class, items)
         heads.append(head)
@@ -101,4 +103,7 @@ def subset(group: PlannedGroup, positions: Sequence[int]) -> PlannedGroup:
             group.max_output_tokens[i] for i in positions if group.max_output_tokens
         ),
         slo_classes=tuple(group.slo_classes[i] for i in positions if group.slo_classes),
+        ttft_deadlines_at_s=tuple(
+            group.ttft_deadlines_at_s[i] for i in positions if group.ttft_deadlines_at_s
+        ),
     )

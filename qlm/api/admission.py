@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from qlm.api.errors import ApiError, from_pydantic
@@ -31,11 +32,16 @@ async def read_body(http: HttpRequest, limit_bytes: int) -> str:
         raise _too_large(limit_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in http.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise _too_large(limit_bytes)
-        chunks.append(chunk)
+    try:
+        async for chunk in http.stream():
+            size += len(chunk)
+            if size > limit_bytes:
+                raise _too_large(limit_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(
+            400, "The client disconnected before sending the whole body.", code="incomplete_body"
+        ) from None
     try:
         return b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError as exc:

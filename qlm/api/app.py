@@ -10,6 +10,8 @@ The caller owns the queue (creates it before and closes it after serving).
 from __future__ import annotations
 
 from fastapi import FastAPI
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
 
 from qlm.api.context import ApiContext
 from qlm.api.errors import install_error_handlers
@@ -21,7 +23,7 @@ from qlm.api.settings import ApiAppConfig
 from qlm.api.tokens import TokenCounter
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
-from qlm.queue.base import GlobalQueue
+from qlm.queue.base import GlobalQueue, QueueUnavailableError
 
 
 def create_app(
@@ -40,6 +42,12 @@ def create_app(
     context = ApiContext.build(settings, queue, clock, token_counter, metrics)
     app = FastAPI(title="QLM", summary="SLO-aware queue for LLM serving fleets")
     install_error_handlers(app)
+
+    async def queue_down(_: HttpRequest, exc: Exception) -> Response:
+        assert isinstance(exc, QueueUnavailableError)
+        return context.unavailable(exc).response()
+
+    app.add_exception_handler(QueueUnavailableError, queue_down)
     add_openai_routes(app, context)
     add_qlm_routes(app, context)
     add_metrics_routes(app, metrics, clock)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from qlm.api.admission import Admitter
+from qlm.api.admission import Admitter, parse, read_body
 from qlm.api.auth import KeyRing
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.quotas import TenantQuotas
@@ -25,12 +25,13 @@ from qlm.api.slo_gate import SloGate
 from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.clock import Clock
 from qlm.metrics import NO_METRICS, MetricsHooks
-from qlm.queue.base import GlobalQueue, QueueError, QueueFullError
+from qlm.queue.base import GlobalQueue, QueueError, QueueFullError, QueueUnavailableError
 from qlm.queue.records import RequestRecord
 from qlm.types import Request
 
 REQUEST_ID_HEADER = "x-qlm-request-id"
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def json_response(
@@ -86,6 +87,16 @@ class ApiContext:
         authentication is off."""
         return self.keys.tenant(http.headers) if self.keys.enabled else None
 
+    async def read(self, http: HttpRequest, parser: Callable[[str], T]) -> T:
+        """The body, validated by `parser`; a refusal (size, encoding, JSON, fields) is
+        counted as a rejected request like the admission's own."""
+        try:
+            return parse(parser, await read_body(http, self.settings.api.max_body_bytes))
+        except ApiError as exc:
+            slo_class = http.headers.get(HEADER_CLASS) or self.settings.default_slo_class
+            self.metrics.request_rejected("", slo_class, exc.code or exc.type)
+            raise
+
     async def admit(
         self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
     ) -> Request:
@@ -122,12 +133,25 @@ class ApiContext:
                 code=_QUEUE_FULL_CODES.get(exc.scope, "queue_full"),
                 headers={"retry-after": str(self.settings.api.queue_full_retry_after_s)},
             ) from None
+        except QueueUnavailableError as exc:
+            self.quotas.refund(charge)
+            raise self.unavailable(exc) from None
         except QueueError as exc:
             self.quotas.refund(charge)
             raise ApiError(
                 503, f"The queue refused the request: {exc}", type=SERVER_ERROR, code="queue_error"
             ) from None
         return request
+
+    def unavailable(self, exc: QueueUnavailableError) -> ApiError:
+        """503 with Retry-After: the queue's store is down."""
+        return ApiError(
+            503,
+            f"The queue is not reachable, so the request was not confirmed; retry later ({exc}).",
+            type=SERVER_ERROR,
+            code="queue_unavailable",
+            headers={"retry-after": str(self.settings.api.queue_full_retry_after_s)},
+        )
 
     async def cancel(self, request_id: str) -> bool:
         cancelled = await self.queue.cancel(request_id, self.clock.now_s())

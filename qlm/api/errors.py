@@ -89,6 +89,14 @@ def from_validation_errors(errors: Sequence[Any], skip: int = 0) -> ApiError:
     param = param_of(tuple(err.get("loc", ()))[skip:])
     if param is None:
         return ApiError(400, "The request body must be a JSON object.", code="invalid_body")
+    if kind == "extra_forbidden":
+        return ApiError(
+            400,
+            f"Unknown or unsupported parameter '{param}': QLM refuses a field it does not "
+            "honour rather than ignoring it (qlm/api/README.md lists the accepted fields).",
+            param=param,
+            code="unsupported_parameter",
+        )
     return ApiError(400, f"Invalid value for '{param}': {err.get('msg', '')}", param=param)
 
 

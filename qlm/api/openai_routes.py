@@ -8,7 +8,6 @@ from fastapi import FastAPI
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from qlm.api.admission import parse, read_body
 from qlm.api.context import REQUEST_ID_HEADER, ApiContext, json_response
 from qlm.api.errors import ApiError
 from qlm.api.formats import CHAT, COMPLETION, Head, OutputFormat, usage
@@ -59,7 +58,7 @@ def add_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
 async def generate(ctx: ApiContext, http: HttpRequest, fmt: OutputFormat) -> Response:
     """Authenticate, validate, enqueue, then stream the tokens or wait for the whole result."""
     tenant = ctx.authenticate(http)
-    body = parse(fmt.parse, await read_body(http, ctx.settings.api.max_body_bytes))
+    body = await ctx.read(http, fmt.parse)
     request = await ctx.admit(body, http, fmt.id_prefix, tenant)
     head = Head(request.id, int(request.arrival_at_s), body.model)
     headers = {REQUEST_ID_HEADER: request.id}

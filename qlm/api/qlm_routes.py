@@ -10,7 +10,6 @@ from pydantic import ValidationError
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from qlm.api.admission import parse, read_body
 from qlm.api.context import REQUEST_ID_HEADER, ApiContext, json_response
 from qlm.api.errors import SERVER_ERROR, ApiError, from_pydantic
 from qlm.api.schemas import SUBMISSION, SUBMISSION_KINDS, ChatSubmission, CompletionSubmission
@@ -37,7 +36,7 @@ def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
 
     async def submit(http: HttpRequest) -> Response:
         tenant = ctx.authenticate(http)
-        body = parse(parse_submission, await read_body(http, ctx.settings.api.max_body_bytes))
+        body = await ctx.read(http, parse_submission)
         if body.stream:
             raise ApiError(400, "Asynchronous requests do not stream.", param="stream")
         request = await ctx.admit(body, http, "req-", tenant)

@@ -2,24 +2,43 @@
 asynchronous submission body that carries either under `kind`.
 
 Models are defined once and validated straight from the JSON bytes (strict types, so "5" is
-not a number). Fields OpenAI defines that QLM does not use are ignored; sampling fields are
-range-checked and not yet forwarded to engines (the queue's Request has no place for them).
+not a number). A field QLM does not honour is refused (400 naming it, `unsupported_parameter`),
+never accepted and ignored: a client asking for tool calls, structured output, log
+probabilities or penalties must not get plain text as if they had been applied.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 
 from qlm.api.slo import SloTags
 from qlm.api.tokens import flatten_chat
+from qlm.config import StrictModel
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
+class _Body(StrictModel):
+    """Unknown fields are refused (StrictModel); types are strict and numbers finite."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unset(cls, data: Any) -> Any:
+        """Unknown fields that ask for nothing (null, false, 0, empty) are dropped: clients
+        and replayed histories send `"logprobs": null`, `"refusal": null`, `"tool_calls": []`;
+        any other value of an unknown field is refused."""
+        if not isinstance(data, dict):
+            return data
+        known = cls.model_fields
+        return {k: v for k, v in data.items() if k in known or not _asks_nothing(v)}
+
+
+def _asks_nothing(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value == [] or value == {}
 
 
 class StreamOptions(_Body):
@@ -35,6 +54,7 @@ class ChatMessage(_Body):
     role: Role
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None  # a tool message's link to its call; its content is kept
 
     def text(self) -> str:
         if self.content is None:
@@ -56,6 +76,9 @@ class _Common(_Body):
     top_p: float | None = Field(default=None, gt=0, le=1)
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # what engines accept
+    # vLLM's extension: generate max_tokens even past end-of-sequence (exact lengths for
+    # benchmarks); honoured by the vLLM and emulated engines.
+    ignore_eos: bool = False
     user: str | None = Field(default=None, max_length=256)
     # QLM's SLO tags (see qlm/api/README.md).
     slo_class: str | None = Field(default=None, min_length=1, max_length=128)
@@ -66,6 +89,7 @@ class _Common(_Body):
         """The sampling fields the client set, for the engine."""
         given = {"temperature": self.temperature, "top_p": self.top_p, "stop": self.stop}
         given["seed"] = self.seed
+        given["ignore_eos"] = self.ignore_eos or None
         return {k: v for k, v in given.items() if v is not None}
 
     @property

@@ -125,7 +125,11 @@ class Controller:
         group = plan.groups[group_id]
         self._member_of[request.id] = group_id
         grown = group.with_request(
-            request.id, request.prompt_tokens, request.max_output_tokens, request.slo_class
+            request.id,
+            request.prompt_tokens,
+            request.max_output_tokens,
+            request.slo_class,
+            request.ttft_deadline_at_s,
         )
         return self._publish(
             replace(plan, created_at_s=now_s, groups={**plan.groups, group_id: grown})
@@ -256,4 +260,5 @@ def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
         tuple(by_id[rid].prompt_tokens for rid in group.request_ids),
         tuple(by_id[rid].max_output_tokens for rid in group.request_ids),
         tuple(by_id[rid].slo_class for rid in group.request_ids),
+        tuple(by_id[rid].ttft_deadline_at_s for rid in group.request_ids),
     )

@@ -4,6 +4,7 @@ with each request's predicted wait), as agents read it and the queue stores it."
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -22,10 +23,11 @@ class PlannedGroup:
     prompt_tokens: tuple[int, ...] = ()
     max_output_tokens: tuple[int, ...] = ()
     slo_classes: tuple[str, ...] = ()  # each member's own class (a group may mix classes)
+    ttft_deadlines_at_s: tuple[float, ...] = ()  # each member's TTFT deadline
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
-        for name in ("prompt_tokens", "max_output_tokens", "slo_classes"):
+        for name in ("prompt_tokens", "max_output_tokens", "slo_classes", "ttft_deadlines_at_s"):
             if len(getattr(self, name)) not in (0, n):
                 raise ValueError(f"group {self.group_id}: {name} must match request_ids")
 
@@ -40,6 +42,7 @@ class PlannedGroup:
             "prompt_tokens": list(self.prompt_tokens),
             "max_output_tokens": list(self.max_output_tokens),
             "slo_classes": list(self.slo_classes),
+            "ttft_deadlines_at_s": list(self.ttft_deadlines_at_s),
         }
 
     def member_fields(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
@@ -52,8 +55,18 @@ class PlannedGroup:
             self.slo_classes or (self.slo_class,) * n,
         )
 
+    def deadlines_at_s(self) -> tuple[float, ...]:
+        """Each member's TTFT deadline; a group published without them reads as no deadline
+        (dispatch then orders those members last within their class)."""
+        return self.ttft_deadlines_at_s or (math.inf,) * len(self.request_ids)
+
     def with_request(
-        self, request_id: str, prompt_tokens: int, max_output_tokens: int, slo_class: str
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        slo_class: str,
+        ttft_deadline_at_s: float = math.inf,
     ) -> PlannedGroup:
         prompts, outputs, classes = self.member_fields()
         return replace(
@@ -62,6 +75,7 @@ class PlannedGroup:
             prompt_tokens=(*prompts, prompt_tokens),
             max_output_tokens=(*outputs, max_output_tokens),
             slo_classes=(*classes, slo_class),
+            ttft_deadlines_at_s=(*self.deadlines_at_s(), ttft_deadline_at_s),
         )
 
 
@@ -139,6 +153,7 @@ class PublishedPlan:
                     tuple(g.get("prompt_tokens", ())),
                     tuple(g.get("max_output_tokens", ())),
                     tuple(g.get("slo_classes", ())),
+                    tuple(g.get("ttft_deadlines_at_s", ())),
                 )
                 for k, g in data["groups"].items()
             },

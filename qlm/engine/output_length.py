@@ -5,7 +5,7 @@ actual length: the simulator's workloads put the true length in max_output_token
 the emulated engine draws one per request from the profile's output-length distribution
 ("profile"): a lognormal with the profile's mean and standard deviation, seeded by the engine's
 seed and the request id (so a request gets the same length in every run, whatever the order of
-arrival), at least 1 and capped by max_output_tokens.
+arrival), at least 1 and capped by max_output_tokens (exactly that with the client's `ignore_eos`).
 """
 
 from __future__ import annotations
@@ -41,12 +41,15 @@ class CapOutputLength:
 
 @OUTPUT_LENGTHS.register("profile")
 class ProfileOutputLength:
-    """Draw from a lognormal with the profile's output mean and std, capped by the request."""
+    """Draw from a lognormal with the profile's output mean and std, capped by the request;
+    a request that asks to ignore end-of-sequence (`ignore_eos`) runs to its cap."""
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
     def output_tokens(self, request: Request, profile: Profile) -> int:
+        if request.ignores_eos:
+            return request.max_output_tokens
         mu, sigma = lognormal_params(profile.output_tokens_mean, profile.output_tokens_std)
         rng = random.Random(f"{self.seed}:{request.id}")
         drawn = round(rng.lognormvariate(mu, sigma)) if sigma > 0 else round(math.exp(mu))

@@ -1,6 +1,6 @@
 """What GET /dashboard/data returns: attainment per class (now and over time), queue by class,
 instances with their model and state, recent swaps and evictions, predicted against actual
-waits, planner outcomes.
+waits, planner outcomes, missed requests by cause (qlm/metrics/causes.py).
 
 `build_view` is pure: readings (qlm/metrics/readings.py) in, a JSON-ready dict out. Two sources
 supply the readings: the process's own registry (`LocalSource`, the default) and a Prometheus
@@ -26,6 +26,7 @@ EVALUATED_BY_MODEL = Reading("qlm_slo_evaluated_total", BY_CLASS_MODEL)
 TARGET = Reading("qlm_slo_attainment_target", ("slo_class",), "max")
 GROUPS = Reading("qlm_request_groups", ("slo_class",))
 OUTCOMES = Reading("qlm_requests_total", ("slo_class", "outcome"))
+MISSED = Reading("qlm_slo_missed_total", ("slo_class", "cause"))
 STATE = Reading("qlm_instance_state", ("instance_id", "state", "model_name"), "max")
 RUNNING = Reading("qlm_instance_running_requests", ("instance_id",), "max")
 KV = Reading("qlm_instance_kv_utilization_ratio", ("instance_id",), "max")
@@ -46,7 +47,7 @@ WAITS = {
 SOLVE_SUM = Reading("qlm_planner_solve_seconds_sum", ())
 SOLVE_COUNT = Reading("qlm_planner_solve_seconds_count", ())
 READINGS: tuple[Reading, ...] = (
-    *(MET, EVALUATED, QUEUE, MET_BY_MODEL, EVALUATED_BY_MODEL, TARGET, GROUPS, OUTCOMES),
+    *(MET, EVALUATED, QUEUE, MET_BY_MODEL, EVALUATED_BY_MODEL, TARGET, GROUPS, OUTCOMES, MISSED),
     *(STATE, RUNNING, KV, BUSY, SWAPS, EVICTIONS, RUNS, SOLVE_SUM, SOLVE_COUNT),
     *WAITS.values(),
 )
@@ -140,6 +141,7 @@ def build_view(
         "queue": {c: one[QUEUE].get(c, 0.0) for c in classes},
         "groups": {c: one[GROUPS].get(c, 0.0) for c in classes},
         "requests": _outcomes(readings.get(OUTCOMES, {})),
+        "misses_by_cause": _misses(readings.get(MISSED, {}), classes),
         "instances": _instances(readings),
         "waits": {c: _waits(readings, c) for c in classes},
         "planner": _planner(readings),
@@ -183,6 +185,15 @@ def _outcomes(series: Series) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for (slo_class, outcome), value in series.items():
         out.setdefault(slo_class, {})[outcome] = value
+    return out
+
+
+def _misses(series: Series, classes: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Missed requests per class and cause; causes with none left out."""
+    out: dict[str, dict[str, float]] = {c: {} for c in classes}
+    for (slo_class, cause), value in sorted(series.items()):
+        if value > 0:
+            out.setdefault(slo_class, {})[cause] = value
     return out
 
 

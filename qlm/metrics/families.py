@@ -36,6 +36,7 @@ class Families:
     rejections: Counter
     slo_met: Counter
     slo_evaluated: Counter
+    slo_missed: Counter
     attainment_target: Gauge
     ttft: Histogram
     e2e: Histogram
@@ -101,6 +102,13 @@ def _slo_families(r: CollectorRegistry) -> dict[str, Any]:
             "Ended requests judged against their SLO: completed and failed, not cancelled "
             "(denominator of attainment).",
             (*_MODEL_CLASS_LABELS, "instance_id"),
+            registry=r,
+        ),
+        "slo_missed": Counter(
+            "qlm_slo_missed_total",
+            "Ended requests that missed their SLO, by why (qlm/causes.py: failed, evicted, "
+            "model_load, queued, in_engine, slow_decode, as the agent that ended it saw).",
+            (*_MODEL_CLASS_LABELS, "instance_id", "cause"),
             registry=r,
         ),
         "attainment_target": Gauge(

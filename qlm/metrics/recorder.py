@@ -26,6 +26,7 @@ from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import EngineState
+from qlm.metrics.causes import LIVE_CAUSES, result_cause
 from qlm.metrics.families import EVICTION_KINDS, PLAN_FAILED, REQUEST_OUTCOMES, Families
 from qlm.metrics.history import History
 from qlm.metrics.settings import MetricsConfig
@@ -211,6 +212,8 @@ class PlaneMetrics:
                 for instance_id in instances:
                     f.slo_met.labels(model, slo_class, instance_id)
                     f.slo_evaluated.labels(model, slo_class, instance_id)
+                    for cause in LIVE_CAUSES:
+                        f.slo_missed.labels(model, slo_class, instance_id, str(cause))
         if self._policy:
             for status in (*(str(s) for s in PlanStatus), PLAN_FAILED):
                 f.planner_runs.labels(self._policy, status)
@@ -252,6 +255,10 @@ class PlaneMetrics:
         f.slo_evaluated.labels(*labels, instance_id).inc()
         if met_slo(request, result):
             f.slo_met.labels(*labels, instance_id).inc()
+        else:
+            cause = result_cause(request, result)
+            if cause is not None:
+                f.slo_missed.labels(*labels, instance_id, str(cause)).inc()
         first_s = result.first_token_at_s
         if result.state is not RequestState.COMPLETED or first_s is None:
             return

@@ -136,7 +136,9 @@ class MilpPlanner(_HeuristicPlanner):
         formulation = formulate(table, self._slots(table, edf_units))
         warm = formulation.values_for(edf_units) if self.config.warm_start else None
         backend = MILP_BACKENDS.create(self.config.backend)
-        budget_s = self.config.time_limit_s - (self.clock.monotonic_s() - started)
+        budget_s = self.config.time_limit_s
+        if not self._on_work_budget:  # a reproducible solve must not hang on wall time
+            budget_s -= self.clock.monotonic_s() - started
         outcome = backend.solve(
             formulation,
             max(0.05, budget_s),
@@ -168,6 +170,11 @@ class MilpPlanner(_HeuristicPlanner):
             detail=outcome.detail,
             **extra,
         )
+
+    @property
+    def _on_work_budget(self) -> bool:
+        """CP-SAT on a deterministic work budget (the only backend that takes one)."""
+        return self.config.deterministic_work is not None and self.config.backend == "cpsat"
 
     def _coarsened(self, full: CostTable, edf: Sequence[Sequence[int]]) -> Coarsened:
         pinned = frozenset(full.groups[g].id for gs in full.pinned.values() for g in gs)

@@ -20,6 +20,11 @@ class QueueError(RuntimeError):
     """A queue operation was refused."""
 
 
+class QueueUnavailableError(QueueError):
+    """The queue's store did not answer (past its client's retries); retry later. Nothing
+    was changed by the operation that raised it, or it is safe to repeat."""
+
+
 class DuplicateRequestError(QueueError):
     def __init__(self, request_id: str) -> None:
         super().__init__(f"request {request_id!r} already exists")

@@ -38,6 +38,8 @@ class RequestResult:
     finished_at_s: float | None = None
     error: str | None = None
     prompt_tokens: int | None = None  # counted by the engine (None: the API's estimate holds)
+    attempt: int = 1  # the dispatch that ended it (> 1: an earlier attempt was let go)
+    load_wait_s: float = 0.0  # of its queue wait, its instance loading the model it served it on
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
-from qlm.agents.drain import drain_estimate_s
-from qlm.agents.reconcile import QueuedGroup, ReconcileInput, reconcile
-from qlm.agents.virtual_queue import virtual_queue
+from qlm.agents.dispatch import agent_queue
+from qlm.agents.drain import drain_estimate_s, engine_timing
+from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
 from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineClient, EventWaiter
@@ -20,6 +21,7 @@ from qlm.engine.types import (
     Aborted,
     EngineEvent,
     EngineFailed,
+    EngineObservation,
     EngineState,
     FirstToken,
     ModelLoaded,
@@ -27,12 +29,14 @@ from qlm.engine.types import (
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
+from qlm.metrics.causes import overlap_s
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus, RequestResult, StreamEvent, StreamKind
 from qlm.serve.config import AgentConfig
 from qlm.types import Fleet, Instance, Request, RequestState
 
 log = logging.getLogger("qlm.agent")
+_LOADS_KEPT = 64  # recent model loads, for the model_load share of a result's queue wait
 
 
 @dataclass
@@ -116,6 +120,8 @@ class Agent:
         self._last_reconcile_s = float("-inf")
         self._last_renew_s = 0.0
         self._last_status_s = -1e18
+        self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
+        self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -159,10 +165,8 @@ class Agent:
                 return ()  # only tokens streamed: nothing to decide, the next round will
             self._last_reconcile_s = self.clock.monotonic_s()
             obs = self.engine.observe()
-            actions = reconcile(
-                ReconcileInput(obs, self._heads(plan), self.priority),
-                self.settings.reconcile_options(),
-            )
+            inp = ReconcileInput(obs, self._heads(plan, obs), self.priority, self._timing(obs))
+            actions = reconcile(inp, self.settings.reconcile_options())
             loading = obs.state is EngineState.LOADING
             await self._apply(lso_steps(actions, tuple(self._held), obs.model, loading))
         await self._housekeeping()
@@ -173,18 +177,28 @@ class Agent:
         freed, a model loaded, a failure), or a poll period passed. Rounds woken by tokens
         alone only forward them: deciding on every token costs a reconcile over the whole
         virtual queue per token and starved the event loop under long generations."""
-        if any(not isinstance(e, FirstToken | TokenChunk) for e in events) or not events:
-            return True
+        if any(not isinstance(e, TokenChunk) for e in events) or not events:
+            return True  # room freed, a prefill ended (first token), a model loaded, ...
         return self.clock.monotonic_s() - self._last_reconcile_s >= self.settings.poll_s
 
-    def _heads(self, plan: PublishedPlan) -> tuple[QueuedGroup, ...]:
-        """This instance's virtual queue, less what another instance took or the engine
-        holds (the loop republishes the cut as the head leaves)."""
+    def _heads(self, plan: PublishedPlan, obs: EngineObservation) -> tuple[QueuedGroup, ...]:
+        """What this instance serves next (qlm/agents/dispatch.py): its virtual queue when
+        the plan moves it to another model, else its model's dispatch queue; less what
+        another instance took or the engine holds (the loop republishes the cut as the head
+        leaves)."""
 
         def still_queued(request_id: str) -> bool:
             return request_id not in self._taken and request_id not in self._held
 
-        return virtual_queue(plan, self.instance.id, still_queued)
+        now_s = self.clock.now_s()
+        return agent_queue(
+            plan, self.instance.id, obs.model, still_queued, self.fleet, now_s, obs.max_num_seqs
+        )
+
+    def _timing(self, obs: EngineObservation) -> EngineTiming | None:
+        model = obs.model
+        profile = None if model is None else self.fleet.profile(model, self.instance)
+        return engine_timing(obs, profile, self.clock.now_s())
 
     async def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -194,6 +208,7 @@ class Agent:
                 self._evict(action.request_ids)
             elif isinstance(action, LoadModel):  # lso_steps evicted what the engine held
                 self.engine.load_model(action.model)
+                self._load_started[action.model] = self.clock.now_s()
                 self.counters.swaps += 1
                 self.metrics.model_swap_started(self.instance.id, action.model)
             elif isinstance(action, SwapKv):
@@ -248,6 +263,8 @@ class Agent:
             await self._requeue(list(self._held), evicted=False)
         elif isinstance(event, ModelLoaded):
             log.info("agent %s: %s loaded in %.1f s", self.instance.id, event.model, event.load_s)
+            start_s = self._load_started.pop(event.model, event.at_s - event.load_s)
+            self._loads.append((event.model, start_s, event.at_s))
             self.metrics.model_loaded(self.instance.id, event.model, event.load_s)
 
     async def _flush(self, batch: _Batch) -> None:
@@ -294,8 +311,17 @@ class Agent:
                 first_token_at_s=event.first_token_at_s,
                 finished_at_s=event.at_s,
                 prompt_tokens=event.prompt_tokens,
+                attempt=held.attempt,
+                load_wait_s=self._load_wait_s(held),
             )
         )
+
+    def _load_wait_s(self, held: _Held) -> float:
+        """Of the request's queue wait (arrival to its last dispatch), the time this instance
+        spent loading the model it then served it on."""
+        model = held.request.model
+        loads = ((start_s, end_s) for m, start_s, end_s in self._loads if m == model)
+        return overlap_s(held.request.arrival_at_s, held.dispatched_at_s, loads)
 
     async def _aborted(self, event: Aborted) -> None:
         evicted = event.request_id in self._evicting
@@ -324,8 +350,11 @@ class Agent:
             dispatched_at_s=held.dispatched_at_s,
             finished_at_s=event.at_s,
             error=f"the engine aborted it {held.attempt} times; last: {event.reason}",
+            attempt=held.attempt,
+            load_wait_s=self._load_wait_s(held),
         )
-        await self.queue.complete(result)
+        if await self.queue.complete(result):
+            self.metrics.request_finished(held.request, result)
 
     async def _requeue(self, request_ids: Sequence[str], *, evicted: bool) -> None:
         held = {rid: self._held.pop(rid).request for rid in request_ids if rid in self._held}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TextIO
 from qlm.config import ConfigError
 
 if TYPE_CHECKING:  # the heavy modules load when a command runs, not when `qlm` starts
+    from qlm.sim.bound import AttainmentBound
     from qlm.sim.capacity import CapacityResult, Evaluation
     from qlm.sim.report import RunInfo
     from qlm.sim.result import SimResult
@@ -65,6 +66,7 @@ def _add_simulate(sub: Subparsers) -> None:
 
 
 def _simulate_command(args: argparse.Namespace) -> int:
+    from qlm.sim.bound import scenario_bound
     from qlm.sim.policies import SIM_POLICIES
     from qlm.sim.report import RunInfo, SweepPoint, sweep_document, write_json, write_sweep_report
     from qlm.sim.scenario import load_scenario
@@ -82,18 +84,19 @@ def _simulate_command(args: argparse.Namespace) -> int:
         for scale in scales:
             folder = f"rate-{scale:g}"
             print(f"== rate x {scale:g}", flush=True)
-            results = run_policies(
-                scenario.with_rate_scale(scale), policies, seed, not args.no_progress
-            )
-            write_outputs(out / folder, RunInfo(scenario, seed, command), results)
-            points.append(SweepPoint(scale, folder, tuple(results)))
+            scaled = scenario.with_rate_scale(scale)
+            results = run_policies(scaled, policies, seed, not args.no_progress)
+            bound = scenario_bound(scaled, seed)
+            write_outputs(out / folder, RunInfo(scenario, seed, command), results, bound)
+            points.append(SweepPoint(scale, folder, tuple(results), bound))
         write_json(out / "sweep.json", sweep_document(scenario.name, seed, points))
         write_sweep_report(out, RunInfo(scenario, seed, command), points)
         print(f"wrote {out}/sweep.json and {out}/report.md")
         return 0
     results = run_policies(scenario, policies, seed, not args.no_progress)
-    write_outputs(out, RunInfo(scenario, seed, command), results)
-    print(f"wrote {out}/requests.csv, {out}/summary.json and {out}/report.md")
+    bound = scenario_bound(scenario, seed)
+    write_outputs(out, RunInfo(scenario, seed, command), results, bound)
+    print(f"wrote {out}/requests.csv, {out}/summary.json, {out}/timings.json and {out}/report.md")
     return 0
 
 
@@ -138,12 +141,18 @@ def run_policies(
     config = scenario.config
     options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
     results = []
+    bar = progress and _is_terminal(sys.stderr)  # a bar in a log or CI output is noise
     for name in policies:
-        with _Bar(name, len(requests), progress) as report:
+        with _Bar(name, len(requests), bar) as report:
             results.append(
                 simulate(fleet, requests, name, config, seed, progress=report, options=options)
             )
     return results
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
 
 
 class _Bar:
@@ -166,21 +175,33 @@ class _Bar:
         self.bar.close()
 
 
-def write_outputs(out: Path, info: RunInfo, results: Sequence[SimResult]) -> None:
-    """requests.csv, summary.json and report.md (with its PNGs) in out; prints the table."""
+def write_outputs(
+    out: Path, info: RunInfo, results: Sequence[SimResult], bound: AttainmentBound | None = None
+) -> None:
+    """requests.csv, summary.json (with the bound), timings.json and report.md (with its PNGs)
+    in out; prints the table, the bound as its last row."""
     from qlm.sim.report import (
         summary_document,
         summary_table,
+        timings_document,
         write_json,
         write_report,
         write_requests_csv,
     )
+    from qlm.sim.report.bound_rows import add_bound_to_report, terminal_bound_row
 
+    name, seed = info.scenario.name, info.seed
+    values = None if bound is None else bound.as_dict()
     out.mkdir(parents=True, exist_ok=True)
     write_requests_csv(out / "requests.csv", results)
-    write_json(out / "summary.json", summary_document(info.scenario.name, info.seed, results))
-    write_report(out, info, results)
-    print(summary_table(results), flush=True)
+    write_json(out / "summary.json", summary_document(name, seed, results, values))
+    write_json(out / "timings.json", timings_document(name, seed, results))
+    report = write_report(out, info, results)
+    table = summary_table(results)
+    if bound is not None:
+        add_bound_to_report(report, bound)
+        table += "\n" + terminal_bound_row(table, bound)
+    print(table, flush=True)
 
 
 def _command_line(args: argparse.Namespace) -> str:

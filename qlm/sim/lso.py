@@ -11,12 +11,14 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.clock import Clock
 from qlm.sim.tracking import SimulationError, Slot, Track
+from qlm.sim.waits import WaitLedger
 from qlm.types import Fleet, Request
 
 
 class LsoApplier:
     """Applies actions to the run's engines; marks every instance it touches as dirty (its
-    engine must be polled) and counts model loads per instance in `swaps`."""
+    engine must be polled), counts model loads per instance in `swaps`, and tells the wait
+    ledger when a request leaves the queue or an instance's model changes."""
 
     def __init__(
         self,
@@ -27,6 +29,7 @@ class LsoApplier:
         dirty: MutableMapping[str, Slot],
         swaps: MutableMapping[str, int],
         clock: Clock,
+        ledger: WaitLedger,
     ) -> None:
         self._fleet = fleet
         self._slots = slots
@@ -35,6 +38,7 @@ class LsoApplier:
         self._dirty = dirty
         self._swaps = swaps
         self._clock = clock
+        self._ledger = ledger
         self._appliers: dict[type, Callable[[Action], None]] = {
             Pull: self._pull,
             Evict: self._evict,
@@ -77,6 +81,7 @@ class LsoApplier:
             track = self._tracks[request_id]
             track.holder = slot
             track.dispatch_s = now_s
+            self._ledger.dequeue(track)
             slot.held[request_id] = track
             slot.engine.submit(request)
 
@@ -108,4 +113,5 @@ class LsoApplier:
         slot.model = action.model
         slot.loading = True
         slot.load_started_s = self._clock.now_s()
+        self._ledger.slot_changed(slot)
         self._swaps[slot.id] += 1

@@ -32,6 +32,12 @@ class RequestOutcome:
     dispatch_s and instance_id belong to the attempt that ended the request (after evictions,
     the last one); first_token_s is the first token the client saw, from whichever attempt
     produced it first (a requeued stream resumes rather than restarts, see qlm/queue).
+
+    What the runner saw of its wait, for the miss causes (qlm/sim/causes.py): queue_wait_s is
+    the time in the global queue before its first token (until the run ended, if it never got
+    one), summed over its waits; no_model_wait_s and load_wait_s are the parts of it while no
+    instance had its model loaded or loading, and while some instance was loading it and none
+    had it loaded. interrupted_s is when an engine first let it go (an eviction or an abort).
     """
 
     request_id: str
@@ -46,6 +52,10 @@ class RequestOutcome:
     completion_deadline_s: float | None
     evictions: int
     state: OutcomeState
+    queue_wait_s: float = 0.0
+    no_model_wait_s: float = 0.0
+    load_wait_s: float = 0.0
+    interrupted_s: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -85,6 +95,16 @@ class LoadInterval:
 
 
 @dataclass(frozen=True, slots=True)
+class TtftPrediction:
+    """What a policy predicted, when a request arrived, its time to first token would be
+    (None: that it would miss), with the request's prompt length (accuracy is reported by
+    prompt-length band)."""
+
+    predicted_s: float | None
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class QueueSample:
     """Requests waiting at at_s (arrived, not producing tokens: in the global queue or admitted
     to an engine but not started), by SLO class in the order of SimResult.slo_classes."""
@@ -110,10 +130,14 @@ class SimResult:
     sim_wall_s: float
     policy_stats: Mapping[str, float] = field(default_factory=dict)  # deterministic counters
     planner_wall_s: float = 0.0  # wall time spent inside the policy's planner, if any
+    # Per request, the TTFT the policy predicted at arrival (None: predicted to miss).
+    ttft_predictions: Mapping[str, TtftPrediction] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "swaps", MappingProxyType(dict(self.swaps)))
         object.__setattr__(self, "policy_stats", MappingProxyType(dict(self.policy_stats)))
+        predictions = MappingProxyType(dict(self.ttft_predictions))
+        object.__setattr__(self, "ttft_predictions", predictions)
 
     @property
     def num_requests(self) -> int:
@@ -167,7 +191,8 @@ class SimResult:
         return self.ttft_quantile_s(0.99)
 
     def summary(self) -> dict[str, Any]:
-        """One policy's entry in summary.json (README: the summary format)."""
+        """One policy's entry in summary.json (README: the summary format), less its miss
+        causes (qlm.sim.report.summary.policy_summary adds them)."""
         return {
             "requests": self.num_requests,
             "slo_attainment": {"overall": self.attainment(), **self.attainment_by_class()},

@@ -13,8 +13,17 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from qlm.config import Problem, QlmConfig, SloClassConfig, StrictModel, fail_at, load_yaml_model
+from qlm.config import (
+    ConfigError,
+    Problem,
+    QlmConfig,
+    SloClassConfig,
+    StrictModel,
+    fail_at,
+    load_yaml_model,
+)
 from qlm.fleet_config import FleetConfig
+from qlm.sim.fuzz import draw_scenario, parse_random_name
 from qlm.sim.workload import StreamConfig, iter_requests
 from qlm.types import DEFAULT_SLO_CLASSES, Fleet, Request
 
@@ -165,7 +174,21 @@ class Scenario(StrictModel):
         return QlmConfig.model_validate(data)
 
 
+def random_scenario(seed: int, size: str = "quick") -> Scenario:
+    """The random scenario of this seed and size (qlm/sim/fuzz): the same for the same
+    arguments."""
+    return Scenario.model_validate(draw_scenario(seed, size).document)
+
+
 def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario file; trace and profile paths are relative to its folder.
-    Raises qlm.config.ConfigError naming file:line: field."""
+    Raises qlm.config.ConfigError naming file:line: field. The name `random:SEED[:SIZE]` in
+    place of a file draws a random scenario (qlm/sim/fuzz), so every command that loads
+    scenarios (`qlm simulate random:7`) runs one."""
+    try:
+        drawn = parse_random_name(str(path))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if drawn is not None:
+        return random_scenario(*drawn)
     return load_yaml_model(path, Scenario)

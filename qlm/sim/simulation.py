@@ -36,6 +36,7 @@ from qlm.sim.tracking import (
     class_names,
     outcome,
 )
+from qlm.sim.waits import WaitLedger
 from qlm.types import Fleet, Request
 
 Progress = Callable[[int, int], None]  # (requests ended, requests in all)
@@ -99,20 +100,22 @@ class Simulation:
         self._loads: list[LoadInterval] = []
         self._interrupted: list[Attempt] = []
         self._swaps = dict.fromkeys(self._slots, 0)
+        self._ledger = WaitLedger(clock, self._slots.values())
         self._lso = LsoApplier(
-            fleet, self._slots, self._queued, self._tracks, self._dirty, self._swaps, clock
+            fleet,
+            self._slots,
+            self._queued,
+            self._tracks,
+            self._dirty,
+            self._swaps,
+            clock,
+            self._ledger,
         )
         self._evictions = 0
         self._ended = 0
         self._last_progress_s = clock.now_s()
         self._progress_every = max(1, len(self._requests) // 1000)
-        self._handlers: dict[type, Callable[[Slot, EngineEvent, list[Request]], None]] = {
-            FirstToken: self._on_first_token,
-            RequestFinished: self._on_finished,
-            Aborted: self._on_aborted,
-            ModelLoaded: self._on_model_loaded,
-            EngineFailed: self._on_engine_failed,
-        }
+        self._handlers = self._event_handlers()
 
     # SimContext
 
@@ -185,6 +188,7 @@ class Simulation:
     def _arrive(self, request: Request) -> None:
         track = self._tracks[request.id]
         self._queued[request.id] = request
+        self._ledger.enqueue(track)
         self._waiting[track.class_index] += 1
         self._last_progress_s = self._loop.now_s()
         self._apply(self._policy.on_arrival(request))
@@ -237,6 +241,15 @@ class Simulation:
 
     # Engine events
 
+    def _event_handlers(self) -> dict[type, Callable[[Slot, EngineEvent, list[Request]], None]]:
+        return {
+            FirstToken: self._on_first_token,
+            RequestFinished: self._on_finished,
+            Aborted: self._on_aborted,
+            ModelLoaded: self._on_model_loaded,
+            EngineFailed: self._on_engine_failed,
+        }
+
     def _on_first_token(self, slot: Slot, event: EngineEvent, _: list[Request]) -> None:
         assert isinstance(event, FirstToken)
         track = slot.held.get(event.request_id)
@@ -271,6 +284,8 @@ class Simulation:
             Attempt(track.request.id, slot.id, track.dispatch_s or 0.0, event.at_s, event.reason)
         )
         track.holder = None
+        if track.interrupted_s is None:
+            track.interrupted_s = event.at_s
         if evicted:
             track.evictions += 1
             self._evictions += 1
@@ -285,6 +300,7 @@ class Simulation:
             track.started = False
             self._waiting[track.class_index] += 1
         self._queued[track.request.id] = track.request
+        self._ledger.enqueue(track)
         requeued.append(track.request)
 
     def _on_model_loaded(self, slot: Slot, event: EngineEvent, _: list[Request]) -> None:
@@ -294,6 +310,7 @@ class Simulation:
         slot.loading = False
         slot.model = event.model
         slot.max_num_seqs = slot.engine.observe().max_num_seqs
+        self._ledger.slot_changed(slot)
 
     def _on_engine_failed(self, slot: Slot, event: EngineEvent, requeued: list[Request]) -> None:
         assert isinstance(event, EngineFailed)
@@ -338,6 +355,8 @@ class Simulation:
 
     def _result(self, sim_wall_s: float) -> SimResult:
         start_s = self._requests[0].arrival_at_s if self._requests else 0.0
+        for track in self._tracks.values():
+            self._ledger.dequeue(track)  # close the waits still open
         return SimResult(
             policy=self._policy.name,
             seed=self._seed,
@@ -354,4 +373,5 @@ class Simulation:
             sim_wall_s=sim_wall_s,
             policy_stats=self._policy.stats(),
             planner_wall_s=self._policy.wall_s(),
+            ttft_predictions=self._policy.ttft_predictions(),
         )

@@ -50,6 +50,11 @@ class Track:
         "finish_s",
         "first_token_s",
         "holder",
+        "interrupted_s",
+        "load_wait_s",
+        "no_model_wait_s",
+        "queue_marks",
+        "queue_wait_s",
         "request",
         "started",
         "state",
@@ -67,6 +72,14 @@ class Track:
         self.aborts = 0
         self.ended = False
         self.state = OutcomeState.UNFINISHED
+        self.interrupted_s: float | None = None  # first time an engine let it go
+        # Before its first token (qlm/sim/waits.py): seconds in the global queue, and the parts
+        # of them while its model was on no instance / only loading; queue_marks holds the
+        # readings (since_s, no_model_s, loading_s) taken when it last entered the queue.
+        self.queue_wait_s = 0.0
+        self.no_model_wait_s = 0.0
+        self.load_wait_s = 0.0
+        self.queue_marks: tuple[float, float, float] | None = None
 
 
 class Slot:
@@ -116,6 +129,10 @@ def outcome(track: Track) -> RequestOutcome:
         completion_deadline_s=r.completion_deadline_at_s,
         evictions=track.evictions,
         state=track.state,
+        queue_wait_s=track.queue_wait_s,
+        no_model_wait_s=track.no_model_wait_s,
+        load_wait_s=track.load_wait_s,
+        interrupted_s=track.interrupted_s,
     )
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 SUBMIT = "/v1/qlm/requests"
 USER = [{"role": "user", "content": "hi"}]
+CALL = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -238,6 +241,28 @@ CASES: list[Any] = [
         "unknown_slo_class",
         id="submit-unknown-class",
     ),
+    # OpenAI fields QLM's engines do not honour: refused, never accepted and ignored
+    *[
+        pytest.param(path, body, {}, 400, param, "unsupported_parameter", id=f"unsupported-{param}")
+        for path, body, param in [
+            (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+            (CHAT, chat(tool_choice="required"), "tool_choice"),
+            (CHAT, chat(response_format={"type": "json_object"}), "response_format"),
+            (CHAT, chat(logprobs=True, top_logprobs=2), "logprobs"),
+            (CHAT, chat(presence_penalty=0.5), "presence_penalty"),
+            (CHAT, chat(frequency_penalty=0.5), "frequency_penalty"),
+            (CHAT, chat(logit_bias={"50256": -100}), "logit_bias"),
+            (COMPLETIONS, completion(echo=True), "echo"),
+            (COMPLETIONS, completion(best_of=2), "best_of"),
+            (COMPLETIONS, completion(suffix="!"), "suffix"),
+            (SUBMIT, {"kind": "chat", **chat(tools=[CALL])}, "tools"),
+            (
+                CHAT,
+                chat(messages=[{"role": "assistant", "content": None, "tool_calls": [CALL]}]),
+                "messages[0].tool_calls",
+            ),
+        ]
+    ],
 ]
 
 
@@ -344,3 +369,38 @@ async def test_bad_requests_do_not_disturb_accepted_ones(
 
     await wait_until(all_done)
     assert agent.served == 6
+
+
+async def test_unknown_fields_that_ask_for_nothing_are_dropped(
+    client: httpx.AsyncClient, agent: FakeAgent
+) -> None:
+    """What clients and replayed histories send with default values passes; a tool message
+    with its call id passes (its content is the prompt text)."""
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "refusal": None, "tool_calls": []},
+        {"role": "tool", "content": "42", "tool_call_id": "call-1"},
+    ]
+    body = chat(messages=history, logprobs=None, echo=False, presence_penalty=0, tools=[])
+    resp = await client.post(CHAT, json={**body, "max_tokens": 2})
+    assert resp.status_code == 200, resp.text
+
+
+async def test_a_client_that_leaves_mid_body_is_answered_without_an_application_error(
+    base_url: str, queue: MemoryQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fewer body bytes than Content-Length, then the connection closes: no ASGI exception
+    is logged, nothing is queued, and the server goes on serving."""
+    host, port = base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    writer.write((head + "content-length: 1000\r\n\r\n").encode() + b'{"model": "m7b"')
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    del reader
+    async with httpx.AsyncClient(base_url=base_url) as http:
+        ok = await http.post(SUBMIT, json={"kind": "completion", "model": "m7b", "prompt": "x"})
+    assert ok.status_code == 202
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert (await queue.counts())[RequestState.QUEUED] == 1

@@ -17,6 +17,7 @@ from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
 from tests.api.conftest import make_settings, serving, wait_until
 from tests.api.fake_agent import FakeAgent
+from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -82,3 +83,31 @@ async def test_disconnect_cancels_over_redis(
             return bool((await http.get(f"/v1/qlm/requests/{rid}")).json()["state"] == "cancelled")
 
         await wait_until(cancelled)
+
+
+async def test_redis_down_is_503_with_retry_after_and_nothing_accepted(
+    clock: VirtualClock,
+) -> None:
+    """Past the client's retries, a submission, a lookup and the queue counts answer 503
+    `queue_unavailable` with Retry-After (not 500); after Redis returns, work goes on."""
+    with RedisServer() as server:
+        queue = make_queue(server.url, retries=1, retry_backoff_cap_s=0.05)
+        settings = make_settings()
+        app = create_app(settings, queue, clock)
+        body = {"kind": "completion", "model": "m7b", "prompt": "x", "max_tokens": 4}
+        try:
+            async with serving(app) as url, httpx.AsyncClient(base_url=url) as http:
+                rid = (await http.post("/v1/qlm/requests", json=body)).json()["id"]
+                server.stop()
+                for method, path in [
+                    ("POST", "/v1/qlm/requests"),
+                    ("GET", f"/v1/qlm/requests/{rid}"),
+                    ("GET", "/v1/qlm/queue"),
+                ]:
+                    resp = await http.request(method, path, json=body if method == "POST" else None)
+                    assert resp.status_code == 503, (path, resp.text)
+                    assert resp.json()["error"]["code"] == "queue_unavailable"
+                    retry = resp.headers["retry-after"]
+                    assert retry == str(settings.api.queue_full_retry_after_s)
+        finally:
+            await queue.close()

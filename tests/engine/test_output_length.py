@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -44,3 +45,12 @@ def test_lognormal_parameters_reproduce_mean_and_std() -> None:
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(UnknownPolicyError, match="known: cap, profile"):
         OUTPUT_LENGTHS.create("oracle")
+
+
+def test_a_request_that_ignores_eos_runs_to_its_cap() -> None:
+    policy = OUTPUT_LENGTHS.create("profile", seed=1)
+    profile = make_profile(output_mean=20.0, output_std=5.0)
+    requests = [make_request(id=f"q{i}", max_output_tokens=500) for i in range(50)]
+    assert max(policy.output_tokens(r, profile) for r in requests) < 500
+    exact = [replace(r, sampling={"ignore_eos": True}) for r in requests]
+    assert {policy.output_tokens(r, profile) for r in exact} == {500}

@@ -67,6 +67,28 @@ async def test_metrics_count_admitted_rejected_and_cancelled_requests(
     )
 
 
+async def test_bodies_refused_before_admission_are_counted_too(
+    client: httpx.AsyncClient,
+) -> None:
+    chat = {"model": "m7b", "messages": [{"role": "user", "content": "hi"}]}
+    assert (await client.post("/v1/chat/completions", content=b'{"model": ')).status_code == 400
+    with_tools = {**chat, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert (await client.post("/v1/chat/completions", json=with_tools)).status_code == 400
+    huge = {**chat, "messages": [{"role": "user", "content": "x" * 5_000_000}]}
+    assert (await client.post("/v1/chat/completions", json=huge)).status_code == 413
+    bad_kind = {**submission(), "max_tokens": "5"}
+    assert (await client.post("/v1/qlm/requests", json=bad_kind)).status_code == 400
+
+    assert await scrape(client, "qlm_request_rejections_total", reason="invalid_json") == 1
+    unsupported = await scrape(
+        client, "qlm_request_rejections_total", reason="unsupported_parameter"
+    )
+    assert unsupported == 1
+    assert await scrape(client, "qlm_request_rejections_total", reason="request_too_large") == 1
+    assert await scrape(client, "qlm_request_rejections_total", reason="invalid_request_error") == 1
+    assert await scrape(client, "qlm_requests_total", model_name="other", outcome="rejected") == 4
+
+
 async def test_scrapers_asking_for_openmetrics_get_it(client: httpx.AsyncClient) -> None:
     accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
     response = await client.get("/metrics", headers={"accept": accept})

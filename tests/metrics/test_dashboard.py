@@ -62,6 +62,8 @@ async def test_view_reports_what_the_exposition_reports() -> None:
     assert interactive["target"] == 0.99
     assert view["attainment"]["batch"]["ratio"] == 1.0
     assert view["queue"] == {"interactive": 0, "batch": 4}
+    # The 2 late ones: no dispatch time in their results, so all their wait was in an engine.
+    assert view["misses_by_cause"] == {"interactive": {"in_engine": 2}, "batch": {}}
     assert view["waits"]["interactive"]["actual_mean_s"] == (3 * 3.0 + 2 * 9.0) / 5
     assert view["waits"]["interactive"]["predicted_mean_s"] is None  # nothing planned
     [i0] = [i for i in view["instances"] if i["instance_id"] == "i0"]

@@ -79,6 +79,19 @@ def metrics_attainment(url: str) -> tuple[int, int]:
     return int(met["interactive"]), int(evaluated["interactive"])
 
 
+def metrics_misses(url: str) -> list[tuple[str, str]]:
+    """(cause, count) of the missed requests /metrics reports, causes with none left out."""
+    text = httpx.get(f"{url}/metrics").text
+    missed = sample_sums(text, "qlm_slo_missed_total", "cause")
+    return sorted((cause, str(int(n))) for cause, n in missed.items() if n)
+
+
+def shown_misses(driver: WebDriver, slo_class: str) -> list[tuple[str, str]]:
+    rows = driver.find_elements(By.CSS_SELECTOR, f'#misses tbody tr[data-class="{slo_class}"]')
+    cells = [(r.get_attribute("data-cause"), r.find_elements(By.TAG_NAME, "td")) for r in rows]
+    return sorted((str(cause), tds[2].text) for cause, tds in cells)
+
+
 def card(driver: WebDriver, slo_class: str) -> dict[str, str]:
     element = driver.find_element(By.CSS_SELECTOR, f'.card[data-class="{slo_class}"]')
     fields = element.find_elements(By.CSS_SELECTOR, "[data-field]")
@@ -117,6 +130,9 @@ def test_dashboard_shows_the_attainment_of_metrics_and_updates(
     chart = '#attainment-chart path[data-class="interactive"]'
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, chart))
     assert browser.find_elements(By.CSS_SELECTOR, "#waits tbody tr")
+    misses = metrics_misses(base_url)
+    assert sum(int(n) for _, n in misses) == 1  # the late one, under its cause
+    wait.until(lambda d: shown_misses(d, "interactive") == misses)
 
     generated = browser.find_element(By.TAG_NAME, "body").get_attribute("data-generated-at")
     run_requests(base_url, n_ok=1, n_late=2)  # now 4 of 7

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.queue.base import UnknownRequestError
+from qlm.queue.base import QueueUnavailableError, UnknownRequestError
 from qlm.queue.factory import make_queue
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.queue.redis import RedisQueue, RedisQueueConfig
@@ -176,8 +176,9 @@ async def test_tls_with_rediss_url() -> None:
         assert await queue.pull("i0", ["a"], lease_s=1.0, now_s=0.0) != ()
         await queue.close()
         untrusting = make_queue(server.url)  # the self-signed certificate is not trusted
-        with pytest.raises(aioredis.ConnectionError):
+        with pytest.raises(QueueUnavailableError, match="certificate verify failed") as info:
             await untrusting.counts()
+        assert isinstance(info.value.__cause__, aioredis.ConnectionError)
         await untrusting.close()
 
 

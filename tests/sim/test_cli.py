@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ SUMMARY_KEYS = [
     "ttft_p99_s",
     "swaps",
     "evictions",
-    "sim_wall_s",
+    "miss_causes",
 ]
 
 
@@ -67,26 +68,39 @@ def simulate(path: Path, out: Path, *extra: str) -> int:
 
 
 def check_summary(doc: dict[str, object], policies: list[str], requests: int) -> None:
-    assert list(doc) == ["scenario", "seed", "policies"]
+    assert list(doc) == ["scenario", "seed", "policies", "bound"]
     assert doc["scenario"] == "tiny-wa"
     assert doc["seed"] == 4
     entries = doc["policies"]
     assert isinstance(entries, dict)
     assert list(entries) == policies
-    for entry in entries.values():
-        assert list(entry) == SUMMARY_KEYS
+    for name, entry in entries.items():
+        predicts = name.startswith("qlm")  # only qlm predicts waits
+        assert list(entry) == SUMMARY_KEYS + (["ttft_prediction"] if predicts else [])
+        if predicts:
+            accuracy = entry["ttft_prediction"]
+            assert list(accuracy) == ["overall", "by_class", "by_prompt_band"]
+            overall = accuracy["overall"]
+            assert overall["requests"] + overall["predicted_miss"] == requests
+            assert overall["median_abs_error_s"] >= 0.0
         assert entry["requests"] == requests
         assert isinstance(entry["requests"], int)
         att = entry["slo_attainment"]
         assert list(att) == ["overall", "interactive", "batch-2"]
         assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in att.values())
-        for key in ("throughput_rps", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "sim_wall_s"):
+        for key in ("throughput_rps", "goodput_rps", "ttft_p50_s", "ttft_p99_s"):
             assert isinstance(entry[key], float)
             assert entry[key] >= 0.0
         assert entry["goodput_rps"] <= entry["throughput_rps"] + 1e-12
         assert entry["ttft_p50_s"] <= entry["ttft_p99_s"]
         assert isinstance(entry["swaps"], int)
         assert isinstance(entry["evictions"], int)
+        causes = entry["miss_causes"]
+        assert list(causes)[:3] == ["failed", "unfinished", "evicted"]
+        missed = round(requests * (1.0 - att["overall"]))
+        assert sum(causes.values()) == missed
+        for name, value in entry["slo_attainment"].items():
+            assert value <= doc["bound"][name] + 1e-12  # type: ignore[index]
 
 
 @pytest.mark.slow
@@ -105,13 +119,22 @@ def test_simulate_writes_csv_summary_and_report(
     fcfs_rows = [r for r in rows if r["policy"] == "fcfs"]
     met = sum(r["met_slo"] == "1" for r in fcfs_rows) / 320
     assert met == pytest.approx(doc["policies"]["fcfs"]["slo_attainment"]["overall"])
+    assert all((r["met_slo"] == "1") == (r["miss_cause"] == "") for r in rows)
+    by_cause = Counter(r["miss_cause"] for r in fcfs_rows if r["miss_cause"])
+    assert by_cause == {k: v for k, v in doc["policies"]["fcfs"]["miss_causes"].items() if v}
     assert {r["instance"] for r in fcfs_rows} <= {"a10-mistral-7b-0", "a100-mistral-7b-0", ""}
     report = (out / "report.md").read_text()
+    assert "## Why requests missed" in report
+    assert "\n| bound | " in report
+    timings = json.loads((out / "timings.json").read_text())
+    assert list(timings["policies"]) == policies
+    assert all(t["sim_wall_s"] > 0 for t in timings["policies"].values())
     for png in ("attainment.png", "ttft_cdf.png", "queue_length.png", "swaps_per_instance.png"):
         assert (out / png).read_bytes()[:8] == PNG_MAGIC
         assert f"]({png})" in report
     printed = capsys.readouterr().out
     assert "policy" in printed
+    assert "\nbound " in printed
     assert all(p in printed for p in policies)
 
 
@@ -121,9 +144,7 @@ def test_same_seed_same_outputs_other_seed_differs(tiny: Path, tmp_path: Path) -
     for k, seed in enumerate(("4", "4", "5")):
         out = tmp_path / f"run{k}"
         assert simulate(tiny, out, "--policy", "fcfs", "--policy", "llmd", "--seed", seed) == 0
-        summary = json.loads((out / "summary.json").read_text())
-        for entry in summary["policies"].values():
-            entry.pop("sim_wall_s")
+        summary = (out / "summary.json").read_bytes()
         runs.append(((out / "requests.csv").read_bytes(), summary))
     assert runs[0] == runs[1]
     assert runs[0][0] != runs[2][0]

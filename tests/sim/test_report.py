@@ -136,7 +136,7 @@ def test_summary_document_has_the_issue_schema(results: list[SimResult]) -> None
         "ttft_p99_s",
         "swaps",
         "evictions",
-        "sim_wall_s",
+        "miss_causes",
     ]
     assert fcfs["requests"] == 4
     assert fcfs["slo_attainment"] == {"overall": 0.5, "interactive": 0.5, "batch-2": 0.5}
@@ -146,6 +146,14 @@ def test_summary_document_has_the_issue_schema(results: list[SimResult]) -> None
     assert fcfs["swaps"] == 3
     assert fcfs["evictions"] == 3
     assert fcfs["ttft_p50_s"] == pytest.approx(29.0)  # TTFTs 1, 29, 50
+    # b: first token 9 s late, all of it between dispatch and first token; d: its deadline
+    # (3602 s) is after the run's end (100 s).
+    assert fcfs["miss_causes"] == {
+        **dict.fromkeys(fcfs["miss_causes"], 0),
+        "in_engine": 1,
+        "unfinished": 1,
+    }
+    assert sum(doc["policies"]["qlm"]["miss_causes"].values()) == 1
 
 
 def test_nan_becomes_null_in_json(tmp_path: Path) -> None:
@@ -165,6 +173,7 @@ def test_nan_becomes_null_in_json(tmp_path: Path) -> None:
         sim_wall_s=0.0,
     )
     doc = summary_document("s", 0, [empty])
+    assert "sim_wall_s" not in json.dumps(doc)  # the wall clock goes to timings.json
     assert doc["policies"]["x"]["ttft_p50_s"] is None
     write_json(tmp_path / "s.json", doc)
     assert json.loads((tmp_path / "s.json").read_text())["policies"]["x"]["ttft_p99_s"] is None
@@ -184,11 +193,14 @@ def test_requests_csv_has_one_row_per_request_and_policy(
     assert late["instance"] == "i1"
     assert float(late["ttft_s"]) == pytest.approx(29.0)
     assert late["met_slo"] == "0"
+    assert late["miss_cause"] == "in_engine"
     assert rows[5]["met_slo"] == "1"
+    assert rows[5]["miss_cause"] == ""
     unfinished = rows[3]
     assert unfinished["first_token_s"] == ""
     assert unfinished["instance"] == ""
     assert unfinished["state"] == "unfinished"
+    assert unfinished["miss_cause"] == "unfinished"
 
 
 def test_summary_table_lists_every_policy_and_class(results: list[SimResult]) -> None:
@@ -206,6 +218,11 @@ def test_report_writes_markdown_and_four_pngs(
     assert "# Simulation report: fake" in text
     assert "qlm simulate fake.yaml" in text
     assert "| fcfs | 50.0% | 50.0% | 50.0% |" in text
+    assert "## Why requests missed" in text
+    causes = "| policy | missed | failed | unfinished | evicted | no_instance | model_load |"
+    assert causes in text
+    assert "| fcfs | 2 | 0 | 1 (50%) | 0 | 0 | 0 | 0 | 1 (50%) | 0 |" in text
+    assert "| qlm | 1 | 0 | 1 (100%) | 0 | 0 | 0 | 0 | 0 | 0 |" in text
     for name in PLOTS.values():
         assert f"]({name})" in text
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC

@@ -82,8 +82,9 @@ def test_different_workload_seeds_differ() -> None:
     "policy", ["edf", "qlm-edf", pytest.param("qlm", marks=pytest.mark.solver)]
 )
 def test_nothing_runs_on_an_instance_while_it_loads_a_model(policy: str) -> None:
-    # Two m7b instances, one m13b; mostly m13b traffic makes policies that may swap do so.
-    requests = mixed_requests(300, 25.0, 11, models=("m13b", "m13b", "m13b", "m7b"))
+    # Two m7b instances, one m13b; mostly m13b traffic, heavy enough that a swap keeps more
+    # promises than it breaks, makes policies that may swap do so.
+    requests = mixed_requests(400, 120.0, 11, models=("m13b", "m13b", "m13b", "m7b"))
     result = simulate(two_model_fleet(), requests, policy, CONFIG, 7)
     check_conservation(result, requests)
     assert result.loads, "the case must make the policy swap a model"

@@ -24,7 +24,6 @@ Event times come from the injected Clock; waits and timeouts use the event loop'
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from qlm.engine.types import (
 )
 from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.engine.vllm.metrics import VllmMetrics, parse_metrics
-from qlm.engine.vllm.process import PROBE_TIMEOUT, ServerProcess, Supervisor
+from qlm.engine.vllm.process import METRICS_TIMEOUT, ServerProcess, Supervisor
 from qlm.engine.vllm.protocol import completion_body
 from qlm.engine.vllm.streaming import RequestStreams
 from qlm.types import Instance, Request
@@ -69,6 +68,7 @@ class VllmEngine:
         self._streams = RequestStreams(self._events, clock)
         self._supervisor = Supervisor(config, instance.id, on_exit=self._fail)
         self._metrics = VllmMetrics()
+        self._scrape_error = ""
         self._failure = ""
         self._last_load_s: float | None = None
         self._load_task: asyncio.Task[None] | None = None
@@ -143,6 +143,11 @@ class VllmEngine:
     def metrics(self) -> VllmMetrics:
         """The latest /metrics scrape."""
         return self._metrics
+
+    @property
+    def scrape_error(self) -> str:
+        """Why the latest /metrics scrape failed ("" when it succeeded)."""
+        return self._scrape_error
 
     @property
     def base_url(self) -> str | None:
@@ -290,13 +295,18 @@ class VllmEngine:
         while True:
             server = self._supervisor.server
             if server is not None and self._state is EngineState.READY:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                try:
                     await self._scrape(server)
+                    self._scrape_error = ""
+                except Exception as exc:  # the loop outlives any one scrape; the error is kept
+                    self._scrape_error = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(self.config.metrics_interval_s)
 
     async def _scrape(self, server: ServerProcess) -> None:
         assert self._http is not None
-        async with self._http.get(f"{server.base_url}/metrics", timeout=PROBE_TIMEOUT) as response:
+        async with self._http.get(
+            f"{server.base_url}/metrics", timeout=METRICS_TIMEOUT
+        ) as response:
             response.raise_for_status()
             text = await response.text()
         if self._supervisor.server is server:

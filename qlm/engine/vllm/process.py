@@ -30,7 +30,10 @@ from qlm.engine.types import EngineError
 from qlm.engine.vllm.config import DEFAULT_SERVER_ENV, VllmEngineConfig, serve_argv
 
 HEALTH_POLL_S = 0.25
-PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)  # /health and /metrics requests
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)  # /health requests
+# A server busy streaming can take seconds to answer /metrics; a slow scrape still beats none
+# (a scrape cut at 5 s under load left the engine's KV reading stale for minutes).
+METRICS_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
 GROUP_EXIT_POLL_S = 0.1
 STRAY_GRACE_S = 5.0  # SIGTERM grace for the engine core and workers of a server that died
 LOG_TAIL_BYTES = 4096

@@ -42,7 +42,7 @@ def completion_body(request: Request, max_tokens: int, config: VllmEngineConfig)
         "max_tokens": max_tokens,
         "stream": True,
         # synthetic prompts stand for a length, so they always run to max_tokens
-        "ignore_eos": config.ignore_eos or request.prompt is None,
+        "ignore_eos": config.ignore_eos or request.prompt is None or request.ignores_eos,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
 

@@ -189,6 +189,19 @@
     $("planner").textContent = `re-plans: ${runs}; mean solve ${secs(data.planner.solve_mean_s)}`;
   }
 
+  function renderMisses(data) {
+    const misses = data.misses_by_cause || {};
+    const rows = Object.entries(misses).flatMap(([c, causes]) =>
+      Object.entries(causes).map(([cause, n]) => {
+        const tr = row([[c], [cause], [int(n), "num"]]);
+        tr.dataset.class = c;
+        tr.dataset.cause = cause;
+        return tr;
+      }));
+    if (!rows.length) rows.push(row([["no misses"], [""], [""]]));
+    $("misses").tBodies[0].replaceChildren(...rows);
+  }
+
   function renderEvents(data) {
     const items = data.events.map((e) => {
       const li = el("li", { "data-kind": e.kind });
@@ -210,6 +223,7 @@
     renderInstances(data);
     renderWaits(data);
     renderByModel(data);
+    renderMisses(data);
     renderEvents(data);
     document.body.dataset.generatedAt = String(data.generated_at_s);
   }

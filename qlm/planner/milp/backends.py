@@ -49,6 +49,9 @@ _TIMEOUT_SHARE = 0.95
 # covers reading the solution back and expanding the plan.
 _SOLVE_SHARE = 0.85
 _MIN_SOLVE_S = 0.05
+# With a deterministic work budget, the wall limit is this multiple of the configured time
+# limit: a safety net that a budget of about as many deterministic seconds never reaches.
+_SAFETY_NET = 10.0
 
 
 def _no_time_left(started: float, clock: Clock) -> SolveOutcome:
@@ -109,8 +112,9 @@ class CpSatBackend:
         solver = cp_model.CpSolver()
         limit_s = _SOLVE_SHARE * (time_limit_s - (clock.monotonic_s() - started))
         if deterministic_work is not None:
-            # Reproducible: a work budget on one worker; the wall limit only as a safety net.
-            limit_s = 10.0 * time_limit_s
+            # Reproducible: a work budget on one worker with a fixed seed; the wall limit
+            # (which does not depend on how long building took) is only a safety net.
+            limit_s = _SAFETY_NET * time_limit_s
             solver.parameters.max_deterministic_time = deterministic_work
             solver.parameters.num_workers = 1
             solver.parameters.random_seed = 0
@@ -130,8 +134,9 @@ class CpSatBackend:
             float(solver.value(var)) / (1.0 if fv.binary else self.SCALE)
             for var, fv in zip(variables, formulation.vars, strict=True)
         )
-        status = _classify(code == cp_model.OPTIMAL, solver.wall_time, limit_s)
-        return SolveOutcome(status, values, wall_s, solver.status_name(code))
+        optimal = code == cp_model.OPTIMAL
+        status, detail = _cpsat_status(solver, code, optimal, limit_s, deterministic_work)
+        return SolveOutcome(status, values, wall_s, detail)
 
     def _low(self, binary: bool, lb: float) -> int:
         return round(lb) if binary else math.floor(lb * self.SCALE)
@@ -186,6 +191,20 @@ def _bound(expr: Any, sense: Sense, rhs: int) -> Any:
     if sense is Sense.GE:
         return expr >= rhs
     return expr == rhs
+
+
+def _cpsat_status(
+    solver: Any, code: Any, optimal: bool, limit_s: float, deterministic_work: float | None
+) -> tuple[SolveStatus, str]:
+    """Optimal, feasible or timeout: by wall time, or on a work budget by the work done (never
+    by the wall clock), saying so if the wall-clock safety net stopped the search."""
+    detail = str(solver.status_name(code))
+    if deterministic_work is None:
+        return _classify(optimal, solver.wall_time, limit_s), detail
+    done = float(solver.deterministic_time)
+    if not optimal and done < _TIMEOUT_SHARE * deterministic_work:
+        detail += " (wall-clock safety net hit: this plan depends on the machine's speed)"
+    return _classify(optimal, done, deterministic_work), detail
 
 
 def _classify(optimal: bool, wall_s: float, limit_s: float) -> SolveStatus:

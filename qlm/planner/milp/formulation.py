@@ -11,6 +11,7 @@ Lc[g]     completion lateness of g (only groups with such a deadline)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -61,6 +62,7 @@ class Formulation:
     by_slot: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
     by_group: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     horizon_s: dict[int, float] = field(default_factory=dict)  # q -> latest possible start
+    min_occupancy_s: dict[int, float] = field(default_factory=dict)  # q -> its shortest group
     models: dict[int, list[str]] = field(default_factory=dict)  # q -> models it can serve
 
     def add_var(self, name: str, binary: bool, lb: float = 0.0, ub: float = 1.0) -> int:
@@ -259,8 +261,10 @@ def _group_constraints(f: Formulation, g: int) -> None:
 
 
 def _min_occupancy_s(f: Formulation, q: int) -> float:
-    occ = [c.occupancy_s for (_, qq), c in f.table.costs.items() if qq == q]
-    return min(occ, default=0.0)
+    if not f.min_occupancy_s:  # once for all instances: one pass over the cost table
+        for (_, qq), cost in f.table.costs.items():
+            f.min_occupancy_s[qq] = min(cost.occupancy_s, f.min_occupancy_s.get(qq, math.inf))
+    return f.min_occupancy_s.get(q, 0.0)
 
 
 def _position_bounds(f: Formulation, g: int) -> None:

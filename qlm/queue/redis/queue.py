@@ -10,15 +10,18 @@ leadership safe under clock skew between nodes.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import redis.asyncio as redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from qlm.control.plan import PublishedPlan
-from qlm.queue.base import DuplicateRequestError, QueueError
+from qlm.queue.base import DuplicateRequestError, QueueError, QueueUnavailableError
 from qlm.queue.records import (
     InstanceStatus,
     RequestRecord,
@@ -107,7 +110,8 @@ class RedisQueue:
     # -- reads --------------------------------------------------------------------------
 
     async def get(self, request_id: str) -> RequestRecord | None:
-        fields = as_hash(await self._redis.hgetall(self._keys.record(request_id)))
+        with reachable():
+            fields = as_hash(await self._redis.hgetall(self._keys.record(request_id)))
         return record_from_fields(fields) if fields else None
 
     async def queued(self) -> tuple[Request, ...]:
@@ -145,7 +149,8 @@ class RedisQueue:
         return records
 
     async def counts(self) -> Mapping[RequestState, int]:
-        stored = as_hash(await self._redis.hgetall(self._keys.counts))
+        with reachable():
+            stored = as_hash(await self._redis.hgetall(self._keys.counts))
         return {state: int(stored.get(state, 0)) for state in RequestState}
 
     async def instances(self) -> tuple[InstanceStatus, ...]:
@@ -177,7 +182,8 @@ class RedisQueue:
             request.tenant,
             -1 if tenant_limit is None else tenant_limit,
         ]
-        outcome = await self._enqueue_batch.call(keys, args)
+        with reachable():
+            outcome = await self._enqueue_batch.call(keys, args)
         if outcome == -1:
             raise DuplicateRequestError(request.id)
         if outcome == -2:
@@ -235,7 +241,8 @@ class RedisQueue:
         return await self._run_finish(result, "holder")
 
     async def cancel(self, request_id: str, now_s: float) -> bool:
-        return await self._run_finish(cancelled_result(request_id, now_s), "any")
+        with reachable():
+            return await self._run_finish(cancelled_result(request_id, now_s), "any")
 
     async def _run_finish(self, result: RequestResult, mode: str) -> bool:
         k = self._keys
@@ -274,7 +281,8 @@ class RedisQueue:
         return await self._plans.publish(plan)
 
     async def current_plan(self) -> PublishedPlan | None:
-        return await self._plans.current()
+        with reachable():
+            return await self._plans.current()
 
     async def wait_for_plan(self, newer_than_epoch: int, timeout_s: float) -> bool:
         return await self._plans.wait(newer_than_epoch, timeout_s)
@@ -312,3 +320,13 @@ class RedisQueue:
         if self._owns_client:
             await self._redis.aclose()
             await self._blocking.aclose()
+
+
+@contextlib.contextmanager
+def reachable() -> Iterator[None]:
+    """Redis not answering past the client's retries becomes QueueUnavailableError (the API
+    answers 503 with Retry-After)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise QueueUnavailableError(f"Redis is not reachable: {exc}") from exc

@@ -27,6 +27,7 @@ from qlm.engine.types import (
 )
 from qlm.perf.profile import Profile
 from qlm.registry import Registry
+from qlm.sim.result import TtftPrediction
 from qlm.types import Fleet, Instance, Request
 
 Actions = Sequence[Action]
@@ -102,6 +103,11 @@ class SimPolicy(Protocol):
         """Wall time the policy spent planning (not part of the deterministic result)."""
         ...
 
+    def ttft_predictions(self) -> Mapping[str, TtftPrediction]:
+        """Per request, the time to first token the policy predicted when it arrived (None:
+        predicted to miss); empty for policies that predict nothing."""
+        ...
+
 
 SIM_POLICIES: Registry[SimPolicy] = Registry("simulator")
 
@@ -147,6 +153,9 @@ class BasePolicy:
 
     def wall_s(self) -> float:
         return 0.0
+
+    def ttft_predictions(self) -> Mapping[str, TtftPrediction]:
+        return {}
 
     # Helpers shared by the baselines.
 

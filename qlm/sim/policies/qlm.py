@@ -26,18 +26,24 @@ again like an arrival (as the live loop does).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from qlm.agents.actions import Action
-from qlm.agents.drain import drain_estimate_s
-from qlm.agents.reconcile import QueuedGroup, ReconcileConfig, ReconcileInput, reconcile
-from qlm.agents.virtual_queue import virtual_queue
+from qlm.agents.actions import Action, Pull
+from qlm.agents.drain import drain_estimate_s, engine_timing
+from qlm.agents.reconcile import (
+    EngineTiming,
+    QueuedGroup,
+    ReconcileConfig,
+    ReconcileInput,
+    reconcile,
+)
+from qlm.agents.room import room
 from qlm.clock import WallClock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver, Decision
-from qlm.engine.types import EngineEvent, EngineObservation
+from qlm.engine.types import EngineEvent, EngineObservation, FirstToken
 from qlm.perf.profile import Profile
 from qlm.sim.policies.base import (
     NO_ACTIONS,
@@ -47,6 +53,8 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
+from qlm.sim.policies.qlm_dispatch import SimDispatch
+from qlm.sim.result import TtftPrediction
 from qlm.types import Fleet, Request
 
 _ROUND = "round"
@@ -82,6 +90,8 @@ class QlmPolicy(BasePolicy):
         self._wall_s = 0.0
         self._wall = WallClock()
         self._kv_swap: dict[str, bool] = {}  # instance -> its engine swaps KV to CPU
+        self._dispatch_view: SimDispatch | None = None
+        self._predicted: dict[str, TtftPrediction] = {}
 
     # Hooks
 
@@ -95,6 +105,7 @@ class QlmPolicy(BasePolicy):
         self._driver = ControlDriver(controller, config.control)
         self._members = config.control.published_members_per_instance
         self._priority = {c.name: c.priority for c in ctx.config.slo_classes}
+        self._dispatch_view = SimDispatch(ctx, self._priority, self._members)
         latency = variant.planning_latency_s
         if latency is None:
             latency = ctx.config.planner.time_limit_s if planner == "milp" else 0.0
@@ -102,17 +113,38 @@ class QlmPolicy(BasePolicy):
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
-        return self._follow(self.driver.arrive((request,), self.now_s()))
+        self.dispatch.queue(request)
+        actions = self._follow(self.driver.arrive((request,), self.now_s()))
+        if request.id in self.dispatch:  # not pulled where the plan put it
+            actions = (*actions, *self._dispatch(request.model, request))
+        prediction = self.dispatch.predict(request)
+        if prediction is not None:
+            self._predicted[request.id] = prediction
+        return actions
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
         driver = self.driver
         driver.note_queued(self.now_s())
+        for request in requests:
+            self.dispatch.queue(request)
         offered = driver.unplanned(requests)  # those the plan forgot while they ran
         self._counts["requeued_offered"] += len(offered)
         return self._follow(driver.arrive(offered, self.now_s()))
 
+    def _dispatch(self, model: str, arrival: Request | None = None) -> Actions:
+        """Work conservation: when a request of `model` arrives, the first instance on the
+        model with room (`SimDispatch.with_room`, fewest held first) that pulls, pulls."""
+        for instance_id in self.dispatch.with_room(model, arrival):
+            actions = self._reconcile(instance_id)
+            if actions:
+                return actions
+        return NO_ACTIONS
+
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
-        if self.driver.plan is None or not frees_capacity(events):
+        """Reconcile when room may have freed: a request ended, a model loaded, or a prompt's
+        prefill finished (its first token: the engine's prefill backlog shrank)."""
+        self.dispatch.touched(instance_id)
+        if not (frees_capacity(events) or any(isinstance(e, FirstToken) for e in events)):
             return NO_ACTIONS
         return self._reconcile(instance_id)
 
@@ -125,6 +157,9 @@ class QlmPolicy(BasePolicy):
 
     def wall_s(self) -> float:
         return self._wall_s
+
+    def ttft_predictions(self) -> Mapping[str, TtftPrediction]:
+        return self._predicted
 
     # Driver decisions as timers and agent steps
 
@@ -163,7 +198,17 @@ class QlmPolicy(BasePolicy):
         if driver.replan_due(now_s):
             actions = self._start_replan(now_s)
         self._schedule_round()
-        return actions
+        return (*actions, *self._idle_steps())
+
+    def _idle_steps(self) -> Actions:
+        """Agent steps for idle instances (no engine events wake them): a swap they
+        declined may pay now that the queue moved (a live agent polls the same way)."""
+        ctx = self.ctx
+        actions: list[Action] = []
+        for instance in ctx.fleet.instances:
+            if ctx.held(instance.id) == 0 and not ctx.loading(instance.id):
+                actions.extend(self._reconcile(instance.id))
+        return tuple(actions)
 
     def _start_replan(self, now_s: float) -> Actions:
         started = self._wall.monotonic_s()
@@ -198,10 +243,8 @@ class QlmPolicy(BasePolicy):
         answer skip observing the engine: a loading engine gets nothing, and without KV
         swapping an instance with nothing queued for it gets nothing."""
         ctx = self.ctx
-        if self.driver.plan is None:
-            return ()
         if not self.variant.shortcuts:
-            return self._decide(ctx.observe(instance_id), self._heads(instance_id, whole=True))
+            return self._decide(ctx.observe(instance_id), self._heads(instance_id, True))
         if ctx.loading(instance_id):
             return ()
         obs: EngineObservation | None = None
@@ -211,49 +254,50 @@ class QlmPolicy(BasePolicy):
             kv_swap = self._kv_swap[instance_id] = obs.supports_kv_swap
         if kv_swap:
             obs = obs or ctx.observe(instance_id)
-            heads = self._heads(instance_id, whole=bool(obs.swapped))
+            heads = self._heads(instance_id, bool(obs.swapped))
         else:
-            heads = self._heads(instance_id, whole=False)
-            if not heads:
+            heads = self._heads(instance_id, False)
+            if not heads or self._blocked(instance_id, heads):
                 return ()
             obs = obs or ctx.observe(instance_id)
         return self._decide(obs, heads)
 
+    def _blocked(self, instance_id: str, heads: tuple[QueuedGroup, ...]) -> bool:
+        """Reconcile would do nothing: the engine is as it was when the last one did nothing,
+        and its room still does not take the head (`Room.blocks`)."""
+        last = self.dispatch.room_of(instance_id)
+        return last is not None and last.blocks(heads, self._priority)
+
     def _decide(self, obs: EngineObservation, heads: tuple[QueuedGroup, ...]) -> tuple[Action, ...]:
-        actions = reconcile(ReconcileInput(obs, heads, self._priority), self.variant.reconcile)
+        timing = self._timing(obs)
+        options = self.variant.reconcile
+        actions = reconcile(ReconcileInput(obs, heads, self._priority, timing), options)
+        # A KV-swapping engine may swap requests back in, whatever room it has.
+        idle_room = not actions and not obs.supports_kv_swap
+        room_now = room(obs, timing, self._priority, options) if idle_room else None
+        self.dispatch.saw(obs.instance_id, room_now)
+        if actions:
+            self.dispatch.touched(obs.instance_id)
         for action in actions:
             self._counts[f"lso_{type(action).__name__.lower()}"] += 1
+            if isinstance(action, Pull):
+                self.dispatch.pulled(action.request_ids)
         return actions
 
+    def _timing(self, obs: EngineObservation) -> EngineTiming | None:
+        fleet = self.ctx.fleet
+        model = obs.model
+        profile = None if model is None else fleet.profile(model, fleet.instance(obs.instance_id))
+        return engine_timing(obs, profile, self.now_s())
+
     def _heads(self, instance_id: str, whole: bool) -> tuple[QueuedGroup, ...]:
-        """The instance's virtual queue as its agent sees it (the live agents' cut). Unless
-        `whole`, building stops once the queue decides reconcile's answer (`_enough`)."""
-        plan = self.driver.plan
-        assert plan is not None
-        queued = self.ctx.queued()
-        enough = None if whole else self._enough(instance_id)
-        return virtual_queue(plan, instance_id, queued.__contains__, self._members, enough)
+        return self.dispatch.heads(self.driver.plan, instance_id, whole)
 
-    def _enough(self, instance_id: str) -> Callable[[QueuedGroup], bool]:
-        """Reconcile pulls at most max_num_seqs requests per round, from the run of groups
-        of the loaded model that starts at its head, so groups past that run or past
-        max_num_seqs queued members cannot change its answer. (With requests swapped to CPU
-        it compares them with every group's class: then the whole queue is needed.)"""
-        model = self.ctx.model_of(instance_id)
-        swaps_models = self.variant.reconcile.allow_model_swap
-        limit = self.ctx.max_num_seqs(instance_id)
-        seen = 0
-
-        def enough(head: QueuedGroup) -> bool:
-            nonlocal seen
-            if not (swaps_models or model is None or head.model == model):
-                return False  # reconcile skips it
-            if head.model != model:
-                return True  # reconcile swaps to it or stops pulling here
-            seen += len(head.items)
-            return seen >= limit
-
-        return enough
+    @property
+    def dispatch(self) -> SimDispatch:
+        if self._dispatch_view is None:
+            raise RuntimeError("qlm policy used before start()")
+        return self._dispatch_view
 
     def _snapshot(self) -> tuple[Request, ...]:
         """The global queue as GlobalQueue.queued() gives it: in arrival order."""

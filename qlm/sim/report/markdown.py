@@ -14,7 +14,7 @@ from qlm.sim.report.plots import (
     plot_swaps,
     plot_ttft_cdf,
 )
-from qlm.sim.report.tables import markdown_table
+from qlm.sim.report.tables import causes_markdown_table, markdown_table
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario
 
@@ -62,6 +62,12 @@ def _report_text(info: RunInfo, results: Sequence[SimResult]) -> str:
         "goodput counts only requests that met their SLO. TTFT percentiles are over requests "
         "that produced a token. sim wall s is this machine's wall time for the run.",
         "",
+        "## Why requests missed",
+        "",
+        causes_markdown_table(results),
+        "",
+        _CAUSES_NOTE,
+        "",
         "## SLO attainment by class",
         "",
         f"![attainment]({PLOTS['attainment']})",
@@ -80,6 +86,18 @@ def _report_text(info: RunInfo, results: Sequence[SimResult]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+_CAUSES_NOTE = (
+    "One cause per missed request (requests.csv: miss_cause), from what the simulator saw of it, "
+    "the first that applies: failed (an engine dropped it); unfinished (the run ended before "
+    "its deadline passed); evicted (an engine let it go before its first token, or at all when "
+    "that token was on time); then, for a late or missing first token, the largest share of "
+    "its time to that token (to the run's end if none): no_instance (queued while no instance "
+    "had its model loaded or loading), model_load (queued while its model was loading), queued "
+    "(queued while an instance had its model), in_engine (held by an engine before its first "
+    "token); else slow_decode (first token on time, completion deadline missed)."
+)
 
 
 def fleet_line(scenario: Scenario) -> str:

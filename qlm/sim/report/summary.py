@@ -1,6 +1,10 @@
 """What a run's machine-readable outputs hold: summary.json (one entry per policy, NaN
-written as null) and requests.csv (one row per request and policy). Formats are documented in
-qlm/sim/README.md.
+written as null, and the scenario's clairvoyant bound), requests.csv (one row per request and
+policy) and timings.json (the wall-clock figures). Formats are documented in qlm/sim/README.md.
+
+summary.json and requests.csv hold only what the simulation decided, so two runs with the same
+scenario and seed write them byte for byte alike on any machine and under any load; the wall
+clock goes to timings.json alone.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from qlm.sim.causes import miss_cause, miss_cause_counts
+from qlm.sim.report.prediction import prediction_accuracy
 from qlm.sim.result import SimResult
 
 CSV_COLUMNS = (
@@ -28,6 +34,7 @@ CSV_COLUMNS = (
     "met_slo",
     "evictions",
     "state",
+    "miss_cause",
 )
 SUMMARY_KEYS = (
     "requests",
@@ -38,22 +45,57 @@ SUMMARY_KEYS = (
     "ttft_p99_s",
     "swaps",
     "evictions",
-    "sim_wall_s",
+    "miss_causes",
 )
+TIMING_KEYS = ("sim_wall_s", "planner_wall_s", "events", "events_per_wall_s")
 
 
 def policy_summary(result: SimResult) -> dict[str, Any]:
-    """One policy's entry of summary.json; NaN (no first token at all) becomes null."""
-    raw = result.summary()
-    return {key: _finite(raw[key]) for key in SUMMARY_KEYS}
+    """One policy's entry of summary.json; NaN (no first token at all) becomes null;
+    miss_causes counts the missed requests by cause (qlm/sim/causes.py); ttft_prediction,
+    for policies that predict waits, how well the predictions held (prediction.py)."""
+    raw = {**result.summary(), "miss_causes": miss_cause_counts(result.outcomes, result.end_s)}
+    entry = {key: _finite(raw[key]) for key in SUMMARY_KEYS}
+    accuracy = prediction_accuracy(result)
+    if accuracy is not None:
+        entry["ttft_prediction"] = accuracy
+    return entry
 
 
-def summary_document(scenario: str, seed: int, results: Sequence[SimResult]) -> dict[str, Any]:
-    """summary.json: {"scenario", "seed", "policies": {name: policy_summary}}."""
-    return {
+def summary_document(
+    scenario: str,
+    seed: int,
+    results: Sequence[SimResult],
+    bound: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """summary.json: {"scenario", "seed", "policies": {name: policy_summary}}, and "bound"
+    (overall and per class, qlm/sim/bound.py) when given."""
+    doc: dict[str, Any] = {
         "scenario": scenario,
         "seed": seed,
         "policies": {r.policy: policy_summary(r) for r in results},
+    }
+    if bound is not None:
+        doc["bound"] = dict(bound)
+    return doc
+
+
+def timings_document(scenario: str, seed: int, results: Sequence[SimResult]) -> dict[str, Any]:
+    """timings.json: this machine's wall-clock figures per policy (TIMING_KEYS), which differ
+    from run to run and so stay out of summary.json."""
+    return {
+        "scenario": scenario,
+        "seed": seed,
+        "policies": {
+            r.policy: dict(
+                zip(
+                    TIMING_KEYS,
+                    (r.sim_wall_s, r.planner_wall_s, r.events_processed, r.events_per_s),
+                    strict=True,
+                )
+            )
+            for r in results
+        },
     }
 
 
@@ -74,8 +116,8 @@ def _cell(value: float | None) -> str:
 
 
 def write_requests_csv(path: Path, results: Iterable[SimResult]) -> int:
-    """One row per request and policy (columns CSV_COLUMNS; empty cell = never happened).
-    Returns the rows written."""
+    """One row per request and policy (columns CSV_COLUMNS; empty cell = never happened, or
+    no miss cause for a request that met its SLO). Returns the rows written."""
     rows = 0
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
@@ -97,6 +139,7 @@ def write_requests_csv(path: Path, results: Iterable[SimResult]) -> int:
                         int(o.met_slo),
                         o.evictions,
                         str(o.state),
+                        miss_cause(o, result.end_s) or "",
                     )
                 )
                 rows += 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qlm.sim.bound import AttainmentBound
 from qlm.sim.report.markdown import RunInfo, fleet_line
 from qlm.sim.report.plots import plot_sweep
 from qlm.sim.report.summary import summary_document
@@ -23,6 +24,7 @@ class SweepPoint:
     rate_scale: float
     folder: str
     results: tuple[SimResult, ...]
+    bound: AttainmentBound | None = None  # the clairvoyant bound at this scale
 
 
 def sweep_document(scenario: str, seed: int, points: Sequence[SweepPoint]) -> dict[str, Any]:
@@ -36,7 +38,9 @@ def sweep_document(scenario: str, seed: int, points: Sequence[SweepPoint]) -> di
             {
                 "rate_scale": p.rate_scale,
                 "folder": p.folder,
-                "summary": summary_document(scenario, seed, p.results),
+                "summary": summary_document(
+                    scenario, seed, p.results, None if p.bound is None else p.bound.as_dict()
+                ),
             }
             for p in points
         ],

@@ -1,10 +1,12 @@
 """The summary as a table: fixed-width for the terminal (`summary_table`), Markdown for
-report.md (`markdown_table`). Attainment overall and per class, throughput, TTFT, swaps."""
+report.md (`markdown_table`). Attainment overall and per class, throughput, TTFT, swaps. And
+why requests missed, per policy (`causes_markdown_table`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from qlm.sim.causes import MissCause, miss_cause_counts
 from qlm.sim.report.summary import policy_summary
 from qlm.sim.result import SimResult
 
@@ -36,7 +38,7 @@ def summary_table(results: Sequence[SimResult]) -> str:
                 _secs(s["ttft_p99_s"]),
                 str(s["swaps"]),
                 str(s["evictions"]),
-                f"{s['sim_wall_s']:.1f}",
+                f"{r.sim_wall_s:.1f}",
             ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -68,10 +70,29 @@ def markdown_table(results: Sequence[SimResult]) -> str:
             _secs(s["ttft_p99_s"]),
             str(s["swaps"]),
             str(s["evictions"]),
-            f"{s['sim_wall_s']:.2f}",
+            f"{r.sim_wall_s:.2f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def causes_markdown_table(results: Sequence[SimResult]) -> str:
+    """Missed requests per policy, by cause (qlm/sim/causes.py), in precedence order; a
+    count with its share of the policy's misses."""
+    causes = [str(c) for c in MissCause]
+    head = ["policy", "missed", *causes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        counts = miss_cause_counts(r.outcomes, r.end_s)
+        missed = sum(counts.values())
+        cells = [r.policy, str(missed)]
+        cells += [_count(counts[c], missed) for c in causes]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _count(count: int, total: int) -> str:
+    return "0" if count == 0 else f"{count} ({100.0 * count / total:.0f}%)"
 
 
 def _pct(value: float | None) -> str:

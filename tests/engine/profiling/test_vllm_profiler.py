@@ -9,12 +9,19 @@ import pytest
 
 from qlm.cli import main
 from qlm.engine.profiling.library import load_profile_file
-from qlm.engine.profiling.probes import ProfileGrid
+from qlm.engine.profiling.probes import Probe, ProbeKind, ProfileGrid
 from qlm.perf.profile import GIB
 from qlm.sim.scenario import load_scenario
 from tests.vllm_fixtures import VLLM_PYTHON, tiny_models, vllm_python  # noqa: F401
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def kinds(probe: Probe) -> list[str]:
+    """The samples one probe yields."""
+    if probe.kind is ProbeKind.PREFILL:
+        return ["prefill"]
+    return ["mixed" if probe.batch_size > 1 else "prefill", "decode"]
 
 
 def test_qlm_profile_measures_the_tiny_model_and_the_simulator_reads_the_file(
@@ -51,9 +58,14 @@ def test_qlm_profile_measures_the_tiny_model_and_the_simulator_reads_the_file(
     assert m is not None
     assert m.engine.startswith("vllm ")
     assert m.grid == ProfileGrid.quick().summary()
-    kinds = [r.kind for r in m.iterations]
-    # 3 prefill probes + 2 contexts x (a batch of 1: prefill + decode; of 4: mixed + decode)
-    assert sorted(kinds) == sorted(["prefill"] * 5 + ["decode"] * 4 + ["mixed"] * 2)
+    # 3 prefill probes + 2 contexts x (a batch of 1: prefill + decode; of 4: mixed + decode);
+    # a probe that never got a clean window on a busy host is skipped and listed as such
+    probes = {p.label: p for p in ProfileGrid.quick().probes()}
+    assert len(probes) == 7
+    assert set(m.skipped_probes) <= set(probes)
+    assert len(m.skipped_probes) <= 1, m.skipped_probes
+    measured = [p for label, p in probes.items() if label not in m.skipped_probes]
+    assert sorted(r.kind for r in m.iterations) == sorted(k for p in measured for k in kinds(p))
     assert all(r.measured_s > 0 for r in m.iterations)
     assert m.fit.samples == len(m.iterations)
     assert m.fit.r_squared is not None
@@ -61,7 +73,10 @@ def test_qlm_profile_measures_the_tiny_model_and_the_simulator_reads_the_file(
     assert m.request_overhead_s is not None
     assert m.request_overhead_s > 0
     prefills = {r.prefill_tokens: r.measured_s for r in m.iterations if r.kind == "prefill"}
-    assert prefills[1536] > prefills[16]  # a long prompt costs more than a short one
+    # a long prompt costs more than a short one (1,536 vs 16 tokens unless one was skipped)
+    assert max(prefills) >= 1024
+    assert min(prefills) <= 256
+    assert prefills[max(prefills)] > prefills[min(prefills)]
 
     profile = spec.to_profile()
     assert profile.key == ("tiny-a", "cpu")

@@ -64,7 +64,10 @@ async def until(
             while not cond():
                 await asyncio.sleep(0.05)
     except TimeoutError:
-        pytest.fail(f"no {what} after {timeout_s} s; last scrape: {engine.metrics}")
+        pytest.fail(
+            f"no {what} after {timeout_s} s; last scrape: {engine.metrics}; "
+            f"scrape error: {engine.scrape_error or 'none'}"
+        )
 
 
 # ---------------------------------------------------------------------- no server
@@ -163,10 +166,16 @@ def server_idle(metrics: VllmMetrics) -> bool:
 async def fresh_scrape(engine: VllmEngine) -> None:
     """Wait for a /metrics scrape taken after now."""
     asked_at_s = engine.clock.now_s()
-    await until(engine, lambda: engine.metrics.at_s > asked_at_s, "fresh scrape")
+    # a scrape may time out (METRICS_TIMEOUT) while the server streams on a busy host
+    await until(engine, lambda: engine.metrics.at_s > asked_at_s, "fresh scrape", 100.0)
 
 
 async def ready_with(engine: VllmEngine, model: str) -> None:
+    """READY on `model` with nothing admitted: a test that failed midway leaves its requests
+    running, and they must not show up in the next test's events."""
+    leftover = [r.request_id for r in engine.observe().requests]
+    if leftover:
+        engine.abort(leftover)
     if engine.observe().model != model or engine.state is not EngineState.READY:
         engine.load_model(model)
         await engine.wait_ready()

@@ -55,6 +55,10 @@ def test_real_prompts_stop_at_eos_and_carry_the_clients_sampling() -> None:
     assert (body["temperature"], body["stop"], body["seed"]) == (0.2, ["\n"], 7)
     assert "logit_bias" not in body  # only the fields the API accepts pass
     assert body["model"] == request.model  # sampling cannot override the request's own fields
+    exact = completion_body(
+        replace(request, sampling={"ignore_eos": True}), 3, config(ignore_eos=False)
+    )
+    assert exact["ignore_eos"] is True  # the client's vLLM extension is honoured
 
 
 def test_sse_lines_become_deltas() -> None:

@@ -1,0 +1,217 @@
+"""`sim_quality.py --random N`: every policy on N random scenarios (qlm/sim/fuzz, seeds
+base..base+N-1, the quick size), to see how qlm does on workloads it was never tuned to.
+
+qlm's margin on a scenario is its overall attainment minus the best baseline's (fcfs, edf,
+shepherd, llmd), in points. The run prints and writes to docs/benchmarks.md (block
+sim-quality-random) a table per scenario, the distribution of the margin and the worst cases;
+results/sim_quality_random.json keeps the last run (a new run replaces it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from benchmarks.report import (
+    RESULTS_DIR,
+    code_version,
+    machine,
+    platform_description,
+    write_docs_block,
+    write_results,
+)
+from benchmarks.sim_quality.checks import BASELINES, ordered
+from benchmarks.sim_quality.runs import Task, run_tasks
+from qlm.sim.fuzz import RANDOM_PREFIX, draw_scenario
+from qlm.sim.scenario import random_scenario
+
+RESULTS_PATH = RESULTS_DIR / "sim_quality_random.json"
+DOCS_BLOCK = "sim-quality-random"
+CLOSE_PTS = -1.0  # a margin at or above this counts as "not beaten"
+BAD_PTS = -5.0  # a margin below this is a clear loss
+WORST_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class RandomRun:
+    """What to run: seeds, policies, parallel jobs, a wall-time limit per run."""
+
+    seeds: range
+    policies: Sequence[str]
+    jobs: int
+    limit_s: float | None
+    command: str
+
+
+def describe(seed: int) -> dict[str, Any]:
+    """The scenario of this seed as the results file records it."""
+    draw = draw_scenario(seed)
+    scenario = random_scenario(seed)
+    fleet = scenario.fleet()
+    return {
+        "seed": seed,
+        "description": draw.summary(streams=False),
+        "streams": scenario.description,
+        "load_factor": round(draw.load_factor, 3),
+        "capacity_per_s": round(draw.capacity_per_s, 3),
+        "window_s": draw.window_s,
+        "requests": sum(1 for _ in scenario.iter_requests()),
+        "instances": len(fleet.instances),
+        "gpus": sum(i.gpu_count for i in fleet.instances),
+        "policies": {},
+        "timeouts": {},
+    }
+
+
+def run(spec: RandomRun) -> dict[str, Any]:
+    """Run every policy on every seed's scenario; the results document."""
+    scenarios = {f"{RANDOM_PREFIX}{seed}": describe(seed) for seed in spec.seeds}
+    tasks = [Task((name, p), name, p) for name in scenarios for p in spec.policies]
+    stamp = {"code": code_version(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    for task, summary, waited_s in run_tasks(tasks, None, spec.jobs, spec.limit_s):
+        name, policy = task.key
+        if "stopped_after_s" in summary:
+            scenarios[name]["timeouts"][policy] = {
+                "after_s": round(waited_s),
+                "ended": summary["ended"],
+            }
+            print(f"  {name:<10} {policy:<13} stopped after {waited_s:.0f} s", flush=True)
+            continue
+        scenarios[name]["policies"][policy] = {**summary, **stamp}
+        print(
+            f"  {name:<10} {policy:<13} attainment {summary['slo_attainment']['overall']:6.1%}  "
+            f"wall {summary['sim_wall_s']:6.1f} s",
+            flush=True,
+        )
+    for entry in scenarios.values():
+        entry["qlm_margin_pts"] = margin_pts(entry["policies"])
+    return {
+        "commands": [spec.command.strip()],
+        "machine": f"{machine('shared and noisy')} ({platform_description()})",
+        "size": "quick",
+        "scenarios": scenarios,
+    }
+
+
+def margin_pts(policies: dict[str, Any]) -> float | None:
+    """qlm's overall attainment minus the best baseline's, in points (None without both)."""
+    base = [overall(policies[b]) for b in BASELINES if b in policies]
+    if "qlm" not in policies or not base:
+        return None
+    return 100.0 * (overall(policies["qlm"]) - max(base))
+
+
+def overall(summary: dict[str, Any]) -> float:
+    return float(summary["slo_attainment"]["overall"])
+
+
+def best_baseline(policies: dict[str, Any]) -> str:
+    present = [b for b in BASELINES if b in policies]
+    return max(present, key=lambda b: overall(policies[b])) if present else "-"
+
+
+def distribution(margins: Sequence[float]) -> dict[str, Any]:
+    """min, p5 and median (numpy's linear interpolation), the share at or above CLOSE_PTS
+    and the count below BAD_PTS."""
+    values = np.asarray(margins, dtype=np.float64)
+    if not len(values):
+        return {"scenarios": 0}
+    return {
+        "scenarios": len(values),
+        "min_pts": float(values.min()),
+        "p5_pts": float(np.percentile(values, 5)),
+        "median_pts": float(np.median(values)),
+        "share_at_least_-1_pt": float((values >= CLOSE_PTS).mean()),
+        "count_below_-5_pts": int((values < BAD_PTS).sum()),
+    }
+
+
+def scenario_table(scenarios: dict[str, Any], policies: Sequence[str]) -> str:
+    head = ["seed", "scenario", "requests", *policies, "qlm margin (pts)", "best baseline"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for entry in scenarios.values():
+        pol = entry["policies"]
+        cells = [str(entry["seed"]), entry["description"], str(entry["requests"])]
+        for p in policies:
+            cells.append(
+                f"{overall(pol[p]):.1%}"
+                if p in pol
+                else "stopped"
+                if p in entry["timeouts"]
+                else "-"
+            )
+        m = entry.get("qlm_margin_pts")
+        cells += ["-" if m is None else f"{m:+.1f}", best_baseline(pol)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The docs block: header, per-scenario table, margin distribution, worst cases."""
+    scenarios = doc["scenarios"]
+    seen = {p for e in scenarios.values() for p in e["policies"]} | {
+        p for e in scenarios.values() for p in e["timeouts"]
+    }
+    policies = [p for p, _ in ordered(dict.fromkeys(seen, None))]
+    stamps = [s for e in scenarios.values() for s in e["policies"].values()]
+    margins = [e["qlm_margin_pts"] for e in scenarios.values() if e["qlm_margin_pts"] is not None]
+    dist = distribution(margins)
+    parts = [
+        "## Simulator quality: policies on random scenarios",
+        "",
+        "Every policy on random scenarios drawn by qlm/sim/fuzz (the quick size: 2-8 instances, "
+        "1-3 models, 60-200 s of arrivals, at most ~3,000 requests, load 0.5-1.5 x the fleet's "
+        "estimated capacity; qlm/sim/fuzz/capacity.py states the estimate's error). qlm's margin: "
+        "its overall attainment minus the best of fcfs, edf, shepherd and llmd, in points. "
+        "`qlm simulate random:SEED` reruns one scenario.",
+        "",
+        f"Commands: {'; '.join(f'`{c}`' for c in doc['commands'])}  ",
+        f"Dates: {', '.join(sorted({s['date'][:10] for s in stamps}))}  ",
+        f"Machine: {doc['machine']}  ",
+        f"Code: {', '.join(sorted({s['code'] for s in stamps}))}",
+        "",
+        scenario_table(scenarios, policies),
+        "",
+        distribution_line(dist),
+        "",
+        "Worst cases (lowest margins):",
+        "",
+    ]
+    worst = sorted(
+        (e for e in scenarios.values() if e["qlm_margin_pts"] is not None),
+        key=lambda e: e["qlm_margin_pts"],
+    )[:WORST_SHOWN]
+    parts += [
+        f"- seed {e['seed']}: {e['qlm_margin_pts']:+.1f} pts vs {best_baseline(e['policies'])}; "
+        f"{e['description']}; streams: {e['streams']}"
+        for e in worst
+    ] or ["- none"]
+    return "\n".join(parts)
+
+
+def distribution_line(dist: dict[str, Any]) -> str:
+    if not dist["scenarios"]:
+        return "qlm's margin: no scenario with qlm and a baseline."
+    return (
+        f"qlm's margin over the best baseline on {dist['scenarios']} scenarios: "
+        f"min {dist['min_pts']:+.1f} pts, p5 {dist['p5_pts']:+.1f}, "
+        f"median {dist['median_pts']:+.1f}; >= -1 pt on {dist['share_at_least_-1_pt']:.0%}; "
+        f"< -5 pts on {dist['count_below_-5_pts']}."
+    )
+
+
+def main(spec: RandomRun) -> None:
+    """Run, write the results file and the docs block, print the block."""
+    print(f"running {len(spec.seeds)} random scenarios x {len(spec.policies)} policies", flush=True)
+    doc = run(spec)
+    margins = [e["qlm_margin_pts"] for e in doc["scenarios"].values()]
+    doc["margin"] = distribution([m for m in margins if m is not None])
+    write_results(RESULTS_PATH, doc)
+    block = render(doc)
+    write_docs_block(DOCS_BLOCK, block)
+    print()
+    print(block)

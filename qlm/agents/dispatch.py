@@ -1,0 +1,288 @@
+"""Work-conserving dispatch within the plan: what an instance pulls the moment it has room.
+
+The plan is the long view (which model each instance runs, which swaps, in which order);
+dispatch is the short view. An instance that keeps its model serves every queued request of
+that model, whichever instance the plan listed it under, so no instance idles while work it
+could serve waits for a busier one (a greedy router never beats that).
+
+The order answers "which requests can still be kept, and which first?" exactly as the
+single-machine problem of meeting the most deadlines is solved (Moore and Hodgson, 1968;
+optimal for 1||sum U_j): the instances on a model are one machine whose speed is the sum of
+theirs; a request costs its share of that machine (`PoolRate.cost_s`: its prefill plus its
+decode steps shared with a batch of its peers, whose size its KV need bounds, so a long
+prompt costs what it really takes); its first token is due by its TTFT deadline, so it must
+start by the deadline less its prefill. Requests go in that order of due start; whenever one
+would start late, the costliest request kept so far is dropped to the back. What remains is
+the largest set of requests that can all meet their deadlines, served earliest-due first;
+the dropped ones, and any already past their deadline, come after them (they miss whatever
+happens; serving them first would only make the next ones late too: EDF's domino effect).
+Under overload this sheds the work that costs most per promise kept, not a class by rank.
+
+An instance follows the plan away from its model (a swap) only when no queued request of its
+model would be stranded: the plan lists none of them under this instance, and another
+instance the plan keeps on that model takes the rest, or none are queued. A swap that would
+leave a model's only server during its burst is never taken.
+
+Pure functions over the plan and the queue's members; the live agent and the simulator call
+the same ones (the simulator keeps the schedule between arrivals, `ModelQueues`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from qlm.agents.reconcile import QueuedGroup, QueuedItem
+from qlm.agents.virtual_queue import virtual_queue
+from qlm.control.plan import PublishedPlan
+from qlm.perf.profile import Profile
+from qlm.types import Fleet
+
+LATE_CLASS = "late"  # the class dispatch gives requests it cannot keep (ranks lowest)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMember:
+    """One instance on the model: its profile, KV capacity and sequence slots."""
+
+    profile: Profile
+    kv_capacity_tokens: int
+    max_num_seqs: int
+
+    def cost_s(self, prompt_tokens: int, output_tokens: int) -> tuple[float, float]:
+        """(instance-seconds the request takes, its prefill seconds). Decode steps are shared
+        with a batch of peers like it: as many as its KV need and the slots allow."""
+        profile = self.profile
+        prefill_s = profile.prefill_s(prompt_tokens)
+        per_seq = max(1, prompt_tokens + output_tokens)
+        batch = max(1, min(self.max_num_seqs, self.kv_capacity_tokens // per_seq))
+        decode_s = output_tokens * profile.decode_step_s_at(batch) / batch
+        return prefill_s + decode_s, prefill_s
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRate:
+    """The instances on one model, seen as one machine (their speeds add up)."""
+
+    members: tuple[PoolMember, ...]
+
+    @classmethod
+    def of(cls, fleet: Fleet, instance_ids: Iterable[str], model: str) -> PoolRate:
+        """The pool of these instances serving `model` (those without its profile left
+        out), from the fleet's profiles alone, so live agents and the simulator agree."""
+        members = []
+        for instance_id in instance_ids:
+            instance = fleet.instance(instance_id)
+            profile = fleet.profile(model, instance)
+            if profile is not None:
+                kv_tokens = profile.kv_capacity_tokens(instance.gpu_memory_bytes)
+                members.append(PoolMember(profile, kv_tokens, profile.max_batch_size))
+        return cls(tuple(members))
+
+    def cost_s(self, item: QueuedItem) -> tuple[float, float]:
+        """(seconds of the whole pool the request takes, its mean prefill seconds)."""
+        costs = [m.cost_s(item.prompt_tokens, item.max_output_tokens) for m in self.members]
+        if not costs:
+            return math.inf, math.inf
+        pool_s = 1.0 / sum(1.0 / max(c, 1e-9) for c, _ in costs)
+        return pool_s, sum(p for _, p in costs) / len(costs)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """The requests of one model that can all meet their deadlines, in the order they are
+    due to start (`kept`), and those that cannot (`dropped`), by deadline."""
+
+    kept: tuple[QueuedItem, ...]
+    dropped: tuple[QueuedItem, ...]
+    # When each checked kept request is due to start on the pool seen as one machine (its
+    # first token: that plus its prefill plus the engine work that blocks its class).
+    start_at_s: Mapping[str, float] = field(default_factory=dict)
+
+
+# (due start plus cost: when it must be done on the pool to start in time, request id,
+# cost on the pool in seconds, the item)
+Job = tuple[float, str, float, QueuedItem]
+
+
+def job_of(item: QueuedItem, rate: PoolRate) -> Job:
+    cost_s, prefill_s = rate.cost_s(item)
+    return item.ttft_deadline_at_s - prefill_s + cost_s, item.request_id, cost_s, item
+
+
+def schedule(
+    items: Iterable[QueuedItem], rate: PoolRate, now_s: float, max_jobs: int | None = None
+) -> Schedule:
+    """Moore-Hodgson over the pool: keep the most requests that can start by their
+    deadline less their prefill; drop the costliest whenever one would be late."""
+    return schedule_jobs(sorted(job_of(item, rate) for item in items), now_s, max_jobs)
+
+
+def schedule_jobs(jobs: Sequence[Job], now_s: float, max_jobs: int | None = None) -> Schedule:
+    """`schedule` over jobs sorted by due time. Only the first `max_jobs` are checked (the
+    head of the queue decides what starts now; the rest follow in due order, and a new
+    schedule is made as requests come)."""
+    checked = jobs if max_jobs is None else jobs[:max_jobs]
+    return schedule_checked(checked, [job[3] for job in jobs[len(checked) :]], now_s)
+
+
+def moore_hodgson(
+    jobs: Iterable[Job], now_s: float
+) -> tuple[list[tuple[float, str, float, QueuedItem]], list[QueuedItem]]:
+    """(the kept as a heap of (-cost, id, due, item), the dropped in the order dropped):
+    jobs in due order, each kept; whenever one would end past its due time, the costliest
+    kept so far is dropped."""
+    kept: list[tuple[float, str, float, QueuedItem]] = []  # heap: costliest first
+    dropped: list[QueuedItem] = []
+    done_s = now_s
+    for due_s, request_id, cost_s, item in jobs:
+        heapq.heappush(kept, (-cost_s, request_id, due_s, item))
+        done_s += cost_s
+        if done_s > due_s:
+            neg_cost_s, _, _, worst = heapq.heappop(kept)
+            done_s += neg_cost_s
+            dropped.append(worst)
+    return kept, dropped
+
+
+def schedule_checked(
+    checked: Sequence[Job],
+    rest: Sequence[QueuedItem],
+    now_s: float,
+    hopeless: Sequence[QueuedItem] = (),
+) -> Schedule:
+    """Moore-Hodgson over `checked` (sorted by due time); `rest` follows the kept, as is;
+    `hopeless` (late whatever happens) follow the dropped."""
+    kept, dropped = moore_hodgson(checked, now_s)
+    start_at_s: dict[str, float] = {}
+    in_order: list[QueuedItem] = []
+    at_s = now_s
+    for neg_cost_s, request_id, _, item in sorted(kept, key=lambda job: (job[2], job[1])):
+        start_at_s[request_id] = at_s
+        at_s -= neg_cost_s
+        in_order.append(item)
+    in_order.extend(rest)
+    dropped.sort(key=lambda it: (it.ttft_deadline_at_s, it.request_id))
+    return Schedule(tuple(in_order), (*dropped, *hopeless), start_at_s)
+
+
+def dispatch_groups(
+    model: str,
+    plan: Schedule,
+    now_s: float,
+    limit: int,
+    is_queued: Callable[[str], bool] = lambda _: True,
+) -> tuple[QueuedGroup, ...]:
+    """The instance's dispatch queue for its model: the kept requests still queued and not
+    yet past their deadline, in order, then the rest (dropped or late) as the lowest class.
+    At most `limit` requests in all (what one reconcile round can pull)."""
+    on_time: list[QueuedItem] = []
+    late: list[QueuedItem] = []
+    for item in plan.kept:
+        if len(on_time) >= limit:
+            break
+        if not is_queued(item.request_id):
+            continue
+        (on_time if item.ttft_deadline_at_s >= now_s else late).append(item)
+    for item in plan.dropped:
+        if len(on_time) + len(late) >= limit:
+            break
+        if is_queued(item.request_id):
+            late.append(item)
+    groups = []
+    if on_time:
+        groups.append(QueuedGroup(f"dispatch:{model}", model, "", tuple(on_time), True))
+    room = limit - len(on_time)
+    late_items = tuple(_as_late(it) for it in late[:room])
+    if late_items:
+        groups.append(QueuedGroup(f"dispatch:{model}:{LATE_CLASS}", model, "", late_items, True))
+    return tuple(groups)
+
+
+def _as_late(item: QueuedItem) -> QueuedItem:
+    return QueuedItem(
+        item.request_id,
+        item.prompt_tokens,
+        item.max_output_tokens,
+        LATE_CLASS,
+        item.ttft_deadline_at_s,
+    )
+
+
+def plan_items(
+    plan: PublishedPlan, model: str, is_queued: Callable[[str], bool]
+) -> list[QueuedItem]:
+    """The queued members of every planned group of `model`, across all instances (the
+    live agent's view: the plan as published lists each queue's head)."""
+    items: list[QueuedItem] = []
+    for group in plan.groups.values():
+        if group.model != model:
+            continue
+        prompts, outputs, classes = group.member_fields()
+        deadlines = group.deadlines_at_s()
+        for i, request_id in enumerate(group.request_ids):
+            if is_queued(request_id):
+                items.append(
+                    QueuedItem(request_id, prompts[i], outputs[i], classes[i], deadlines[i])
+                )
+    return items
+
+
+def follows_swap(
+    model: str | None,
+    planned: Sequence[QueuedGroup],
+    model_queued: int,
+    swap_pays: Callable[[], bool],
+) -> bool:
+    """Whether the instance follows its plan to another model now. `planned` is its virtual
+    queue (plan order), `model_queued` the queued requests of its loaded model, `swap_pays`
+    whether the swap gains promises (see `SimDispatch.swap_pays`): the target model has
+    requests its instances cannot keep, and this model keeps all of its own without this
+    instance. An empty instance loads what the plan puts first."""
+    if not planned:
+        return False
+    if model is None:
+        return True
+    if planned[0].model == model:
+        return False
+    if model_queued and any(g.model == model for g in planned):
+        return False  # the plan comes back to this model here: serve it first
+    return swap_pays()
+
+
+def agent_queue(
+    plan: PublishedPlan,
+    instance_id: str,
+    model: str | None,
+    is_queued: Callable[[str], bool],
+    fleet: Fleet,
+    now_s: float,
+    limit: int,
+) -> tuple[QueuedGroup, ...]:
+    """What a live agent reconciles: its virtual queue when it follows the plan to another
+    model, else the dispatch queue of its model over the published plan's members of that
+    model. The agent does not see which model the other instances hold: another instance
+    is on the model when the plan's head for it is a group of that model; those and this
+    one make the pool."""
+    planned = virtual_queue(plan, instance_id, is_queued)
+    items = [] if model is None else plan_items(plan, model, is_queued)
+    others = [
+        other
+        for other in plan.queues
+        if other != instance_id and _heads_model(plan, other, model, is_queued)
+    ]
+    if follows_swap(model, planned, len(items), lambda: bool(others) or not items):
+        return planned
+    if model is None:
+        return ()
+    kept = schedule(items, PoolRate.of(fleet, (instance_id, *others), model), now_s)
+    return dispatch_groups(model, kept, now_s, limit)
+
+
+def _heads_model(
+    plan: PublishedPlan, instance_id: str, model: str | None, is_queued: Callable[[str], bool]
+) -> bool:
+    head = virtual_queue(plan, instance_id, is_queued, None, lambda _: True)
+    return bool(head) and head[0].model == model

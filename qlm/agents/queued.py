@@ -1,0 +1,96 @@
+"""What reconcile reads: the queue as an agent sees it (`QueuedItem`, `QueuedGroup`), the
+engine's speed (`EngineTiming`), the agent's settings (`ReconcileConfig`) and the whole input
+(`ReconcileInput`). Plain frozen values; `reconcile.py` re-exports them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from qlm.engine.types import EngineObservation
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedItem:
+    request_id: str
+    prompt_tokens: int
+    max_output_tokens: int
+    slo_class: str = ""  # the request's own class; "" means the group's
+    ttft_deadline_at_s: float = math.inf  # when its first token is due (dispatch order)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedGroup:
+    """One planned group as the agent sees it: its members still in the global queue.
+    A group may hold members of several classes; each ranks by its own."""
+
+    group_id: str
+    model: str
+    slo_class: str
+    items: tuple[QueuedItem, ...]
+    in_order: bool = False  # items are in serving order already (dispatch queues)
+
+    def class_of(self, item: QueuedItem) -> str:
+        return item.slo_class or self.slo_class
+
+    def ranked(self, priority: Mapping[str, int]) -> tuple[QueuedItem, ...]:
+        """Members, most urgent class first, plan order within a class (as they are, when
+        `in_order`)."""
+        if self.in_order:
+            return self.items
+        return tuple(sorted(self.items, key=lambda it: -rank_of(priority, self.class_of(it))))
+
+    def top_rank(self, priority: Mapping[str, int]) -> int:
+        return max((rank_of(priority, self.class_of(it)) for it in self.items), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileConfig:
+    allow_evict: bool = True
+    allow_model_swap: bool = True
+    allow_kv_swap: bool = True
+    max_pull: int = 256  # requests pulled in one round
+    # KV budgeting: True reserves each request's prompt plus its whole output cap, so an
+    # admitted request never waits inside the engine or gets preempted there (the global
+    # queue, not the engine, holds the waiting); False reserves the prompt plus
+    # kv_reserve_output_tokens, admitting more and letting the engine preempt.
+    reserve_full_output: bool = True
+    kv_reserve_output_tokens: int = 16
+    # Requests admitted beyond the engine's sequence slots, to wait inside the engine: the
+    # next one starts at the engine's next step instead of a round trip through the agent
+    # after each completion. Only requests that outrank nothing in the engine wait there (a
+    # more urgent one preempts instead). 0 keeps all waiting in the global queue (the
+    # simulator's model).
+    engine_backlog: int = 0
+    # Prefill the engine may have queued (admitted requests before their first token), in
+    # seconds of its prefill speed. The engine prefills in admission order, so an urgent
+    # request admitted later waits behind all of it; past this bound work waits in the
+    # global queue instead, where urgency orders it and any instance can take it. The
+    # engine always gets one prompt to prefill. None: no bound (slots and KV only).
+    prefill_backlog_s: float | None = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTiming:
+    """How fast the engine works now, from its profile: lets reconcile see that room frees in
+    time on its own, so it preempts (wasting the victims' work) only when it does not."""
+
+    now_s: float
+    decode_step_s: float  # one decode iteration at the engine's current batch
+    prefill_tokens_per_s: float  # the profile's: what the bound on queued prefill counts in
+    # How fast queued prompts are prefilled beside the sequences decoding now (drain.py):
+    # when the first token of a request admitted behind them comes. None: as above.
+    prefill_beside_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileInput:
+    observation: EngineObservation
+    virtual_queue: tuple[QueuedGroup, ...]  # this instance's groups, in plan order
+    priority: Mapping[str, int]  # SLO class -> priority (larger is more urgent)
+    timing: EngineTiming | None = None  # None: preempt whenever the head is blocked
+
+
+def rank_of(priority: Mapping[str, int], slo_class: str) -> int:
+    return priority.get(slo_class, 0)

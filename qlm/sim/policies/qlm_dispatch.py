@@ -1,0 +1,231 @@
+"""The `qlm` policy's dispatch on the virtual clock: what each instance's agent reconciles
+(qlm/agents/dispatch.py), built from the simulator's view of the queue and the engines.
+
+The global queue is kept by model (`ModelQueues`) with each model's schedule over the
+instances now on it; an instance reconciles its virtual queue when it follows the plan to
+another model, else its model's dispatch queue."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+from qlm.agents.dispatch import PoolRate, Schedule, dispatch_groups, follows_swap
+from qlm.agents.drain import drain_estimate_s
+from qlm.agents.model_queues import ModelQueues
+from qlm.agents.reconcile import QueuedGroup, QueuedItem
+from qlm.agents.room import Room
+from qlm.agents.virtual_queue import virtual_queue
+from qlm.control.plan import PublishedPlan
+from qlm.sim.policies.base import SimContext
+from qlm.sim.result import TtftPrediction
+from qlm.types import Request
+
+
+class SimDispatch:
+    def __init__(self, ctx: SimContext, priority: Mapping[str, int], members: int) -> None:
+        self.ctx = ctx
+        self.priority = priority
+        self.members = members
+        self._queues = ModelQueues()
+        self._rates: dict[tuple[str, ...], PoolRate] = {}
+        self._drains: dict[str, dict[str, float]] = {}  # instance -> class -> drain_s
+        self._room: dict[str, Room] = {}  # instance -> its room when last reconciled, untouched
+
+    def queue(self, request: Request) -> None:
+        """A request joined the global queue (arrived, or back from an engine)."""
+        self._queues.add(_item(request), request.model)
+
+    def pulled(self, request_ids: Iterable[str]) -> None:
+        self._queues.remove(request_ids)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._queues
+
+    def with_room(self, model: str, arrival: Request | None = None) -> list[str]:
+        """Instances on `model` with a free sequence slot that may pull; fewest requests held
+        first (the least loaded, where a request starts soonest); ties: fleet order. An
+        instance whose last reconcile did nothing and whose engine has not changed since
+        (`saw`) is left out when its room stops at the request first in line for the model
+        (`Room.stops`), or does not take the `arrival`, the one request new since then (the
+        rest were there when it did nothing; time only tightens deadlines)."""
+        ctx = self.ctx
+        first = self._first_in_line(model)
+        new = None if arrival is None else _item(arrival)
+        free: list[tuple[int, int, str]] = []
+        for k, instance in enumerate(ctx.fleet.instances):
+            if ctx.model_of(instance.id) != model or ctx.loading(instance.id):
+                continue
+            room = self._room.get(instance.id)
+            if room is not None and first is not None and room.stops(first):
+                continue
+            if room is not None and new is not None and not room.takes(new):
+                continue
+            held = ctx.held(instance.id)
+            if held < ctx.max_num_seqs(instance.id):
+                free.append((held, k, instance.id))
+        return [instance_id for _, _, instance_id in sorted(free)]
+
+    def _first_in_line(self, model: str) -> QueuedItem | None:
+        """The request an instance serving the model's dispatch queue admits first."""
+        pool = self._pool(model)
+        if not pool:
+            return None
+        line = dispatch_groups(model, self._schedule(model, pool), self.ctx.clock.now_s(), 1)
+        return line[0].items[0] if line else None
+
+    def heads(
+        self, plan: PublishedPlan | None, instance_id: str, whole: bool
+    ) -> tuple[QueuedGroup, ...]:
+        """What the instance's agent reconciles: its virtual queue (the live agents' cut) when
+        it follows the plan to another model, else the dispatch queue of its model. Unless
+        `whole`, the virtual queue is built only up to its first group of the loaded model
+        (all `follows_swap` reads)."""
+        ctx = self.ctx
+        model = ctx.model_of(instance_id)
+        until = None if whole else _until_model(model)
+        queued = ctx.queued().__contains__
+        planned = (
+            () if plan is None else virtual_queue(plan, instance_id, queued, self.members, until)
+        )
+        count = 0 if model is None else self._queues.count(model)
+        if follows_swap(model, planned, count, lambda: self.swap_pays(planned[0], instance_id)):
+            return planned
+        if model is None:
+            return ()
+        kept = self._schedule(model, self._pool(model))
+        limit = ctx.max_num_seqs(instance_id)
+        return dispatch_groups(model, kept, ctx.clock.now_s(), limit, self._queues.queued(model))
+
+    def predict(self, request: Request) -> TtftPrediction | None:
+        """The schedule's time to first token for a request just queued, from its arrival:
+        its start on the model's pool, the engine work that blocks its class, its prefill;
+        a predicted miss (None inside) when the schedule drops it. None when the schedule
+        does not check that far down the queue, or no instance serves its model."""
+        pool = self._pool(request.model)
+        if not pool:
+            return None
+        schedule = self._schedule(request.model, pool)
+        start_s = schedule.start_at_s.get(request.id)
+        if start_s is None:
+            dropped = any(item.request_id == request.id for item in schedule.dropped)
+            return TtftPrediction(None, request.prompt_tokens) if dropped else None
+        item = QueuedItem(request.id, request.prompt_tokens, request.max_output_tokens)
+        _, prefill_s = self._rate(pool, request.model).cost_s(item)
+        blocked_s = self._queues.blocked_s(request.model, pool).get(request.slo_class, 0.0)
+        predicted_s = start_s + blocked_s + prefill_s - request.arrival_at_s
+        return TtftPrediction(predicted_s, request.prompt_tokens)
+
+    def swap_pays(self, head: QueuedGroup, instance_id: str) -> bool:
+        """Whether swapping the instance to the model of the plan's head keeps more promises
+        than it breaks (no swap on a whim): the target model's requests it would keep (kept
+        with the instance in the target's pool and not without it, due after the load) must
+        outnumber the requests of its own model that its pool keeps with it and not
+        without it. A model no instance serves gets one as soon as that breaks nothing."""
+        ctx = self.ctx
+        model = ctx.model_of(instance_id)
+        profile = ctx.fleet.profile(head.model, ctx.fleet.instance(instance_id))
+        if model is None or profile is None:
+            return profile is not None
+        pool = self._pool(model)
+        rest = tuple(i for i in pool if i != instance_id)
+        lost = self._unkept(model, rest) - self._unkept(model, pool)
+        target = self._pool(head.model)
+        if not target:
+            return lost == 0
+        ready_s = ctx.clock.now_s() + profile.load_s
+        gained = self._unkept(head.model, target, ready_s) - self._unkept(
+            head.model, (*target, instance_id), ready_s
+        )
+        return gained > lost
+
+    def _unkept(self, model: str, pool: tuple[str, ...], due_from_s: float = -math.inf) -> int:
+        """Queued requests of `model` the pool cannot keep (all of them for no pool), of
+        those due at or after `due_from_s`."""
+        if not pool:
+            return self._queues.count(model)
+        dropped = self._schedule(model, pool).dropped  # may list requests pulled since
+        queued = self._queues.queued(model)
+        return sum(
+            item.ttft_deadline_at_s >= due_from_s and queued(item.request_id) for item in dropped
+        )
+
+    def _schedule(self, model: str, pool: tuple[str, ...]) -> Schedule:
+        rate = self._rate(pool, model)
+        now_s = self.ctx.clock.now_s()
+        return self._queues.schedule(model, pool, rate, now_s, lambda: self._blocked_s(pool))
+
+    def _pool(self, model: str) -> tuple[str, ...]:
+        """The instances serving `model` now (loaded, not loading)."""
+        ctx = self.ctx
+        return tuple(
+            i.id
+            for i in ctx.fleet.instances
+            if ctx.model_of(i.id) == model and not ctx.loading(i.id)
+        )
+
+    def _rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
+        rate = self._rates.get((model, *pool))
+        if rate is None:
+            rate = self._rates[(model, *pool)] = PoolRate.of(self.ctx.fleet, pool, model)
+        return rate
+
+    def room_of(self, instance_id: str) -> Room | None:
+        """The instance's room as its last reconcile, which did nothing, left it (None: it
+        acted since, or its engine changed)."""
+        return self._room.get(instance_id)
+
+    def saw(self, instance_id: str, room: Room | None) -> None:
+        """The instance's room after a reconcile that did nothing (None: it acted); kept
+        until its engine next changes (`touched`)."""
+        if room is None:
+            self._room.pop(instance_id, None)
+        else:
+            self._room[instance_id] = room
+
+    def touched(self, instance_id: str) -> None:
+        """The instance's engine changed (events, or an action applied): observe it anew."""
+        self._drains.pop(instance_id, None)
+        self._room.pop(instance_id, None)
+
+    def _blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
+        """Per SLO class, how long the pool (as one machine) stays busy with admitted work
+        a request of that class may not preempt (of its class or a more urgent one)."""
+        speeds = dict.fromkeys(self.priority, 0.0)
+        for instance_id in pool:
+            for name, drain_s in self._drain_by_class(instance_id).items():
+                speeds[name] = math.inf if drain_s <= 0 else speeds[name] + 1.0 / drain_s
+        return {name: 0.0 if v in (0.0, math.inf) else 1.0 / v for name, v in speeds.items()}
+
+    def _drain_by_class(self, instance_id: str) -> dict[str, float]:
+        """Per class, how long the instance's admitted work of that class or a more urgent
+        one takes (kept until the engine reports events or is acted on)."""
+        drains = self._drains.get(instance_id)
+        if drains is None:
+            ctx = self.ctx
+            model = ctx.model_of(instance_id)
+            assert model is not None
+            profile = ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
+            obs = ctx.observe(instance_id)
+            drains = {}
+            for name, rank in self.priority.items():
+                keep = tuple(r for r in obs.requests if self.priority.get(r.slo_class, 0) >= rank)
+                drains[name] = drain_estimate_s(replace(obs, requests=keep), profile)
+            self._drains[instance_id] = drains
+        return drains
+
+
+def _item(request: Request) -> QueuedItem:
+    return QueuedItem(
+        request.id,
+        request.prompt_tokens,
+        request.max_output_tokens,
+        request.slo_class,
+        request.ttft_deadline_at_s,
+    )
+
+
+def _until_model(model: str | None) -> Callable[[QueuedGroup], bool]:
+    """Stop building a virtual queue at its first group of `model`."""
+    return lambda head: head.model == model

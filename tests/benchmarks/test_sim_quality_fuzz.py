@@ -1,0 +1,51 @@
+"""sim_quality.py --random: qlm's margin over the best baseline, its distribution and the
+rendered block, on made-up results (no simulation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.sim_quality.fuzz import distribution, margin_pts, render
+
+
+def _policies(**overall: float) -> dict[str, Any]:
+    return {
+        p: {"slo_attainment": {"overall": v}, "code": "abc", "date": "2026-01-01T00:00:00"}
+        for p, v in overall.items()
+    }
+
+
+def test_margin_against_the_best_baseline() -> None:
+    assert margin_pts(_policies(fcfs=0.5, edf=0.9, qlm=0.85)) == pytest.approx(-5.0)
+    assert margin_pts(_policies(fcfs=0.5, qlm=0.7)) == pytest.approx(20.0)
+    assert margin_pts(_policies(fcfs=0.5)) is None
+
+
+def test_distribution() -> None:
+    dist = distribution([-10.0, -2.0, 0.0, 1.0, 3.0])
+    assert dist["min_pts"] == -10.0
+    assert dist["median_pts"] == 0.0
+    assert dist["share_at_least_-1_pt"] == pytest.approx(0.6)
+    assert dist["count_below_-5_pts"] == 1
+    assert distribution([]) == {"scenarios": 0}
+
+
+def test_render_lists_the_worst_case_first() -> None:
+    scenarios = {
+        f"random:{seed}": {
+            "seed": seed,
+            "description": f"fleet {seed}",
+            "streams": "s",
+            "requests": 100,
+            "policies": _policies(fcfs=0.8, qlm=q),
+            "timeouts": {},
+            "qlm_margin_pts": 100.0 * (q - 0.8),
+        }
+        for seed, q in ((0, 0.9), (1, 0.5))
+    }
+    block = render({"commands": ["x"], "machine": "m", "scenarios": scenarios})
+    assert "| 1 | fleet 1 | 100 | 80.0% | 50.0% | -30.0 | fcfs |" in block
+    worst = block.split("Worst cases")[1]
+    assert worst.index("seed 1") < worst.index("seed 0")

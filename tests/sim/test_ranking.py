@@ -1,0 +1,70 @@
+"""The ranking guard: on the shipped quick scenarios, qlm keeps at least as many promises as
+every baseline, no class falls more than 2 points below that class's attainment under the best
+baseline overall (the one a user would pick instead), and its throughput stays within 10 % of
+the best's (see THROUGHPUT_SHARE). A change to dispatch, reconcile, agents or the estimator
+that undoes the ranking fails here instead of in a benchmark nobody reruns.
+
+The issue's stricter per-class target (each class within 2 points of the best baseline *for
+that class*) is reported by benchmarks/sim_quality.py; it is not met on wc-quick, where fcfs
+keeps more batch-1 promises by breaking most interactive ones.
+
+Seed 0 only (CI time: about three minutes on two cores); benchmarks/sim_quality.py checks
+seeds 0, 1 and 7 and the random scenarios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qlm.sim.cli import run_policies
+from qlm.sim.result import SimResult
+from qlm.sim.scenario import load_scenario
+
+SIMS = Path(__file__).resolve().parents[2] / "sims"
+BASELINES = ("fcfs", "edf", "shepherd", "llmd")
+CLASS_SLACK = 0.02  # points of attainment a class may lose to the best baseline's
+# The issue's target is 0.95; qlm reaches 0.93-0.94 of edf's on wb-quick (docs/benchmarks.md),
+# because it serves lost requests last, which lengthens the run. The guard catches a collapse
+# (the 0.60-0.90 of earlier versions), the benchmark reports the 0.95 verdict.
+THROUGHPUT_SHARE = 0.90
+
+
+def _margins(qlm: SimResult, baselines: list[SimResult]) -> list[str]:
+    """Every way qlm falls short of the baselines, as readable lines (none: it wins)."""
+    short: list[str] = []
+    for base in baselines:
+        if qlm.attainment() < base.attainment():
+            short.append(f"overall {qlm.attainment():.4f} < {base.policy} {base.attainment():.4f}")
+    best = max(baselines, key=lambda b: b.attainment())
+    for name, value in qlm.attainment_by_class().items():
+        if value < best.attainment(name) - CLASS_SLACK:
+            short.append(f"{name} {value:.4f} < {best.policy} {best.attainment(name):.4f} - 2 pts")
+    fastest = max(baselines, key=lambda b: b.throughput_rps)
+    if qlm.throughput_rps < THROUGHPUT_SHARE * fastest.throughput_rps:
+        share = THROUGHPUT_SHARE
+        short.append(f"throughput {qlm.throughput_rps:.2f} < {share} x {fastest.policy}")
+    return short
+
+
+@pytest.mark.slow
+@pytest.mark.solver
+@pytest.mark.parametrize("scenario", ["wa-quick", "wb-quick", "wc-quick"])
+def test_qlm_beats_every_baseline_on_the_quick_scenarios(scenario: str) -> None:
+    loaded = load_scenario(SIMS / f"{scenario}.yaml")
+    *baselines, qlm = run_policies(loaded, [*BASELINES, "qlm"], seed=0, progress=False)
+    assert qlm.policy == "qlm"
+    assert _margins(qlm, baselines) == []
+
+
+def test_the_guard_fails_when_qlm_falls_behind() -> None:
+    """The check itself can fail: swap the roles of qlm and a baseline that beat it."""
+    from qlm.sim.runner import simulate
+    from tests.sim.cases import CONFIG, mixed_requests, two_model_fleet
+
+    requests = mixed_requests(300, 80.0, 2)
+    fcfs = simulate(two_model_fleet(), requests, "fcfs", CONFIG, 1)
+    edf = simulate(two_model_fleet(), requests, "edf", CONFIG, 1)
+    worse, better = sorted((fcfs, edf), key=lambda r: r.attainment())
+    assert worse.attainment() < better.attainment()
+    assert any(line.startswith("overall") for line in _margins(worse, [better]))
