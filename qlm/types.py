@@ -114,6 +114,11 @@ class Request:
     # The client's sampling settings, passed to the engine as given (temperature, top_p,
     # stop, seed, ignore_eos); plain JSON values. Not part of the request's identity.
     sampling: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
+    # The API's prediction at admission (qlm/api/wait_estimate.py): seconds from arrival to
+    # the first token, and what it rests on ("plan", "idle", "no-plan"). None and "" for
+    # requests that did not come through the API (simulated ones).
+    estimated_wait_s: float | None = field(default=None, hash=False, compare=False)
+    estimate_basis: str = field(default="", hash=False, compare=False)
 
     @property
     def ignores_eos(self) -> bool:

@@ -1,14 +1,15 @@
 """What every route needs, built once per app: settings, queue, clock, the admitter, the key
-ring, quotas and the optional SLO gate, and the enqueue and cancel calls with their errors
-mapped to HTTP."""
+ring, quotas and the wait estimator (with its optional SLO gate), and the enqueue and cancel
+calls with their errors mapped to HTTP."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from starlette.requests import Request as HttpRequest
@@ -21,8 +22,8 @@ from qlm.api.quotas import TenantQuotas
 from qlm.api.schemas import Body
 from qlm.api.settings import ApiAppConfig
 from qlm.api.slo import HEADER_CLASS
-from qlm.api.slo_gate import SloGate
 from qlm.api.tokens import TokenCounter, make_token_counter
+from qlm.api.wait_estimate import WaitEstimate, WaitEstimator, refuse_unattainable
 from qlm.clock import Clock
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue, QueueError, QueueFullError, QueueUnavailableError
@@ -45,6 +46,11 @@ def json_response(
     )
 
 
+def admitted_headers(request: Request) -> dict[str, str]:
+    """The headers of every answer to an admitted request: its id and predicted wait."""
+    return {REQUEST_ID_HEADER: request.id, **WaitEstimate.of(request).headers()}
+
+
 _QUEUE_FULL_CODES = {"queue": "queue_full", "reserved": "queue_full", "tenant": "tenant_queue_full"}
 
 
@@ -57,7 +63,7 @@ class ApiContext:
     created: int  # the models' `created` field: when this app was built
     keys: KeyRing
     quotas: TenantQuotas
-    gate: SloGate | None  # None: admission does not consult the plan
+    estimator: WaitEstimator  # every admitted request's predicted wait, from the plan
     metrics: MetricsHooks = NO_METRICS  # admissions, refusals and cancels are counted here
 
     @classmethod
@@ -78,7 +84,7 @@ class ApiContext:
             int(clock.now_s()),
             KeyRing(settings.api_keys),
             TenantQuotas(settings, clock),
-            SloGate(queue, settings, clock) if settings.api.reject_unattainable_slo else None,
+            WaitEstimator(queue, settings, clock),
             metrics,
         )
 
@@ -100,8 +106,10 @@ class ApiContext:
     async def admit(
         self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
     ) -> Request:
-        """Build the request, check the plan (if asked) and the tenant's quotas, and enqueue
-        it; refusals become 429 (with Retry-After) or 503. Each outcome is counted."""
+        """Build the request, estimate its wait from the plan (refusing it when asked to and
+        the plan says it misses its TTFT target), check the tenant's quotas, and enqueue it;
+        refusals become 429 (with Retry-After) or 503. Each outcome is counted. The request
+        carries its estimate (`estimated_wait_s`, `estimate_basis`)."""
         try:
             request = await self._enqueue(body, http, id_prefix, tenant)
         except ApiError as exc:
@@ -116,9 +124,11 @@ class ApiContext:
         self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
     ) -> Request:
         request_id = id_prefix + uuid.uuid4().hex
-        request = self.admitter.build(body, http.headers, request_id, self.clock.now_s(), tenant)
-        if self.gate is not None:
-            await self.gate.check(request)
+        built = self.admitter.build(body, http.headers, request_id, self.clock.now_s(), tenant)
+        estimate = await self.estimator.estimate(built)
+        if self.settings.api.reject_unattainable_slo:
+            refuse_unattainable(built, estimate)
+        request = replace(built, estimated_wait_s=estimate.wait_s, estimate_basis=estimate.basis)
         charge = self.quotas.charge(
             request.tenant, request.prompt_tokens + request.max_output_tokens
         )
@@ -131,7 +141,7 @@ class ApiContext:
                 f"Refused: {exc}; retry later.",
                 type="rate_limit_error",
                 code=_QUEUE_FULL_CODES.get(exc.scope, "queue_full"),
-                headers={"retry-after": str(self.settings.api.queue_full_retry_after_s)},
+                headers=self._full_retry_headers(estimate),
             ) from None
         except QueueUnavailableError as exc:
             self.quotas.refund(charge)
@@ -142,6 +152,12 @@ class ApiContext:
                 503, f"The queue refused the request: {exc}", type=SERVER_ERROR, code="queue_error"
             ) from None
         return request
+
+    def _full_retry_headers(self, estimate: WaitEstimate) -> dict[str, str]:
+        """A full queue frees places as queued work is served: retry after the predicted wait
+        of the request's kind, at least `queue_full_retry_after_s`."""
+        retry_s = max(self.settings.api.queue_full_retry_after_s, math.ceil(estimate.wait_s))
+        return {"retry-after": str(retry_s), **estimate.headers()}
 
     def unavailable(self, exc: QueueUnavailableError) -> ApiError:
         """503 with Retry-After: the queue's store is down."""

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from qlm.api.context import REQUEST_ID_HEADER, ApiContext, json_response
+from qlm.api.context import REQUEST_ID_HEADER, ApiContext, admitted_headers, json_response
 from qlm.api.errors import ApiError
 from qlm.api.formats import CHAT, COMPLETION, Head, OutputFormat, usage
 from qlm.api.streaming import (
@@ -61,7 +61,7 @@ async def generate(ctx: ApiContext, http: HttpRequest, fmt: OutputFormat) -> Res
     body = await ctx.read(http, fmt.parse)
     request = await ctx.admit(body, http, fmt.id_prefix, tenant)
     head = Head(request.id, int(request.arrival_at_s), body.model)
-    headers = {REQUEST_ID_HEADER: request.id}
+    headers = admitted_headers(request)
     timeout_s = ctx.settings.api.completion_timeout_s
     if body.stream:
         job = StreamJob(ctx.queue, fmt, head, request.prompt_tokens, body.include_usage, timeout_s)

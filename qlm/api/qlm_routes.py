@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from qlm.api.context import REQUEST_ID_HEADER, ApiContext, json_response
+from qlm.api.context import ApiContext, admitted_headers, json_response
 from qlm.api.errors import SERVER_ERROR, ApiError, from_pydantic
 from qlm.api.schemas import SUBMISSION, SUBMISSION_KINDS, ChatSubmission, CompletionSubmission
 from qlm.api.views import accepted, queue_counts, record_view
@@ -40,7 +40,7 @@ def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
         if body.stream:
             raise ApiError(400, "Asynchronous requests do not stream.", param="stream")
         request = await ctx.admit(body, http, "req-", tenant)
-        headers = {REQUEST_ID_HEADER: request.id, "location": f"{REQUESTS}/{request.id}"}
+        headers = {**admitted_headers(request), "location": f"{REQUESTS}/{request.id}"}
         return json_response(accepted(request, body.kind), 202, headers)
 
     app.add_route(REQUESTS, submit, methods=["POST"])  # a plain route: see openai_routes.py

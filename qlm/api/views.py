@@ -41,6 +41,7 @@ def accepted(request: Request, kind: str) -> Json:
         "slo_class": request.slo_class,
         "prompt_tokens": request.prompt_tokens,
         "max_output_tokens": request.max_output_tokens,
+        **_estimate(request),
         "times": _request_times(request),
     }
 
@@ -56,6 +57,7 @@ def record_view(record: RequestRecord) -> Json:
         "tenant": request.tenant,
         "prompt_tokens": request.prompt_tokens,
         "max_output_tokens": request.max_output_tokens,
+        **_estimate(request),
         "predicted_wait_s": record.predicted_wait_s,
         "group_id": record.group_id,
         "instance_id": record.instance_id or (result.instance_id if result else None),
@@ -69,6 +71,15 @@ def record_view(record: RequestRecord) -> Json:
             "finished_at_s": result.finished_at_s if result else None,
         },
         "result": None if result is None else _result_view(request, result),
+    }
+
+
+def _estimate(request: Request) -> Json:
+    """The wait the API predicted at admission (from arrival to first token) and its basis;
+    `predicted_wait_s` is the latest plan's, measured from that plan's re-plan time."""
+    return {
+        "estimated_wait_s": request.estimated_wait_s,
+        "estimate_basis": request.estimate_basis or None,
     }
 
 

@@ -204,6 +204,7 @@ async def test_the_gate_refuses_what_the_plan_says_will_be_late(
     refused = await client.post(SUBMIT, json=body(slo_class="interactive"))
     assert refused.status_code == 429
     assert refused.headers["x-should-retry"] == "false"
+    assert refused.headers["retry-after"] == "30"  # when 50 s would fit the 20 s target
     error = refused.json()["error"]
     assert (error["code"], error["param"]) == ("slo_unattainable", "slo_class")
     assert "in 50.0 s, after its TTFT target of 20.0 s" in error["message"]
@@ -245,7 +246,7 @@ async def test_the_gate_is_off_by_default(clients: Any) -> None:
 def test_the_gate_reads_the_length_of_groups_cut_from_the_agents_plan() -> None:
     """Plans published for agents list only each queue's head; a group past it keeps the
     predicted wait of its last member, and the gate's table uses that."""
-    from qlm.api.slo_gate import first_token_times
+    from qlm.api.wait_estimate import first_token_times
     from qlm.control.plan import PlannedGroup as Group
     from qlm.control.plan import PublishedPlan as Plan
 

@@ -1,0 +1,140 @@
+"""Every admitted request's predicted wait, read from the latest published plan, and the
+optional admission check built on it (`ApiConfig.reject_unattainable_slo`, off by default).
+
+The estimate is deliberately simple and cheap. The control loop inserts a new arrival at the
+end of the nearest planned group of its model and class, so a newcomer waits about as long as
+the last member of such a group; the plan carries each member's predicted wait (the RWT
+estimator's mean time to first token, measured from `waits_at_s`, the plan's last full
+re-plan; plans derived since by inserting arrivals keep it). For every (model, class) the
+table keeps the earliest of those groups' predicted last first-token times:
+
+    first_token_at_s(model, class) = waits_at_s + min over groups (max member wait)
+
+A request's estimate is that time minus its arrival (never below 0), with a `basis`:
+
+* `plan`: a planned group of its model and class exists (the number above);
+* `idle`: the plan is fresh but holds no group of its model and class, so nothing of its
+  kind waits ahead of it: 0 s, the next control round places it;
+* `no-plan`: no plan, or its waits are older than `plan_max_age_s`: 0 s, nothing is known.
+
+The gate refuses a request only on a `plan` estimate whose first token comes after its TTFT
+deadline. The table is rebuilt only when the plan's epoch changes, and the plan is re-read at
+most every `plan_refresh_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from qlm.api.errors import ApiError
+from qlm.api.settings import ApiAppConfig
+from qlm.clock import Clock
+from qlm.control.plan import PublishedPlan
+from qlm.queue.base import GlobalQueue
+from qlm.types import Request
+
+Key = tuple[str, str]  # (model, SLO class)
+Basis = Literal["plan", "idle", "no-plan"]
+WAIT_HEADER = "x-qlm-estimated-wait-s"
+BASIS_HEADER = "x-qlm-estimate-basis"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEstimate:
+    """Seconds from a request's arrival to its predicted first token, and what it rests on."""
+
+    wait_s: float
+    basis: Basis
+
+    @classmethod
+    def of(cls, request: Request) -> WaitEstimate:
+        """The estimate an admitted request carries."""
+        basis = request.estimate_basis
+        if request.estimated_wait_s is None or basis not in ("plan", "idle"):
+            return cls(0.0, "no-plan")
+        return cls(request.estimated_wait_s, "plan" if basis == "plan" else "idle")
+
+    def headers(self) -> dict[str, str]:
+        return {WAIT_HEADER: f"{self.wait_s:.3f}", BASIS_HEADER: self.basis}
+
+
+def first_token_times(plan: PublishedPlan) -> Mapping[Key, float]:
+    """(model, class) -> the earliest predicted first-token time of a newcomer."""
+    table: dict[Key, float] = {}
+    waits = plan.predicted_wait_s
+    origin_s = _waits_origin_s(plan)
+    for group in plan.groups.values():
+        last_wait_s = plan.group_wait_s.get(group.group_id)  # plans cut for agents
+        if last_wait_s is None:
+            member_waits = [waits[rid] for rid in group.request_ids if rid in waits]
+            if not member_waits:
+                continue
+            last_wait_s = max(member_waits)
+        at_s = origin_s + last_wait_s
+        key = (group.model, group.slo_class)
+        table[key] = min(at_s, table.get(key, at_s))
+    return MappingProxyType(table)
+
+
+class WaitEstimator:
+    """Estimates from the latest plan (see the module docstring)."""
+
+    def __init__(self, queue: GlobalQueue, settings: ApiAppConfig, clock: Clock) -> None:
+        self._queue = queue
+        self._clock = clock
+        self._max_age_s = settings.api.plan_max_age_s
+        self._refresh_s = settings.api.plan_refresh_s
+        self._read_at_s = -math.inf
+        self._plan: PublishedPlan | None = None
+        self._table: Mapping[Key, float] = MappingProxyType({})
+
+    async def estimate(self, request: Request) -> WaitEstimate:
+        table = await self._current()
+        if table is None:
+            return WaitEstimate(0.0, "no-plan")
+        first_token_at_s = table.get((request.model, request.slo_class))
+        if first_token_at_s is None:
+            return WaitEstimate(0.0, "idle")
+        return WaitEstimate(max(0.0, first_token_at_s - request.arrival_at_s), "plan")
+
+    async def _current(self) -> Mapping[Key, float] | None:
+        """The table of a fresh plan; None without one."""
+        mono_s = self._clock.monotonic_s()
+        if mono_s - self._read_at_s >= self._refresh_s:
+            self._read_at_s = mono_s
+            plan = await self._queue.current_plan()
+            if plan is not None and (self._plan is None or plan.epoch != self._plan.epoch):
+                self._table = first_token_times(plan)
+            self._plan = plan
+        plan = self._plan
+        if plan is None or self._clock.now_s() - _waits_origin_s(plan) > self._max_age_s:
+            return None
+        return self._table
+
+
+def refuse_unattainable(request: Request, estimate: WaitEstimate) -> None:
+    """ApiError 429 when the plan predicts the request's first token after its deadline;
+    Retry-After is how long until the predicted wait would fit its TTFT target."""
+    if estimate.basis != "plan" or estimate.wait_s <= request.ttft_slo_s:
+        return
+    raise ApiError(
+        429,
+        f"The latest plan predicts the first token of a {request.slo_class!r} request for "
+        f"{request.model!r} in {estimate.wait_s:.1f} s, after its TTFT target of "
+        f"{request.ttft_slo_s:.1f} s; retry later or choose a slower SLO class.",
+        param="slo_class",
+        code="slo_unattainable",
+        headers={
+            "x-should-retry": "false",  # the official client would retry at once otherwise
+            "retry-after": str(math.ceil(estimate.wait_s - request.ttft_slo_s)),
+            **estimate.headers(),
+        },
+    )
+
+
+def _waits_origin_s(plan: PublishedPlan) -> float:
+    return plan.created_at_s if plan.waits_at_s is None else plan.waits_at_s

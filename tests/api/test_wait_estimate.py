@@ -1,0 +1,109 @@
+"""Every admitted request carries a predicted wait: the `x-qlm-estimated-wait-s` and
+`x-qlm-estimate-basis` headers on completions, streams and the asynchronous 202 answer, the
+same numbers on the request's record, and Retry-After on 429s taken from them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from qlm.api.wait_estimate import BASIS_HEADER, WAIT_HEADER
+from qlm.clock import VirtualClock
+from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.queue.memory import MemoryQueue
+from tests.api.conftest import NOW_S
+from tests.api.fake_agent import FakeAgent
+
+pytestmark = pytest.mark.timeout(60)
+SUBMIT = "/v1/qlm/requests"
+
+
+def plan(created_at_s: float, **waits: float) -> PublishedPlan:
+    """One group per model__class=wait_s, waits measured from `created_at_s`."""
+    groups, predicted = {}, {}
+    for key, wait_s in waits.items():
+        model, slo_class = key.split("__")
+        groups[key] = PlannedGroup(key, model, slo_class.replace("_", "-"), (f"q-{key}",))
+        predicted[f"q-{key}"] = wait_s
+    return PublishedPlan(1, created_at_s, {"i0": tuple(groups)}, groups, predicted_wait_s=predicted)
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {"kind": "completion", "model": "m7b", "prompt": "hi", "max_tokens": 3, **fields}
+
+
+def estimate(resp: httpx.Response) -> tuple[str, str]:
+    return resp.headers[WAIT_HEADER], resp.headers[BASIS_HEADER]
+
+
+@pytest.fixture
+async def oai(base_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    yield client
+    await client.close()
+
+
+async def test_completions_streams_and_submissions_carry_it(
+    client: httpx.AsyncClient, queue: MemoryQueue, agent: FakeAgent
+) -> None:
+    await queue.publish_plan(plan(NOW_S - 2.0, m7b__interactive=14.5))
+    done = await client.post("/v1/completions", json={**body(), "kind": None})
+    assert done.status_code == 200, done.text
+    assert estimate(done) == ("12.500", "plan")  # 14.5 s from the re-plan, 2 s ago
+    async with client.stream("POST", "/v1/completions", json=body(kind=None, stream=True)) as s:
+        assert estimate(s) == ("12.500", "plan")
+        assert [line async for line in s.aiter_lines()][-2] == "data: [DONE]"
+    # No group of the model and class is planned: nothing of its kind waits ahead.
+    submitted = await client.post(SUBMIT, json=body(model="m13b"))
+    assert submitted.status_code == 202
+    assert estimate(submitted) == ("0.000", "idle")
+    view = submitted.json()
+    assert (view["estimated_wait_s"], view["estimate_basis"]) == (0.0, "idle")
+    record = (await client.get(f"{SUBMIT}/{view['id']}")).json()
+    assert (record["estimated_wait_s"], record["estimate_basis"]) == (0.0, "idle")
+
+
+async def test_the_official_client_reads_it(oai: openai.AsyncOpenAI, agent: FakeAgent) -> None:
+    """No plan yet: the estimate says so rather than being left out."""
+    raw = await oai.chat.completions.with_raw_response.create(
+        model="m7b", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert (raw.headers[WAIT_HEADER], raw.headers[BASIS_HEADER]) == ("0.000", "no-plan")
+    assert raw.parse().choices[0].message.content
+
+
+async def test_a_stale_plan_says_nothing(
+    client: httpx.AsyncClient, queue: MemoryQueue, clock: VirtualClock
+) -> None:
+    await queue.publish_plan(plan(NOW_S, m7b__interactive=8.0))
+    first = await client.post(SUBMIT, json=body())
+    assert estimate(first) == ("8.000", "plan")
+    clock.advance_by(31.0)  # past plan_max_age_s (30 s) and plan_refresh_s
+    assert estimate(await client.post(SUBMIT, json=body())) == ("0.000", "no-plan")
+    record = (await client.get(f"{SUBMIT}/{first.json()['id']}")).json()
+    assert (record["estimated_wait_s"], record["estimate_basis"]) == (8.0, "plan")
+
+
+async def test_retry_after_of_a_full_queue_is_the_predicted_wait(
+    queue: MemoryQueue, clock: VirtualClock
+) -> None:
+    from qlm.api import create_app
+    from qlm.queue.memory import MemoryQueueConfig
+    from tests.api.conftest import make_settings
+
+    full = MemoryQueue(MemoryQueueConfig(max_queued=1))
+    app = create_app(make_settings(queue_full_retry_after_s=2), full, clock)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
+        assert (await c.post(SUBMIT, json=body(model="m13b"))).status_code == 202
+        refused = await c.post(SUBMIT, json=body(model="m13b"))
+        assert (refused.status_code, refused.headers["retry-after"]) == (429, "2")  # idle: floor
+        await full.publish_plan(plan(NOW_S, m7b__interactive=39.2))
+        clock.advance_by(1.0)  # plan_refresh_s
+        refused = await c.post(SUBMIT, json=body())
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "39"  # ceil(39.2 - 1 s since the re-plan)
+        assert estimate(refused) == ("38.200", "plan")
