@@ -12,6 +12,7 @@ declares bearer authentication when keys are configured.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,6 +22,7 @@ from pydantic import TypeAdapter
 from qlm.api.schemas import ChatBody, CompletionBody, Submission
 from qlm.api.settings import ApiAppConfig
 from qlm.api.slo import HEADER_CLASS, HEADER_LLMD_TTFT_MS, HEADER_TTFT_MS
+from qlm.api.wait_estimate import BASIS_HEADER, WAIT_HEADER
 
 Json = dict[str, Any]
 _REF = "#/components/schemas/{model}"
@@ -92,6 +94,35 @@ _POSTS: dict[str, tuple[str, Any, str, str]] = {
 }
 
 
+_LIST_QUERY = {
+    "state": ("Comma-separated states to keep (queued, dispatched, running, ...).", "string"),
+    "limit": ("Requests per page, 1-100 (default 20).", "integer"),
+    "after": ("The `next_cursor` of the previous page.", "string"),
+}
+_LIST_OPERATION: Json = {
+    "summary": "The caller's requests, newest first (with authentication on: its own only)",
+    "parameters": [
+        {"name": n, "in": "query", "required": False, "description": d, "schema": {"type": t}}
+        for n, (d, t) in _LIST_QUERY.items()
+    ],
+    "responses": {
+        "200": {
+            "description": "object: list; data: request records; has_more; next_cursor",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
+    },
+}
+# Every answer to an admitted request carries its id and predicted wait (wait_estimate.py).
+_ADMITTED_HEADERS: Json = {
+    "x-qlm-request-id": {"schema": {"type": "string"}, "description": "the request's id"},
+    WAIT_HEADER: {"schema": {"type": "string"}, "description": "predicted seconds to 1st token"},
+    BASIS_HEADER: {
+        "schema": {"type": "string", "enum": ["plan", "idle", "no-plan"]},
+        "description": "what the predicted wait rests on",
+    },
+}
+
+
 def install_openapi(app: FastAPI, settings: ApiAppConfig) -> None:
     """Replace app.openapi with one that documents the plain POST routes too."""
 
@@ -124,6 +155,7 @@ def complete(schema: Json, settings: ApiAppConfig) -> Json:
             _name_values(part, models, classes)
         schemas.update(defs)
         paths.setdefault(path, {})["post"] = _post_operation(summary, body, status, description)
+    paths.setdefault("/v1/qlm/requests", {})["get"] = copy.deepcopy(_LIST_OPERATION)
     for path, operations in paths.items():
         for operation in operations.values():
             _real_errors(operation)
@@ -156,7 +188,9 @@ def _post_operation(summary: str, body: Json, status: str, description: str) -> 
         "summary": summary,
         "parameters": list(_SLO_HEADERS),
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": {status: {"description": description, "content": content}},
+        "responses": {
+            status: {"description": description, "content": content, "headers": _ADMITTED_HEADERS}
+        },
     }
 
 

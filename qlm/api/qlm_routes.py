@@ -1,9 +1,11 @@
-"""QLM's own routes: asynchronous submission for batch work, request state, queue counts,
-liveness and readiness."""
+"""QLM's own routes: asynchronous submission for batch work, request state and the caller's
+request list, queue counts, liveness and readiness."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI
 from pydantic import ValidationError
@@ -14,8 +16,13 @@ from qlm.api.context import ApiContext, admitted_headers, json_response
 from qlm.api.errors import SERVER_ERROR, ApiError, from_pydantic
 from qlm.api.schemas import SUBMISSION, SUBMISSION_KINDS, ChatSubmission, CompletionSubmission
 from qlm.api.views import accepted, queue_counts, record_view
+from qlm.queue.listing import RecordFilter, RecordPage
+from qlm.types import RequestState
 
 REQUESTS = "/v1/qlm/requests"
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+CURSOR_PREFIX = "seq-"  # cursors are opaque to clients; the prefix catches a pasted id
 
 
 def parse_submission(raw: str) -> ChatSubmission | CompletionSubmission:
@@ -31,6 +38,55 @@ def parse_submission(raw: str) -> ChatSubmission | CompletionSubmission:
         raise from_pydantic(exc, skip=1 if loc and loc[0] in SUBMISSION_KINDS else 0) from None
 
 
+def record_filter(query: Mapping[str, str], tenant: str | None) -> RecordFilter:
+    """The page a listing asks for: `state` (comma-separated states), `limit` (1-100,
+    default 20), `after` (the previous page's `next_cursor`); 400 naming a bad one. With
+    authentication on, a caller sees only its own requests."""
+    unknown = sorted(set(query) - {"state", "limit", "after"})
+    if unknown:
+        raise ApiError(400, f"Unknown query parameter {unknown[0]!r}.", param=unknown[0])
+    return RecordFilter(
+        tenant,
+        _states(query.get("state", "")),
+        _cursor(query.get("after")),
+        _limit(query.get("limit", str(DEFAULT_LIMIT))),
+    )
+
+
+def _states(text: str) -> frozenset[RequestState]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = {str(state) for state in RequestState}
+    for name in names:
+        if name not in known:
+            choices = ", ".join(sorted(known))
+            raise ApiError(400, f"'state' must be among {choices}; got {name!r}.", param="state")
+    return frozenset(RequestState(name) for name in names)
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise ApiError(400, f"'limit' must be an integer from 1 to {MAX_LIMIT}.", param="limit")
+    return int(text)
+
+
+def _cursor(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.startswith(CURSOR_PREFIX) or not text[len(CURSOR_PREFIX) :].isdigit():
+        raise ApiError(400, "'after' must be a next_cursor of an earlier page.", param="after")
+    return int(text[len(CURSOR_PREFIX) :])
+
+
+def page_view(page: RecordPage) -> dict[str, Any]:
+    cursor = page.next_before_seq
+    return {
+        "object": "list",
+        "data": [record_view(record) for record in page.records],
+        "has_more": cursor is not None,
+        "next_cursor": None if cursor is None else f"{CURSOR_PREFIX}{cursor}",
+    }
+
+
 def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
     """Register the routes on `app` itself (an included router costs a second match)."""
 
@@ -43,7 +99,13 @@ def add_qlm_routes(app: FastAPI, ctx: ApiContext) -> None:
         headers = {**admitted_headers(request), "location": f"{REQUESTS}/{request.id}"}
         return json_response(accepted(request, body.kind), 202, headers)
 
+    async def list_requests(http: HttpRequest) -> Response:
+        tenant = ctx.authenticate(http)
+        page = record_filter(http.query_params, tenant)
+        return json_response(page_view(await ctx.queue.list_records(page)))
+
     app.add_route(REQUESTS, submit, methods=["POST"])  # a plain route: see openai_routes.py
+    app.add_route(REQUESTS, list_requests, methods=["GET"])
 
     @app.get(REQUESTS + "/{request_id}")
     async def get_request(request_id: str, http: HttpRequest) -> Response:

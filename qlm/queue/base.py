@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from qlm.control.plan import PublishedPlan
+from qlm.queue.listing import RecordFilter, RecordPage
 from qlm.queue.records import InstanceStatus, RequestRecord, RequestResult, StreamEvent
 from qlm.types import Request, RequestState
 
@@ -67,6 +68,11 @@ class GlobalQueue(Protocol):
         ...
 
     async def counts(self) -> Mapping[RequestState, int]: ...
+
+    async def list_records(self, page: RecordFilter) -> RecordPage:
+        """The records `page` selects, newest first (qlm/queue/listing.py); finished records
+        that expired are not listed."""
+        ...
 
     async def pull(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float

@@ -21,6 +21,7 @@ from qlm.queue.base import (
     UnknownRequestError,
 )
 from qlm.queue.bounds import QueueBounds
+from qlm.queue.listing import RecordFilter, RecordPage, take_page
 from qlm.queue.records import (
     InstanceStatus,
     RequestRecord,
@@ -110,6 +111,10 @@ class MemoryQueue:
 
     async def get(self, request_id: str) -> RequestRecord | None:
         return self._records.get(request_id)
+
+    async def list_records(self, page: RecordFilter) -> RecordPage:
+        # Records are kept in enqueue order (a state change rewrites a value in place).
+        return take_page(((self._seq[i], self._records[i]) for i in reversed(self._records)), page)
 
     async def queued(self) -> tuple[Request, ...]:
         if self._queued_dirty:

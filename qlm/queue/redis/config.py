@@ -56,6 +56,11 @@ class RedisQueueConfig(StrictModel):
         description="Longest single blocking read; stream readers re-check their request "
         "between chunks.",
     )
+    max_listed_requests: int = Field(
+        default=100_000,
+        ge=1,
+        description="Newest requests GET /v1/qlm/requests can list, overall and per tenant.",
+    )
     snapshot_batch: int = Field(
         default=2000, ge=1, description="Requests read per script call by queued()."
     )

@@ -25,6 +25,11 @@ class Keys:
         self.tenants = f"{prefix}tenants"  # hash: tenant -> QUEUED requests (none at 0)
         self.leader = f"{prefix}leader"  # string: node id, with PX expiry
 
+    def listed(self, tenant: str | None) -> str:
+        """zset: id -> arrival sequence, every request's (None) or one tenant's; trimmed to
+        the newest `max_listed_requests`, expired records removed when a listing meets them."""
+        return f"{self.prefix}listed" if tenant is None else f"{self.prefix}listed:{tenant}"
+
     def record(self, request_id: str) -> str:
         return f"{self.prefix}r:{request_id}"  # hash, fields in qlm/queue/redis/lua/scripts.py
 

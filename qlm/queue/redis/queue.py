@@ -22,6 +22,7 @@ from redis.typing import KeyT, StreamIdT
 
 from qlm.control.plan import PublishedPlan
 from qlm.queue.base import DuplicateRequestError, QueueError, QueueUnavailableError
+from qlm.queue.listing import RecordFilter, RecordPage
 from qlm.queue.records import (
     InstanceStatus,
     RequestRecord,
@@ -48,6 +49,7 @@ from qlm.queue.redis.codec import (
 )
 from qlm.queue.redis.config import RedisQueueConfig
 from qlm.queue.redis.keys import Keys
+from qlm.queue.redis.listing import list_page
 from qlm.queue.redis.lua import scripts
 from qlm.queue.redis.plans import PlanBoard
 from qlm.queue.redis.streams import OutputStreams
@@ -138,6 +140,10 @@ class RedisQueue:
         records = await self._records(ids)
         return tuple(r for r in records if r.state in _LIVE)
 
+    async def list_records(self, page: RecordFilter) -> RecordPage:
+        with reachable():
+            return await list_page(self._redis, self._keys, page)
+
     async def _records(self, ids: Sequence[str]) -> list[RequestRecord]:
         records: list[RequestRecord] = []
         for chunk in chunks(ids, _READ_BATCH):
@@ -174,6 +180,8 @@ class RedisQueue:
             k.counts,
             k.changes,
             k.tenants,
+            k.listed(None),
+            k.listed(request.tenant),
         ]
         args: list[str | int] = [
             request.id,
@@ -181,6 +189,7 @@ class RedisQueue:
             -1 if limit is None else limit,
             request.tenant,
             -1 if tenant_limit is None else tenant_limit,
+            self.config.max_listed_requests,
         ]
         with reachable():
             outcome = await self._enqueue_batch.call(keys, args)

@@ -38,9 +38,9 @@ local function count_tenant(tenants, tenant, n)
 end
 """
 
-# KEYS: record, stream, queued, seq, counts, changes, tenants
+# KEYS: record, stream, queued, seq, counts, changes, tenants, listed, listed by tenant
 # ARGV: id, request JSON, queued limit for the request's class (-1: unbounded), tenant,
-#       queued limit per tenant (-1: unbounded)
+#       queued limit per tenant (-1: unbounded), ids each listing index keeps
 # Returns 1, or -1 when the id exists, -2 when the queue is full for the request's class,
 # -3 when the tenant's queue is full.
 ENQUEUE = (
@@ -60,6 +60,11 @@ redis.call('HSET', KEYS[1], 'req', ARGV[2], 'state', 'queued', 'seq', seq, 'ten'
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
 redis.call('HINCRBY', KEYS[5], 'queued', 1)
 count_tenant(KEYS[7], ARGV[4], 1)
+local keep = tonumber(ARGV[6])
+for i = 8, 9 do
+  redis.call('ZADD', KEYS[i], seq, ARGV[1])
+  redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -keep - 1)
+end
 notify(KEYS[6], 'enqueue')
 return 1
 """
