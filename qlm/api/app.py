@@ -50,6 +50,6 @@ def create_app(
     app.add_exception_handler(QueueUnavailableError, queue_down)
     add_openai_routes(app, context)
     add_qlm_routes(app, context)
-    add_metrics_routes(app, metrics, clock)
+    add_metrics_routes(app, metrics, clock, queue)
     install_openapi(app, settings)
     return app

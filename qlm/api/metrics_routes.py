@@ -1,10 +1,12 @@
 """Operator routes: GET /metrics (Prometheus) and the SLO-attainment dashboard at GET /dashboard,
-which polls GET /dashboard/data. The page's HTML, JS and CSS ship in qlm/metrics/static; the
+which polls GET /dashboard/data and GET /dashboard/late (the recent late requests, read from
+the queue). The page's HTML, JS and CSS ship in qlm/metrics/static; the
 data comes from the process's registry or, with `metrics.prometheus_url`, from Prometheus.
 (Admissions, refusals and cancels are counted where they happen: qlm/api/context.py.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import resources
 
 from fastapi import FastAPI
@@ -23,13 +25,20 @@ from qlm.metrics import (
     PlaneMetrics,
     render,
 )
+from qlm.metrics.late import Json, late_rows
 from qlm.metrics.prometheus import PrometheusError, PrometheusSource
+from qlm.queue.base import GlobalQueue
+from qlm.queue.listing import RecordFilter
+from qlm.types import RequestState
 
 STATIC = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 NO_CACHE = {"cache-control": "no-cache"}
+ENDED = frozenset({RequestState.COMPLETED, RequestState.FAILED})
+LATE_ROWS = 20  # late requests the dashboard lists
+LATE_SCAN = 500  # ended requests read to find them, newest first
 
 
 def default_metrics(settings: ApiAppConfig, clock: Clock) -> PlaneMetrics:
@@ -59,7 +68,25 @@ def _asset(name: str) -> bytes:
     return (resources.files("qlm.metrics") / "static" / name).read_bytes()
 
 
-def add_metrics_routes(app: FastAPI, metrics: PlaneMetrics, clock: Clock) -> None:
+async def recent_late(queue: GlobalQueue, limit: int) -> Json:
+    """The newest ended requests that missed their SLO (up to `limit`), from the newest
+    `LATE_SCAN` ended ones."""
+    page = RecordFilter(states=ENDED, limit=100)
+    rows: list[Json] = []
+    scanned = 0
+    while scanned < LATE_SCAN and len(rows) < limit:
+        got = await queue.list_records(page)
+        scanned += len(got.records)
+        rows += late_rows(got.records)
+        if got.next_before_seq is None:
+            break
+        page = replace(page, before_seq=got.next_before_seq)
+    return {"object": "list", "data": rows[:limit], "scanned": scanned}
+
+
+def add_metrics_routes(
+    app: FastAPI, metrics: PlaneMetrics, clock: Clock, queue: GlobalQueue
+) -> None:
     dashboard = Dashboard(
         dashboard_source(metrics), clock, metrics.slo_classes, metrics.settings.sample_every_s
     )
@@ -87,6 +114,10 @@ def add_metrics_routes(app: FastAPI, metrics: PlaneMetrics, clock: Clock) -> Non
         except PrometheusError as exc:
             raise ApiError(502, str(exc), type=SERVER_ERROR, code="prometheus_error") from None
         return json_response(view, headers=NO_CACHE)
+
+    @app.get("/dashboard/late")
+    async def dashboard_late() -> Response:
+        return json_response(await recent_late(queue, LATE_ROWS), headers=NO_CACHE)
 
     @app.get("/dashboard/static/{name}")
     async def dashboard_asset(name: str) -> Response:

@@ -1,6 +1,7 @@
 """The dashboard in a real browser: `qlm serve` runs as a process (emulated engines), Debian's
 chromium loads /dashboard headless through Selenium and chromedriver, shows the attainment that
-/metrics reports, and updates without a reload when more requests complete."""
+/metrics reports and the late requests with their causes, and updates without a reload when
+more requests complete; a screenshot of the page is kept in the test's directory."""
 
 from __future__ import annotations
 
@@ -92,6 +93,12 @@ def shown_misses(driver: WebDriver, slo_class: str) -> list[tuple[str, str]]:
     return sorted((str(cause), tds[2].text) for cause, tds in cells)
 
 
+def shown_late(driver: WebDriver) -> list[str]:
+    """The causes of the rows of the late-requests table, newest first."""
+    rows = driver.find_elements(By.CSS_SELECTOR, "#late tbody tr[data-request]")
+    return [str(r.get_attribute("data-cause")) for r in rows]
+
+
 def card(driver: WebDriver, slo_class: str) -> dict[str, str]:
     element = driver.find_element(By.CSS_SELECTOR, f'.card[data-class="{slo_class}"]')
     fields = element.find_elements(By.CSS_SELECTOR, "[data-field]")
@@ -112,7 +119,7 @@ def shows(driver: WebDriver, met: int, evaluated: int) -> bool:
 
 
 def test_dashboard_shows_the_attainment_of_metrics_and_updates(
-    base_url: str, browser: WebDriver
+    base_url: str, browser: WebDriver, tmp_path: Path
 ) -> None:
     run_requests(base_url, n_ok=3, n_late=1)
     met, evaluated = metrics_attainment(base_url)
@@ -133,6 +140,7 @@ def test_dashboard_shows_the_attainment_of_metrics_and_updates(
     misses = metrics_misses(base_url)
     assert sum(int(n) for _, n in misses) == 1  # the late one, under its cause
     wait.until(lambda d: shown_misses(d, "interactive") == misses)
+    wait.until(lambda d: shown_late(d) == [misses[0][0]])  # the late one, with its cause
 
     generated = browser.find_element(By.TAG_NAME, "body").get_attribute("data-generated-at")
     run_requests(base_url, n_ok=1, n_late=2)  # now 4 of 7
@@ -140,6 +148,15 @@ def test_dashboard_shows_the_attainment_of_metrics_and_updates(
     assert (met, evaluated) == (4, 7)
     wait.until(lambda d: shows(d, met, evaluated))  # no reload: the page polls
     assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-generated-at") != generated
+    causes = [cause for cause, n in metrics_misses(base_url) for _ in range(int(n))]
+    wait.until(lambda d: sorted(shown_late(d)) == sorted(causes))
+    late_row = browser.find_element(By.CSS_SELECTOR, "#late tbody tr").text
+    assert "m-a" in late_row, late_row
+    assert "interactive" in late_row, late_row
+    browser.set_window_size(1280, 2400)  # the whole page, late requests included
+    shot = tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(shot))
+    assert shot.read_bytes().startswith(b"\x89PNG"), shot
 
     resources = browser.execute_script(
         "return performance.getEntriesByType('resource').map(e => e.name)"

@@ -214,6 +214,21 @@
     $("events").replaceChildren(...items);
   }
 
+  function renderLate(late) {
+    const rows = late.data.map((r) => {
+      const tr = row([
+        [r.id], [r.slo_class], [r.model], [r.instance_id || "–"], [r.cause],
+        [secs(r.ttft_s), "num"], [secs(r.ttft_target_s), "num"], [secs(r.late_by_s), "num"],
+        [r.estimated_wait_s === null ? "–" : `${secs(r.estimated_wait_s)} (${r.estimate_basis})`, "num"],
+      ]);
+      tr.dataset.request = r.id;
+      tr.dataset.cause = r.cause;
+      return tr;
+    });
+    if (!rows.length) rows.push(row([[`none late in the last ${late.scanned} ended`]]));
+    $("late").tBodies[0].replaceChildren(...rows);
+  }
+
   function render(data) {
     last = data;
     $("source").textContent = data.source;
@@ -232,7 +247,10 @@
     try {
       const response = await fetch("dashboard/data", { cache: "no-store" });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      const late = await fetch("dashboard/late", { cache: "no-store" });
+      if (!late.ok) throw new Error(`HTTP ${late.status} (late requests)`);
       render(await response.json());
+      renderLate(await late.json());
       $("status").textContent = "live";
       $("status").dataset.state = "live";
     } catch (err) {
