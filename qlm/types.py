@@ -111,9 +111,14 @@ class Request:
     tenant: str = "default"
     prompt: str | None = None
     state: RequestState = RequestState.QUEUED
-    # The client's sampling settings, passed to the engine as given (temperature, top_p,
-    # stop, seed, ignore_eos); plain JSON values. Not part of the request's identity.
+    # The client's sampling and output settings, passed to the engine as given (temperature,
+    # top_p, stop, seed, ignore_eos, and the output fields of qlm/engine/openai_fields.py the
+    # fleet's engines honour); plain JSON values. Not part of the request's identity.
     sampling: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
+    # A chat request's messages as the client sent them, for engines that apply the model's
+    # own chat template (vLLM's chat endpoint); `prompt` holds their flattened text. None for
+    # completions and for engines that take text.
+    messages: list[dict[str, object]] | None = field(default=None, hash=False, compare=False)
     # The API's prediction at admission (qlm/api/wait_estimate.py): seconds from arrival to
     # the first token, and what it rests on ("plan", "idle", "no-plan"). None and "" for
     # requests that did not come through the API (simulated ones).

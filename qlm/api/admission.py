@@ -15,10 +15,11 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from qlm.api.errors import ApiError, from_pydantic
-from qlm.api.schemas import Body
+from qlm.api.schemas import Body, ChatBody
 from qlm.api.settings import ApiAppConfig, ModelConfig
 from qlm.api.slo import SloResolver
 from qlm.api.tokens import TokenCounter
+from qlm.engine.openai_fields import CHAT_TEMPLATE_ENGINES, unsupported
 from qlm.types import Request
 
 T = TypeVar("T")
@@ -67,6 +68,7 @@ class Admitter:
     def __init__(self, settings: ApiAppConfig, counter: TokenCounter) -> None:
         self._models: Mapping[str, ModelConfig] = settings.model_map()
         self._counter = counter
+        self._engine_kind = settings.engine_kind
         self._default_max_tokens = settings.api.default_max_tokens
         self._slo = SloResolver(
             settings.slo_class_map(), settings.default_slo_class, settings.api.max_deadline_s
@@ -83,6 +85,7 @@ class Admitter:
         """The queued Request; `tenant` is the authenticated caller's (None without
         authentication: the body's `user`, else "default")."""
         info = self.model(body.model)
+        output = self._output_fields(body)
         prompt = body.prompt_text()
         prompt_tokens = self._counter.count(prompt)
         max_output_tokens = self._output_tokens(body, info, prompt_tokens)
@@ -98,8 +101,31 @@ class Admitter:
             completion_deadline_at_s=deadlines.completion_deadline_at_s,
             tenant=tenant or body.user or "default",
             prompt=prompt,
-            sampling=body.sampling(),
+            sampling={**body.sampling(), **output},
+            messages=body.engine_messages() if self._engine_kind in CHAT_TEMPLATE_ENGINES else None,
         )
+
+    def _output_fields(self, body: Body) -> dict[str, object]:
+        """The output fields the client set; 400 naming one the fleet's engines ignore."""
+        fields = body.output_fields()
+        refused = unsupported(self._engine_kind, fields) or self._history_calls(body)
+        if refused is not None:
+            raise ApiError(
+                400,
+                f"'{refused}' is not supported by this fleet's {self._engine_kind!r} engines; "
+                "QLM refuses a field it cannot honour rather than ignoring it.",
+                param=refused,
+                code="unsupported_parameter",
+            )
+        return fields
+
+    def _history_calls(self, body: Body) -> str | None:
+        """An assistant turn's tool calls need the model's own template: without it they
+        would silently vanish from the prompt."""
+        if self._engine_kind in CHAT_TEMPLATE_ENGINES or not isinstance(body, ChatBody):
+            return None
+        calls = (i for i, m in enumerate(body.messages) if m.tool_calls)
+        return next((f"messages[{i}].tool_calls" for i in calls), None)
 
     def model(self, name: str) -> ModelConfig:
         info = self._models.get(name)

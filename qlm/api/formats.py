@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from qlm.api.schemas import Body, ChatBody, CompletionBody
+from qlm.output_extras import Extras, final_tool_calls
 
 Json = dict[str, Any]
 
@@ -37,9 +38,11 @@ class OutputFormat(Protocol):
         """The body validated from JSON text; pydantic.ValidationError if invalid."""
         ...
 
-    def response(self, head: Head, text: str, finish_reason: str, usage: Json) -> Json: ...
+    def response(
+        self, head: Head, text: str, finish_reason: str, usage: Json, extras: Extras | None
+    ) -> Json: ...
     def first_chunk(self, head: Head) -> Json | None: ...
-    def chunk(self, head: Head, text: str) -> Json: ...
+    def chunk(self, head: Head, text: str, extras: Extras | None) -> Json: ...
     def final_chunk(self, head: Head, finish_reason: str) -> Json: ...
     def usage_chunk(self, head: Head, usage: Json) -> Json: ...
 
@@ -60,17 +63,21 @@ class CompletionFormat:
             "choices": choices,
         }
 
-    def _choice(self, text: str, finish_reason: str | None) -> Json:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(self, text: str, finish_reason: str | None, extras: Extras | None = None) -> Json:
+        logprobs = (extras or {}).get("logprobs")
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def response(self, head: Head, text: str, finish_reason: str, usage: Json) -> Json:
-        return {**self._envelope(head, [self._choice(text, finish_reason)]), "usage": usage}
+    def response(
+        self, head: Head, text: str, finish_reason: str, usage: Json, extras: Extras | None
+    ) -> Json:
+        choice = self._choice(text, finish_reason, extras)
+        return {**self._envelope(head, [choice]), "usage": usage}
 
     def first_chunk(self, head: Head) -> Json | None:
         return None
 
-    def chunk(self, head: Head, text: str) -> Json:
-        return self._envelope(head, [self._choice(text, None)])
+    def chunk(self, head: Head, text: str, extras: Extras | None) -> Json:
+        return self._envelope(head, [self._choice(text, None, extras)])
 
     def final_chunk(self, head: Head, finish_reason: str) -> Json:
         return self._envelope(head, [self._choice("", finish_reason)])
@@ -95,14 +102,20 @@ class ChatFormat:
             "choices": choices,
         }
 
-    def _delta(self, delta: Json, finish_reason: str | None) -> Json:
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def _delta(self, delta: Json, finish_reason: str | None, logprobs: Any = None) -> Json:
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def response(self, head: Head, text: str, finish_reason: str, usage: Json) -> Json:
+    def response(
+        self, head: Head, text: str, finish_reason: str, usage: Json, extras: Extras | None
+    ) -> Json:
+        message: Json = {"role": "assistant", "content": text}
+        calls = final_tool_calls(extras)
+        if calls:
+            message["tool_calls"] = calls
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "message": message,
+            "logprobs": (extras or {}).get("logprobs"),
             "finish_reason": finish_reason,
         }
         return {**self._envelope(head, "chat.completion", [choice]), "usage": usage}
@@ -111,8 +124,13 @@ class ChatFormat:
         delta = self._delta({"role": "assistant", "content": ""}, None)
         return self._envelope(head, "chat.completion.chunk", [delta])
 
-    def chunk(self, head: Head, text: str) -> Json:
-        return self._envelope(head, "chat.completion.chunk", [self._delta({"content": text}, None)])
+    def chunk(self, head: Head, text: str, extras: Extras | None) -> Json:
+        extras = extras or {}
+        delta: Json = {"content": text} if text or not extras.get("tool_calls") else {}
+        if extras.get("tool_calls"):
+            delta["tool_calls"] = extras["tool_calls"]  # stream deltas, with their index
+        choice = self._delta(delta, None, extras.get("logprobs"))
+        return self._envelope(head, "chat.completion.chunk", [choice])
 
     def final_chunk(self, head: Head, finish_reason: str) -> Json:
         return self._envelope(head, "chat.completion.chunk", [self._delta({}, finish_reason)])

@@ -83,6 +83,7 @@ async def generate(ctx: ApiContext, http: HttpRequest, fmt: OutputFormat) -> Res
         finished.text,
         result.finish_reason,
         usage(result.prompt_tokens or request.prompt_tokens, result.output_tokens),
+        result.extras,
     )
     return json_response(data, headers=headers)
 

@@ -3,8 +3,9 @@ asynchronous submission body that carries either under `kind`.
 
 Models are defined once and validated straight from the JSON bytes (strict types, so "5" is
 not a number). A field QLM does not honour is refused (400 naming it, `unsupported_parameter`),
-never accepted and ignored: a client asking for tool calls, structured output, log
-probabilities or penalties must not get plain text as if they had been applied.
+never accepted and ignored. Tool calls, structured output, log probabilities and penalties
+are honoured by engines that can (qlm/engine/openai_fields.py) and refused for the others, so
+a client asking for them never gets plain text as if they had been applied.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 from qlm.api.slo import SloTags
 from qlm.api.tokens import flatten_chat
 from qlm.config import StrictModel
+from qlm.engine.openai_fields import OUTPUT_FIELDS
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -41,6 +43,12 @@ def _asks_nothing(value: Any) -> bool:
     return value is None or value is False or value == 0 or value == [] or value == {}
 
 
+def _default_output(name: str, value: object) -> bool:
+    if value is False or value == [] or value == {}:
+        return True
+    return name.endswith("_penalty") and value == 0
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
 
@@ -55,6 +63,7 @@ class ChatMessage(_Body):
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None  # a tool message's link to its call; its content is kept
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, in a history
 
     def text(self) -> str:
         if self.content is None:
@@ -80,6 +89,12 @@ class _Common(_Body):
     # benchmarks); honoured by the vLLM and emulated engines.
     ignore_eos: bool = False
     user: str | None = Field(default=None, max_length=256)
+    # Output fields only some engine kinds honour (qlm/engine/openai_fields.py): the engine
+    # receives them as sent; the API refuses them when the fleet's engines cannot.
+    response_format: dict[str, Any] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
     # QLM's SLO tags (see qlm/api/README.md).
     slo_class: str | None = Field(default=None, min_length=1, max_length=128)
     slo_ttft_s: float | None = Field(default=None, gt=0)
@@ -105,9 +120,20 @@ class _Common(_Body):
     def tags(self) -> SloTags:
         return SloTags(self.slo_class, self.slo_ttft_s, self.deadline_s)
 
+    def output_fields(self) -> dict[str, object]:
+        """The output fields the client set; a value that asks for nothing (null, false, an
+        empty list or object, a zero penalty) is not set."""
+        fields = self.model_dump(include=set(OUTPUT_FIELDS), exclude_none=True)
+        return {k: v for k, v in fields.items() if not _default_output(k, v)}
+
+    def engine_messages(self) -> list[dict[str, Any]] | None:
+        """The chat messages as sent, for engines that apply the model's template."""
+        return None
+
 
 class CompletionBody(_Common):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
 
     prompt_param: ClassVar[str] = "prompt"
 
@@ -118,6 +144,11 @@ class CompletionBody(_Common):
 class ChatBody(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     prompt_param: ClassVar[str] = "messages"
 
@@ -129,6 +160,9 @@ class ChatBody(_Common):
 
     def prompt_text(self) -> str:
         return flatten_chat((m.role, m.text()) for m in self.messages)
+
+    def engine_messages(self) -> list[dict[str, Any]] | None:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
 
 
 class ChatSubmission(ChatBody):

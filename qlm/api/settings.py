@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -144,6 +145,11 @@ class ApiAppConfig(StrictModel):
         default=(), description="Keys and their tenants; none: no authentication (embedded)."
     )
     api: ApiConfig = Field(default_factory=ApiConfig, description="The API's settings.")
+    engine_kind: Literal["emulated", "vllm"] = Field(
+        default="emulated",
+        description="The fleet's engines: which OpenAI output fields are honoured "
+        "(qlm/engine/openai_fields.py); the rest are refused.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ApiAppConfig:
@@ -179,6 +185,7 @@ class ApiAppConfig(StrictModel):
         models: Sequence[ModelConfig],
         api: ApiConfig | None = None,
         api_keys: Sequence[ApiKey] = (),
+        engine_kind: Literal["emulated", "vllm"] = "emulated",
     ) -> ApiAppConfig:
         """The API of a fleet: the SLO classes and default class of its QlmConfig."""
         return cls(
@@ -187,6 +194,7 @@ class ApiAppConfig(StrictModel):
             default_slo_class=config.default_slo_class,
             api_keys=tuple(api_keys),
             api=api if api is not None else ApiConfig(),
+            engine_kind=engine_kind,
         )
 
     def slo_class_map(self) -> MappingProxyType[str, SloClass]:

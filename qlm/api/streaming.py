@@ -40,12 +40,16 @@ class TokenForwarder:
         self._sent_tokens = 0
         self._sent_chars = 0
         self.text_parts: list[str] = []
+        # The extras (tool calls, log probabilities) of the last event fed, when it was new
+        # as a whole; a chunk cut because an earlier attempt sent part of it has none.
+        self.last_extras: dict[str, Any] | None = None
 
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
 
     def feed(self, event: StreamEvent) -> str:
+        self.last_extras = None
         if event.attempt < self._attempt:
             return ""  # a late chunk of an attempt already superseded
         if event.attempt > self._attempt:
@@ -63,6 +67,8 @@ class TokenForwarder:
         self._sent_chars += len(new)
         if new:
             self.text_parts.append(new)
+        if new == event.text:
+            self.last_extras = event.extras
         return new
 
     def rest_of(self, result: RequestResult) -> str:
@@ -182,9 +188,9 @@ async def sse_frames(job: StreamJob) -> AsyncGenerator[bytes, None]:
         yield frame(first)
     follow = _Follow(job)
     try:
-        async with contextlib.aclosing(follow.texts()) as texts:
-            async for text in texts:
-                yield frame(job.fmt.chunk(job.head, text))
+        async with contextlib.aclosing(follow.pieces()) as pieces:
+            async for text, extras in pieces:
+                yield frame(job.fmt.chunk(job.head, text, extras))
     except TimeoutError:
         yield frame(timeout_error(job.head.id, job.timeout_s).body())
         yield DONE_FRAME
@@ -201,7 +207,7 @@ async def sse_frames(job: StreamJob) -> AsyncGenerator[bytes, None]:
         return
     rest = follow.forwarder.rest_of(result)
     if rest:
-        yield frame(job.fmt.chunk(job.head, rest))
+        yield frame(job.fmt.chunk(job.head, rest, None))
     yield frame(job.fmt.final_chunk(job.head, result.finish_reason))
     if job.include_usage:
         yield frame(
@@ -213,14 +219,15 @@ async def sse_frames(job: StreamJob) -> AsyncGenerator[bytes, None]:
 
 
 class _Follow:
-    """Reads one request's stream: new text per TOKENS event, then the DONE result."""
+    """Reads one request's stream: new text and extras per TOKENS event, then the DONE
+    result."""
 
     def __init__(self, job: StreamJob) -> None:
         self._job = job
         self.forwarder = TokenForwarder()
         self.result: RequestResult | None = None
 
-    async def texts(self) -> AsyncGenerator[str, None]:
+    async def pieces(self) -> AsyncGenerator[tuple[str, dict[str, Any] | None], None]:
         """TimeoutError once the request's time is up; never yields inside the timeout scope."""
         deadline = asyncio.get_running_loop().time() + self._job.timeout_s
         async with contextlib.aclosing(
@@ -233,8 +240,9 @@ class _Follow:
                     return
                 if event.kind is StreamKind.TOKENS:
                     text = self.forwarder.feed(event)
-                    if text:
-                        yield text
+                    extras = self.forwarder.last_extras
+                    if text or extras:
+                        yield text, extras
                 elif event.kind is StreamKind.DONE:
                     self.result = event.result
                     return

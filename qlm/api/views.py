@@ -7,6 +7,7 @@ from typing import Any
 
 from qlm.api.formats import usage
 from qlm.api.settings import ModelConfig
+from qlm.output_extras import final_tool_calls
 from qlm.queue.records import RequestRecord, RequestResult
 from qlm.types import Request, RequestState
 
@@ -98,6 +99,8 @@ def _result_view(request: Request, result: RequestResult) -> Json:
         "finish_reason": result.finish_reason,
         "usage": usage(result.prompt_tokens or request.prompt_tokens, result.output_tokens),
         "error": result.error,
+        "tool_calls": final_tool_calls(result.extras),
+        "logprobs": (result.extras or {}).get("logprobs"),
     }
 
 

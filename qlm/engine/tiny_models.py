@@ -74,6 +74,15 @@ def synthetic_corpus(seed: int, num_lines: int = 2000) -> Iterator[str]:
         yield f"{' '.join(words)} {i} {rng.randint(0, 9999)}."
 
 
+# A plain chat template ("role: content" lines), so chat requests can use the model's own
+# template through vLLM's chat endpoint like a real instruction-tuned model's.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
 def train_tokenizer(spec: TinyLlamaConfig) -> Any:
     """A byte-level BPE (any text encodes; no unknown tokens) wrapped for transformers."""
     tokenizers = _module("tokenizers")
@@ -139,6 +148,7 @@ def build_tiny_llama(
     model = transformers.LlamaForCausalLM(_llama_config(spec, tokenizer))
     model = model.to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
     (out / "qlm_tiny_model.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class EngineState(StrEnum):
@@ -83,6 +84,7 @@ class TokenChunk:
     at_s: float
     text: str
     num_tokens: int
+    extras: dict[str, Any] | None = None  # tool calls, log probabilities (output_extras.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ class RequestFinished:
     finish_reason: str = "length"  # "length" | "stop"
     text: str = ""  # full output where the engine produces text
     prompt_tokens: int | None = None  # the engine's own count, where it reports one
+    extras: dict[str, Any] | None = None  # the whole output's tool calls and log probabilities
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ class RequestResult:
     prompt_tokens: int | None = None  # counted by the engine (None: the API's estimate holds)
     attempt: int = 1  # the dispatch that ended it (> 1: an earlier attempt was let go)
     load_wait_s: float = 0.0  # of its queue wait, its instance loading the model it served it on
+    extras: dict[str, Any] | None = None  # tool calls, log probabilities (output_extras.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -110,6 +111,7 @@ class StreamEvent:
     num_tokens: int = 0
     offset_tokens: int = 0
     result: RequestResult | None = None
+    extras: dict[str, Any] | None = None  # the chunk's tool calls, log probabilities
 
     def to_json(self) -> str:
         data = asdict(self)

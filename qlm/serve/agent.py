@@ -8,7 +8,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.dispatch import agent_queue
@@ -30,57 +30,15 @@ from qlm.engine.types import (
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.metrics.causes import overlap_s
+from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
-from qlm.queue.records import InstanceStatus, RequestResult, StreamEvent, StreamKind
+from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.serve.config import AgentConfig
-from qlm.types import Fleet, Instance, Request, RequestState
+from qlm.serve.rounds import Batch, Chunks, Held
+from qlm.types import Fleet, Instance, RequestState
 
 log = logging.getLogger("qlm.agent")
 _LOADS_KEPT = 64  # recent model loads, for the model_load share of a result's queue wait
-
-
-@dataclass
-class _Held:
-    """A request this agent pulled and its engine runs."""
-
-    request: Request
-    dispatched_at_s: float
-    attempt: int
-    sent_tokens: int = 0
-    text: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Chunks:
-    """Token chunks of one request in one round, merged into one stream event."""
-
-    attempt: int
-    offset_tokens: int
-    at_s: float
-    texts: list[str] = field(default_factory=list)
-    num_tokens: int = 0
-
-    def event(self, request_id: str) -> StreamEvent:
-        text, n = "".join(self.texts), self.num_tokens
-        return StreamEvent(
-            request_id, StreamKind.TOKENS, self.attempt, self.at_s, text, n, self.offset_tokens
-        )
-
-
-@dataclass
-class _Batch:
-    """One round's queue updates, waiting to be written together."""
-
-    running: list[str] = field(default_factory=list)
-    chunks: dict[str, _Chunks] = field(default_factory=dict)  # merged, per request
-    finished: list[RequestResult] = field(default_factory=list)
-    requests: dict[str, Request] = field(default_factory=dict)  # of `finished`, for metrics
-
-    def clear(self) -> None:
-        self.running.clear()
-        self.chunks.clear()
-        self.finished.clear()
-        self.requests.clear()
 
 
 @dataclass
@@ -113,7 +71,7 @@ class Agent:
         self.settings = settings
         self.priority = dict(priority)
         self.counters = AgentCounters()
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._evicting: set[str] = set()
         self._taken: set[str] = set()  # planned ids that another instance got first
         self._epoch = -1
@@ -228,7 +186,7 @@ class Agent:
         records = await asyncio.gather(*(self.queue.get(r.id) for r in got))
         for request, record in zip(got, records, strict=True):
             attempt = record.dispatches if record is not None else 1
-            self._held[request.id] = _Held(request, now_s, attempt)
+            self._held[request.id] = Held(request, now_s, attempt)
             self.engine.submit(request)
         self.counters.pulled += len(got)
 
@@ -242,7 +200,7 @@ class Agent:
         """Queue updates for a round's events, batched: token chunks of one request merge
         into one stream event, and each kind goes out in one call; a batch is flushed before
         an abort or failure so that nothing of an attempt is written after its requeue."""
-        batch = _Batch()
+        batch = Batch()
         for event in events:
             if isinstance(event, FirstToken):
                 if event.request_id in self._held:
@@ -267,7 +225,7 @@ class Agent:
             self._loads.append((event.model, start_s, event.at_s))
             self.metrics.model_loaded(self.instance.id, event.model, event.load_s)
 
-    async def _flush(self, batch: _Batch) -> None:
+    async def _flush(self, batch: Batch) -> None:
         if batch.running:
             marks = (self.queue.mark_running(rid, self.instance.id) for rid in batch.running)
             await asyncio.gather(*marks)
@@ -281,20 +239,21 @@ class Agent:
                     self.metrics.request_finished(batch.requests[result.request_id], result)
         batch.clear()
 
-    def _chunk(self, event: TokenChunk, batch: _Batch) -> None:
+    def _chunk(self, event: TokenChunk, batch: Batch) -> None:
         held = self._held.get(event.request_id)
         if held is None:
             return
         chunks = batch.chunks.get(event.request_id)
         if chunks is None:
-            chunks = batch.chunks[event.request_id] = _Chunks(held.attempt, held.sent_tokens, 0.0)
+            chunks = batch.chunks[event.request_id] = Chunks(held.attempt, held.sent_tokens, 0.0)
         chunks.at_s = event.at_s
         chunks.texts.append(event.text)
+        chunks.extras = merge_extras(chunks.extras, event.extras)
         chunks.num_tokens += event.num_tokens
         held.sent_tokens += event.num_tokens
         held.text.append(event.text)
 
-    def _finished(self, event: RequestFinished, batch: _Batch) -> None:
+    def _finished(self, event: RequestFinished, batch: Batch) -> None:
         held = self._held.pop(event.request_id, None)
         if held is None:
             return
@@ -313,10 +272,11 @@ class Agent:
                 prompt_tokens=event.prompt_tokens,
                 attempt=held.attempt,
                 load_wait_s=self._load_wait_s(held),
+                extras=event.extras,
             )
         )
 
-    def _load_wait_s(self, held: _Held) -> float:
+    def _load_wait_s(self, held: Held) -> float:
         """Of the request's queue wait (arrival to its last dispatch), the time this instance
         spent loading the model it then served it on."""
         model = held.request.model
@@ -334,7 +294,7 @@ class Agent:
         else:
             await self._requeue([event.request_id], evicted=evicted)
 
-    async def _fail(self, held: _Held, event: Aborted) -> None:
+    async def _fail(self, held: Held, event: Aborted) -> None:
         del self._held[event.request_id]
         log.warning(
             "agent %s: %s failed after %d dispatches: %s",

@@ -82,7 +82,11 @@ def open_queue(config: ServeConfig) -> GlobalQueue:
 def api_settings(config: ServeConfig) -> ApiAppConfig:
     """The API's settings, with its keys read from where the file says (ConfigError)."""
     return ApiAppConfig.from_config(
-        config.qlm, config.models, config.api, secrets.api_keys(config.api, os.environ)
+        config.qlm,
+        config.models,
+        config.api,
+        secrets.api_keys(config.api, os.environ),
+        config.engine.kind,
     )
 
 

@@ -43,7 +43,7 @@ from qlm.engine.types import (
 from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.engine.vllm.metrics import VllmMetrics, parse_metrics
 from qlm.engine.vllm.process import METRICS_TIMEOUT, ServerProcess, Supervisor
-from qlm.engine.vllm.protocol import completion_body
+from qlm.engine.vllm.protocol import request_body
 from qlm.engine.vllm.streaming import RequestStreams
 from qlm.types import Instance, Request
 
@@ -196,8 +196,8 @@ class VllmEngine:
                 f"engine {self.instance_id}: request {request.id} has {request.prompt_tokens} "
                 f"prompt tokens; max_model_len is {self.config.max_model_len}"
             )
-        body = completion_body(request, max_tokens, self.config)
-        self._streams.start(request, f"{server.base_url}/v1/completions", body)
+        path, body = request_body(request, max_tokens, self.config)
+        self._streams.start(request, f"{server.base_url}{path}", body)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         self._streams.abort(request_ids, "aborted")

@@ -1,10 +1,12 @@
-"""vLLM's OpenAI completions on the wire: the request body QLM sends and the SSE it reads back.
+"""vLLM's OpenAI endpoints on the wire: the request body QLM sends and the SSE it reads back.
 
-Question answered: what does a streamed /v1/completions request look like, and what does each
-line of its server-sent-event stream say? Pure: no I/O. The body asks for `stream: true` and
-continuous usage statistics, so token counts come from the usage numbers, not from counting
-chunks. A request without prompt text sends `prompt_tokens` synthetic token ids, so its prompt
-length is exact, and always runs to max_tokens (`ignore_eos`).
+Question answered: what does a streamed /v1/completions or /v1/chat/completions request look
+like, and what does each line of its server-sent-event stream say (text or a chat delta's
+content, plus tool calls and log probabilities kept as vLLM sent them)? Pure: no I/O. The
+body asks for `stream: true` and continuous usage statistics, so token counts come from the
+usage numbers, not from counting chunks. A request without prompt text sends `prompt_tokens`
+synthetic token ids, so its prompt length is exact, and always runs to max_tokens
+(`ignore_eos`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from qlm.engine.openai_fields import ENGINE_FIELDS
 from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.types import Request
 
-SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed"})  # passed to vLLM
+# Passed to vLLM as the client sent them (the API refused anything vLLM does not honour).
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed", *ENGINE_FIELDS["vllm"]})
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 def synthetic_prompt(request_id: str, num_tokens: int, token_ids: tuple[int, int]) -> list[int]:
@@ -27,24 +33,32 @@ def synthetic_prompt(request_id: str, num_tokens: int, token_ids: tuple[int, int
     return [low + (offset + 7 * i) % (high - low) for i in range(num_tokens)]
 
 
-def completion_body(request: Request, max_tokens: int, config: VllmEngineConfig) -> dict[str, Any]:
-    prompt: str | list[int] = (
-        request.prompt
-        if request.prompt is not None
-        else synthetic_prompt(request.id, request.prompt_tokens, config.synthetic_token_ids)
-    )
+def request_body(
+    request: Request, max_tokens: int, config: VllmEngineConfig
+) -> tuple[str, dict[str, Any]]:
+    """(path, body): a chat request with its messages goes to the chat endpoint (the model's
+    own template applies), everything else to completions."""
     seed = {"seed": zlib.crc32(request.id.encode())} if config.seed_requests else {}
-    return {
+    if request.messages is not None:
+        source: dict[str, Any] = {"messages": request.messages}
+        path = CHAT_PATH
+    elif request.prompt is not None:
+        source, path = {"prompt": request.prompt}, COMPLETIONS_PATH
+    else:
+        ids = synthetic_prompt(request.id, request.prompt_tokens, config.synthetic_token_ids)
+        source, path = {"prompt": ids}, COMPLETIONS_PATH
+    body = {
         **seed,  # the client's own seed, if any, wins
         **{k: v for k, v in request.sampling.items() if k in SAMPLING_FIELDS},
         "model": request.model,
-        "prompt": prompt,
+        **source,
         "max_tokens": max_tokens,
         "stream": True,
         # synthetic prompts stand for a length, so they always run to max_tokens
         "ignore_eos": config.ignore_eos or request.prompt is None or request.ignores_eos,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
+    return path, body
 
 
 class SseLines:
@@ -70,6 +84,7 @@ class StreamDelta:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    extras: dict[str, Any] | None = None  # tool calls, log probabilities (output_extras.py)
 
 
 def parse_sse_line(line: str) -> StreamDelta | None:
@@ -88,9 +103,12 @@ def parse_sse_line(line: str) -> StreamDelta | None:
     usage = chunk.get("usage") or {}
     choices = chunk.get("choices") or []
     choice = choices[0] if choices else {}
+    delta = choice.get("delta") or {}  # chat chunks
+    extras = {"tool_calls": delta.get("tool_calls"), "logprobs": choice.get("logprobs")}
     return StreamDelta(
-        text=choice.get("text") or "",
+        text=choice.get("text") or delta.get("content") or "",
         completion_tokens=usage.get("completion_tokens"),
         prompt_tokens=usage.get("prompt_tokens"),
         finish_reason=choice.get("finish_reason"),
+        extras={k: v for k, v in extras.items() if v} or None,
     )

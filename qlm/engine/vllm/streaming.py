@@ -1,7 +1,7 @@
 """The streaming HTTP client of VllmEngine: one aiohttp task per admitted request.
 
 Question answered: how does a request admitted to the vLLM server become events? Each request
-is a task that POSTs /v1/completions (the body of protocol.py) and turns the SSE chunks into
+is a task that POSTs the body of protocol.py (completions or chat) and turns the SSE chunks into
 FirstToken, TokenChunk and RequestFinished events; an error, a broken stream or vLLM's own
 abort ends it with Aborted. Aborting cancels the task, which closes the HTTP stream; vLLM aborts
 a request whose client disconnects. Every request ends with exactly one RequestFinished or
@@ -22,6 +22,7 @@ from qlm.clock import Clock
 from qlm.engine.client import EventBuffer
 from qlm.engine.types import Aborted, EngineRequest, FirstToken, RequestFinished, TokenChunk
 from qlm.engine.vllm.protocol import SseLines, StreamDelta, parse_sse_line
+from qlm.output_extras import merge_extras
 from qlm.types import Request
 
 
@@ -35,6 +36,7 @@ class Flight:
     first_token_at_s: float | None = None
     finish_reason: str = "length"
     text: list[str] = field(default_factory=list)
+    extras: dict[str, Any] | None = None  # merged tool calls and log probabilities
     task: asyncio.Task[None] | None = None
 
 
@@ -124,6 +126,7 @@ class RequestStreams:
                     flight.finish_reason,
                     text,
                     prompt_tokens=flight.prompt_tokens,
+                    extras=flight.extras,
                 )
             )
 
@@ -142,7 +145,7 @@ class RequestStreams:
             new = delta.completion_tokens - flight.output_tokens
         else:  # no usage statistics: one token per chunk with text
             new = 1 if delta.text else 0
-        if new <= 0 and not delta.text:
+        if new <= 0 and not delta.text and not delta.extras:
             return
         now = self._clock.now_s()
         if flight.first_token_at_s is None:
@@ -150,7 +153,8 @@ class RequestStreams:
             self._events.append(FirstToken(rid, now))
         flight.output_tokens += max(new, 0)
         flight.text.append(delta.text)
-        self._events.append(TokenChunk(rid, now, delta.text, max(new, 0)))
+        flight.extras = merge_extras(flight.extras, delta.extras)
+        self._events.append(TokenChunk(rid, now, delta.text, max(new, 0), delta.extras))
 
     def _end(self, flight: Flight, reason: str) -> None:
         """End a request with Aborted (once; later calls for it do nothing)."""

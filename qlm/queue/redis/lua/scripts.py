@@ -205,15 +205,19 @@ return 1
 # readers (qlm/queue/redis/pokes.py) hold one pattern subscription per process instead of one
 # blocking XREAD connection per open stream.
 # KEYS: record, stream
-# ARGV: kind, attempt, time, text, tokens, offset
+# ARGV: kind, attempt, time, text, tokens, offset, extras JSON ('' for none)
 # Appends unless the request is unknown or finished. Returns 1 when appended.
 EMIT = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or state == 'completed' or state == 'cancelled' or state == 'failed' then
   return 0
 end
-redis.call('XADD', KEYS[2], '*', 'k', ARGV[1], 'a', ARGV[2], 't', ARGV[3], 'x', ARGV[4],
-  'n', ARGV[5], 'o', ARGV[6])
+local fields = {'k', ARGV[1], 'a', ARGV[2], 't', ARGV[3], 'x', ARGV[4], 'n', ARGV[5], 'o', ARGV[6]}
+if ARGV[7] ~= '' then
+  table.insert(fields, 'e')
+  table.insert(fields, ARGV[7])
+end
+redis.call('XADD', KEYS[2], '*', unpack(fields))
 redis.call('PUBLISH', KEYS[2], ARGV[1])
 return 1
 """

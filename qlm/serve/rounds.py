@@ -1,0 +1,62 @@
+"""What an agent keeps per request it pulled, and one round's queue updates (token chunks
+merged per request, results, running marks), written together at the end of the round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qlm.queue.records import RequestResult, StreamEvent, StreamKind
+from qlm.types import Request
+
+
+@dataclass
+class Held:
+    """A request this agent pulled and its engine runs."""
+
+    request: Request
+    dispatched_at_s: float
+    attempt: int
+    sent_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Chunks:
+    """Token chunks of one request in one round, merged into one stream event."""
+
+    attempt: int
+    offset_tokens: int
+    at_s: float
+    texts: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    extras: dict[str, Any] | None = None
+
+    def event(self, request_id: str) -> StreamEvent:
+        text, n = "".join(self.texts), self.num_tokens
+        return StreamEvent(
+            request_id,
+            StreamKind.TOKENS,
+            self.attempt,
+            self.at_s,
+            text,
+            n,
+            self.offset_tokens,
+            extras=self.extras,
+        )
+
+
+@dataclass
+class Batch:
+    """One round's queue updates, waiting to be written together."""
+
+    running: list[str] = field(default_factory=list)
+    chunks: dict[str, Chunks] = field(default_factory=dict)  # merged, per request
+    finished: list[RequestResult] = field(default_factory=list)
+    requests: dict[str, Request] = field(default_factory=dict)  # of `finished`, for metrics
+
+    def clear(self) -> None:
+        self.running.clear()
+        self.chunks.clear()
+        self.finished.clear()
+        self.requests.clear()
