@@ -50,6 +50,7 @@ ADAPTERS: dict[str, set[str]] = {
     "queue/redis/plans.py": {"redis", "asyncio", "time"},
     "queue/redis/streams.py": {"redis", "asyncio"},
     "queue/redis/pokes.py": {"redis", "asyncio"},
+    "queue/redis/listing.py": {"redis"},
     "queue/memory.py": {"asyncio"},
     "queue/base.py": {"asyncio"},
     "engine/client.py": {"asyncio"},

@@ -130,6 +130,16 @@ async def records(plane: Plane, ids: list[str]) -> list[RequestRecord]:
     return [r for r in got if r is not None]
 
 
+async def running(plane: Plane, ids: list[str], count: int, timeout_s: float) -> None:
+    """Wait until `count` of the requests produce tokens."""
+
+    async def started() -> None:
+        while sum(r.state is RequestState.RUNNING for r in await records(plane, ids)) < count:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(started(), timeout_s)
+
+
 async def wait_terminal(plane: Plane, ids: list[str], timeout_s: float) -> None:
     async def done() -> None:
         while not all(r.state.is_terminal for r in await records(plane, ids)):
@@ -147,7 +157,11 @@ async def test_interactive_met_batch_completes_evictions_and_a_swap_happen(
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             backlog = await submit_batch(http, "tiny-a", 16, 1500)
-            await asyncio.sleep(3.0)  # both engines are full of long batch requests
+            # Both engines full of long batch requests, most of their work ahead of them: a
+            # slot does not free before an interactive deadline, so only eviction serves it.
+            # (A fixed sleep instead let a fast, quiet machine finish most of the backlog
+            # first; a slot then freed in time and nothing was evicted, rightly.)
+            await running(plane, backlog, 8, timeout_s=120)
             chats = [await interactive(client) for _ in range(4)]
             other_model = await submit_batch(http, "tiny-b", 3, 32)
             await wait_terminal(plane, backlog + other_model, 800)

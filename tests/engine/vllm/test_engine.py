@@ -148,6 +148,10 @@ async def engine(
         max_model_len=LONG_CONTEXT,
         kv_cache_gib=KV_CACHE_GIB,
         log_dir=tmp_path_factory.mktemp("vllm-logs"),
+        # One unbound OpenMP thread: vLLM-CPU's automatic binding spins its threads on every
+        # core, and the server's own API process, starved, then answered no /metrics scrape
+        # for over 100 s while long requests streamed (CI failures).
+        env={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
     )
     eng = VllmEngine(tiny_instance(), cfg, WallClock())
     await eng.start()
