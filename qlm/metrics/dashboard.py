@@ -34,10 +34,12 @@ BUSY = Reading("qlm_instance_busy_seconds", ("instance_id",), "max")
 SWAPS = Reading("qlm_model_swaps_total", ("instance_id",))
 EVICTIONS = Reading("qlm_evictions_total", ("instance_id",))
 RUNS = Reading("qlm_planner_runs_total", ("status",))
+# Predicted (at admission) against actual time to first token, over the same requests: both
+# are observed when a request completes (`*_n` counts them).
 WAIT_HISTOGRAMS = {
-    "predicted": "qlm_wait_predicted_seconds",
+    "predicted": "qlm_wait_estimated_seconds",
     "actual": "qlm_request_ttft_seconds",
-    "error": "qlm_wait_prediction_error_seconds",
+    "error": "qlm_wait_estimate_error_seconds",
 }
 WAITS = {
     (key, part): Reading(f"{name}_{part}", ("slo_class",))

@@ -43,6 +43,8 @@ class Families:
     queue_depth: Gauge
     groups: Gauge
     wait_predicted: Histogram
+    wait_estimated: Histogram
+    wait_estimate_error: Summary
     wait_error: Summary
     wait_abs_error: Histogram
     solve: Histogram
@@ -155,6 +157,21 @@ def _queue_families(r: CollectorRegistry) -> dict[str, Any]:
             "that places it.",
             _MODEL_CLASS_LABELS,
             buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        ),
+        "wait_estimated": Histogram(
+            "qlm_wait_estimated_seconds",
+            "The wait the API predicted at admission (arrival to first token), observed "
+            "when the request completes: the same requests as qlm_request_ttft_seconds.",
+            _MODEL_CLASS_LABELS,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        ),
+        "wait_estimate_error": Summary(
+            "qlm_wait_estimate_error_seconds",
+            "Actual time to first token minus the wait predicted at admission (negative: "
+            "sooner than predicted), per completed request; sum/count is the bias.",
+            ("slo_class",),
             registry=r,
         ),
         "wait_error": Summary(

@@ -263,6 +263,10 @@ class PlaneMetrics:
         if result.state is not RequestState.COMPLETED or first_s is None:
             return
         f.ttft.labels(*labels).observe(first_s - request.arrival_at_s)
+        if request.estimated_wait_s is not None:  # admitted through the API
+            f.wait_estimated.labels(*labels).observe(request.estimated_wait_s)
+            actual_s = first_s - request.arrival_at_s
+            f.wait_estimate_error.labels(labels[1]).observe(actual_s - request.estimated_wait_s)
         if result.finished_at_s is not None:
             f.e2e.labels(*labels).observe(result.finished_at_s - request.arrival_at_s)
         if predicted_at_s is not None:

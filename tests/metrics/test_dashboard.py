@@ -65,7 +65,8 @@ async def test_view_reports_what_the_exposition_reports() -> None:
     # The 2 late ones: no dispatch time in their results, so all their wait was in an engine.
     assert view["misses_by_cause"] == {"interactive": {"in_engine": 2}, "batch": {}}
     assert view["waits"]["interactive"]["actual_mean_s"] == (3 * 3.0 + 2 * 9.0) / 5
-    assert view["waits"]["interactive"]["predicted_mean_s"] is None  # nothing planned
+    assert view["waits"]["interactive"]["predicted_mean_s"] is None  # none came via the API
+    assert view["waits"]["interactive"]["actual_n"] == 5
     [i0] = [i for i in view["instances"] if i["instance_id"] == "i0"]
     assert (i0["state"], i0["model_name"], i0["running"]) == ("ready", "m7b", 3)
     assert [(e["kind"], e["instance_id"]) for e in view["events"]] == [("swap", "i1")]

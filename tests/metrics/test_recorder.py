@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry
@@ -204,6 +206,27 @@ def test_planned_records_status_solve_time_and_pairs_predictions_with_actual_wai
     m.request_finished(early, result(early, first_s=60.0, finished_s=61.0))  # 10 s early
     assert value(m, "qlm_wait_prediction_error_seconds_sum", slo_class="interactive") == -8.0
     assert value(m, "qlm_wait_prediction_error_seconds_count", slo_class="interactive") == 2
+
+
+def test_admission_estimates_pair_with_the_actual_wait_of_the_same_requests() -> None:
+    """Observed when a request completes, so predicted and actual cover the same requests;
+    requests that did not come through the API (no estimate) are left out of the pairing."""
+    m = recorder()
+    labels = {"model_name": "m7b", "slo_class": "interactive"}
+    for rid, estimate_s, first_s in (("a", 4.0, 46.0), ("b", 1.0, 41.5)):
+        r = replace(
+            make_request(id=rid, model="m7b", arrival_at_s=40.0), estimated_wait_s=estimate_s
+        )
+        m.request_finished(r, result(r, first_s=first_s, finished_s=first_s + 1.0))
+    plain = make_request(id="c", model="m7b", arrival_at_s=40.0)
+    m.request_finished(plain, result(plain, first_s=42.0, finished_s=43.0))
+    assert value(m, "qlm_request_ttft_seconds_count", **labels) == 3
+    assert value(m, "qlm_wait_estimated_seconds_count", **labels) == 2
+    assert value(m, "qlm_wait_estimated_seconds_sum", **labels) == 5.0
+    assert (
+        value(m, "qlm_wait_estimate_error_seconds_sum", slo_class="interactive") == 2.5
+    )  # 2 + 0.5
+    assert value(m, "qlm_wait_estimate_error_seconds_count", slo_class="interactive") == 2
 
 
 def test_evictions_and_swaps_count_per_instance_and_appear_as_recent_events() -> None:

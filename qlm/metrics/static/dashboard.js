@@ -169,6 +169,7 @@
       const tr = row([
         [c], [secs(w.predicted_mean_s), "num"], [secs(w.actual_mean_s), "num"],
         [w.error_mean_s === null ? "–" : (w.error_mean_s >= 0 ? "+" : "") + secs(w.error_mean_s), "num"],
+        [w.predicted_n === w.actual_n ? int(w.actual_n) : `${int(w.predicted_n)} / ${int(w.actual_n)}`, "num"],
       ]);
       const bars = el("td", { class: "bars" });
       for (const kind of ["predicted", "actual"]) {
