@@ -36,18 +36,37 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
     return path
 
 
-def engine_settings(model_path: Path) -> Any:
+Cores = tuple[int, ...]
+
+
+def split_cores(vllm_cores: Cores | None) -> tuple[Cores | None, Cores]:
+    """(the vLLM server's cores, everyone else's): by default the last core for vLLM and the
+    rest for QLM and the load generator, so the comparison measures QLM, not two programs
+    fighting for the same cores; on one core there is nothing to split."""
+    mine = tuple(sorted(os.sched_getaffinity(0)))
+    if vllm_cores is None:
+        if len(mine) < 2:
+            return None, mine
+        vllm_cores = mine[-1:]
+    rest = tuple(c for c in mine if c not in vllm_cores)
+    return vllm_cores, rest or mine
+
+
+def engine_settings(model_path: Path, cpu_cores: tuple[int, ...] | None) -> Any:
     from tests.vllm_fixtures import tiny_engine_config
 
-    return tiny_engine_config({"tiny-a": model_path}, max_num_seqs=16, max_model_len=2048)
+    return tiny_engine_config(
+        {"tiny-a": model_path}, max_num_seqs=16, max_model_len=2048, cpu_cores=cpu_cores
+    )
 
 
 def start_bare_vllm(engine: Any, log_dir: Path) -> Proc:
-    from qlm.engine.vllm.config import DEFAULT_SERVER_ENV, serve_argv
+    from qlm.engine.vllm.config import serve_argv
 
     port = free_port()
     log_path = log_dir / f"bare-vllm-{port}.log"
-    env = {**os.environ, **DEFAULT_SERVER_ENV, **engine.env}
+    env = {**os.environ, **engine.server_env()}  # as VllmEngine starts it, cores included
+    cores = engine.cpu_cores
     with log_path.open("wb") as log:
         popen = subprocess.Popen(
             serve_argv(engine, "tiny-a", port),
@@ -57,6 +76,7 @@ def start_bare_vllm(engine: Any, log_dir: Path) -> Proc:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores),
         )
     proc = Proc("vllm", popen, log_path, port)
     try:

@@ -41,6 +41,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--variants", nargs="+", choices=("bare", "memory", "redis"), help="overhead variants"
     )
     parser.add_argument("--poisson-rate", type=float, help="req/s (default: half the burst rate)")
+    parser.add_argument(
+        "--vllm-cores",
+        type=lambda text: tuple(int(c) for c in text.split(",")),
+        help="comma-separated cores for the vLLM server (default: the last core; QLM and the "
+        "load generator get the others)",
+    )
     parser.add_argument("--out", type=Path, help="results JSON (default by --quick)")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument(
@@ -153,5 +159,6 @@ def _overhead(args: argparse.Namespace, quick: bool, work_dir: Path) -> dict[str
         model_cache=args.model_cache,
         variants=tuple(args.variants or ("bare", "memory", "redis")),
         poisson_rate_per_s=args.poisson_rate,
+        vllm_cores=args.vllm_cores,
     )
     return run_overhead(opts)

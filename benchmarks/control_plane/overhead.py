@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -22,6 +23,7 @@ from benchmarks.control_plane.engines import (
     ensure_tiny_model,
     find_vllm_server,
     plane_config,
+    split_cores,
     start_bare_vllm,
     start_plane,
     stop_group,
@@ -118,6 +120,7 @@ class OverheadOptions:
     model_cache: Path
     variants: tuple[str, ...] = ("bare", "memory", "redis")
     poisson_rate_per_s: float | None = None  # None: half the bare burst rate
+    vllm_cores: tuple[int, ...] | None = None  # None: the last core (split_cores)
 
 
 ALONE = "vLLM alone"
@@ -126,7 +129,10 @@ ALONE = "vLLM alone"
 def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
     """Sessions: vLLM alone (its own start), then QLM on the memory queue and on Redis, each
     with vLLM driven directly beside it (the same server, QLM idle) in alternating turns."""
-    engine = engine_settings(ensure_tiny_model(opts.model_cache))
+    vllm_cores, own_cores = split_cores(opts.vllm_cores)
+    os.sched_setaffinity(0, own_cores)  # QLM's processes and the load generator inherit it
+    engine = engine_settings(ensure_tiny_model(opts.model_cache), vllm_cores)
+    print(f"  cores: vLLM {vllm_cores}, QLM and clients {own_cores}", file=sys.stderr)
     burst = Workload("burst", opts.num_requests, opts.prompt_words, opts.output_tokens, None)
     rate = opts.poisson_rate_per_s
     runs: list[dict[str, Any]] = []
@@ -145,6 +151,7 @@ def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
             got, rate = _plane_session(engine, queue, burst, rate, opts)
             runs += got
     return {
+        "cores": {"vllm": vllm_cores, "qlm_and_clients": own_cores},
         "engine": engine.model_dump(mode="json"),
         "workloads": [asdict(burst), asdict(replace(burst, name="poisson", rate_per_s=rate))],
         "runs": [{k: v for k, v in r.items() if k not in SAMPLE_LISTS} for r in runs],

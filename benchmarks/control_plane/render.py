@@ -69,7 +69,11 @@ def render(report: Mapping[str, Any]) -> str:
             "### Overhead over a bare vLLM-CPU engine",
             "",
             *_measured_line(overhead),
-            OVERHEAD_NOTE.format(rate=workload["rate_per_s"], **overhead["workloads"][0]),
+            OVERHEAD_NOTE.format(
+                rate=workload["rate_per_s"],
+                cores=_cores(overhead.get("cores")),
+                **overhead["workloads"][0],
+            ),
             "",
         ]
         parts.append(markdown_table(overhead["summary"], OVERHEAD_COLUMNS, _fmt))
@@ -130,7 +134,8 @@ OVERHEAD_NOTE = (
     "{num_requests} streamed completions per run (~{prompt_words} prompt words, "
     "{output_tokens} output tokens, ignore_eos), all at once (`burst`) and as Poisson "
     "arrivals at {rate} req/s (`poisson`, half the first bare burst rate); tiny random Llama "
-    "(tests/vllm_fixtures.py tiny-a) on vLLM-CPU, max_num_seqs 16. `vLLM alone`: a vLLM "
+    "(tests/vllm_fixtures.py tiny-a) on vLLM-CPU, max_num_seqs 16. Cores: {cores}. "
+    "`vLLM alone`: a vLLM "
     "server started as QLM's VllmEngine starts it (serve_argv), driven through its OpenAI "
     "API. `QLM memory` / `QLM redis`: `qlm serve` with one vLLM engine of the same settings "
     "(examples/fleet.yaml's QLM, controller and agent settings; in-memory queue or a "
@@ -143,6 +148,17 @@ OVERHEAD_NOTE = (
     "cores: the qlm process and the vLLM server's processes; qlm_runq_wait_share: share of "
     "the run's wall time the qlm event-loop thread spent runnable but waiting for a CPU."
 )
+
+
+def _cores(cores: Mapping[str, Any] | None) -> str:
+    if not cores or cores.get("vllm") is None:
+        return "shared (no binding)"
+    vllm = ",".join(map(str, cores["vllm"]))
+    rest = ",".join(map(str, cores["qlm_and_clients"]))
+    return (
+        f"the vLLM server on core {vllm} (`cpu_cores`: process affinity and OpenMP binding), "
+        f"QLM and the load generator on core {rest}"
+    )
 
 
 def write_docs(block: str, path: Path = DOCS_PATH) -> None:

@@ -69,6 +69,14 @@ class VllmEngineConfig(StrictModel):
     enforce_eager: bool = Field(
         default=True, description="--enforce-eager: skip torch.compile (faster start on CPU)."
     )
+    cpu_cores: tuple[int, ...] | None = Field(
+        default=None,
+        min_length=1,
+        description="CPU cores the server runs on: its processes' affinity, and its OpenMP "
+        "threads bound one per core (VLLM_CPU_OMP_THREADS_BIND). Keeps a CPU engine off the "
+        "cores the control plane uses. None: vLLM's own choice (on CPU it binds threads to "
+        "every core and leaves the agent, the API and the server's own HTTP process waiting).",
+    )
     extra_args: tuple[str, ...] = Field(default=(), description="Appended to the command.")
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for the server process."
@@ -94,7 +102,18 @@ class VllmEngineConfig(StrictModel):
         low, high = self.synthetic_token_ids
         if not 0 <= low < high:
             raise ValueError("synthetic_token_ids must be 0 <= low < high")
+        cores = self.cpu_cores or ()
+        if any(c < 0 for c in cores) or len(set(cores)) != len(cores):
+            raise ValueError("cpu_cores must be distinct core numbers >= 0")
         return self
+
+    def server_env(self) -> dict[str, str]:
+        """The server's environment on top of the parent's: quiet and offline, its cores'
+        OpenMP binding, then `env` (which wins)."""
+        bind = {}
+        if self.cpu_cores is not None:
+            bind["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cpu_cores))
+        return {**DEFAULT_SERVER_ENV, **bind, **self.env}
 
 
 def serve_argv(config: VllmEngineConfig, model: str, port: int) -> list[str]:

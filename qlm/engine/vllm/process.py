@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from qlm.engine.types import EngineError
-from qlm.engine.vllm.config import DEFAULT_SERVER_ENV, VllmEngineConfig, serve_argv
+from qlm.engine.vllm.config import VllmEngineConfig, serve_argv
 
 HEALTH_POLL_S = 0.25
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)  # /health requests
@@ -89,7 +89,7 @@ class Supervisor:
         port = self.config.port or await free_port(self.config.host)
         self._launches += 1
         log_path = self._next_log_path(model)
-        env = {**os.environ, **DEFAULT_SERVER_ENV, **self.config.env}
+        env = {**os.environ, **self.config.server_env()}
         with log_path.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
                 *serve_argv(self.config, model, port),
@@ -98,7 +98,7 @@ class Supervisor:
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                preexec_fn=functools.partial(_in_child, os.getpid(), self.config.cpu_cores),
             )
         server = ServerProcess(proc, model, port, self.config.host, log_path)
         self.server = server
@@ -154,6 +154,14 @@ async def free_port(host: str) -> int:
     server.close()
     await server.wait_closed()
     return port
+
+
+def _in_child(parent_pid: int, cpu_cores: tuple[int, ...] | None) -> None:
+    """Between fork and exec: die with the agent, and keep to the configured cores (the
+    affinity is inherited by everything the server starts)."""
+    _die_with_parent(parent_pid)
+    if cpu_cores is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpu_cores)
 
 
 def _die_with_parent(parent_pid: int) -> None:

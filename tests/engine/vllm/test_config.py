@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 
 import pytest
 
 from qlm.clock import WallClock
+from qlm.engine.types import EngineError
 from qlm.engine.vllm.config import SERVE_MODULE, VllmEngineConfig, serve_argv
 from qlm.engine.vllm.engine import VllmEngine
 from tests.engine.vllm.helpers import config
@@ -41,3 +44,40 @@ def test_config_is_validated() -> None:
         VllmEngineConfig(models={})
     with pytest.raises(ValueError, match="not in the engine's models"):
         VllmEngine(tiny_instance(model="tiny-z"), config(), WallClock())
+
+
+def test_cpu_cores_are_validated() -> None:
+    for bad in ((), (0, 0), (-1,)):
+        with pytest.raises(ValueError, match="cpu_cores"):
+            config(cpu_cores=bad)
+
+
+async def test_the_server_runs_on_its_cores_with_its_threads_bound_there(tmp_path: Path) -> None:
+    """The server as the agent launches it (a stand-in interpreter that reports where it runs
+    and exits): its process affinity and vLLM's OpenMP binding are the configured cores; the
+    fleet file's own env still wins over the binding."""
+    core = max(os.sched_getaffinity(0))
+    report = tmp_path / "where.txt"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"grep Cpus_allowed_list /proc/self/status > {report}\n"
+        f'echo "bind=$VLLM_CPU_OMP_THREADS_BIND keep=$KEEP" >> {report}\n'
+        "exit 3\n"
+    )
+    fake.chmod(0o755)
+    engine = VllmEngine(
+        tiny_instance(),
+        config(python=fake, log_dir=tmp_path, cpu_cores=(core,), env={"KEEP": "1"}),
+        WallClock(),
+    )
+    with pytest.raises(EngineError, match="code 3"):
+        await engine.start()
+    await engine.close()
+    allowed, bound = report.read_text().splitlines()
+    assert allowed.split()[-1] == str(core)
+    assert bound == f"bind={core} keep=1"
+    unbound = config(cpu_cores=None).server_env()
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in unbound
+    overridden = config(cpu_cores=(1, 0), env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    assert overridden.server_env()["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
