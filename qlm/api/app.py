@@ -12,8 +12,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from qlm.api.context import ApiContext
+from qlm.api.context import RECEIVED_AT, ApiContext
 from qlm.api.errors import install_error_handlers
 from qlm.api.metrics_routes import add_metrics_routes, default_metrics
 from qlm.api.openai_routes import add_openai_routes
@@ -24,6 +25,21 @@ from qlm.api.tokens import TokenCounter
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
 from qlm.queue.base import GlobalQueue, QueueUnavailableError
+
+
+class ArrivalStamp:
+    """ASGI middleware: stamps each HTTP request with the time it reached the app, before
+    its body is read or parsed, so a request's arrival (and its deadlines) include the time
+    admission itself took under load."""
+
+    def __init__(self, app: ASGIApp, clock: Clock) -> None:
+        self.app = app
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[RECEIVED_AT] = self.clock.now_s()
+        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -52,4 +68,5 @@ def create_app(
     add_qlm_routes(app, context)
     add_metrics_routes(app, metrics, clock, queue)
     install_openapi(app, settings)
+    app.add_middleware(ArrivalStamp, clock=clock)
     return app

@@ -31,6 +31,7 @@ from qlm.queue.records import RequestRecord
 from qlm.types import Request
 
 REQUEST_ID_HEADER = "x-qlm-request-id"
+RECEIVED_AT = "qlm_received_at_s"  # ASGI state key: when the request reached the app
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -124,7 +125,8 @@ class ApiContext:
         self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
     ) -> Request:
         request_id = id_prefix + uuid.uuid4().hex
-        built = self.admitter.build(body, http.headers, request_id, self.clock.now_s(), tenant)
+        arrival_s = http.scope.get("state", {}).get(RECEIVED_AT) or self.clock.now_s()
+        built = self.admitter.build(body, http.headers, request_id, arrival_s, tenant)
         estimate = await self.estimator.estimate(built)
         if self.settings.api.reject_unattainable_slo:
             refuse_unattainable(built, estimate)

@@ -82,7 +82,9 @@ class MetricsHooks(Protocol):
         """`kind`: abort (aborted and requeued) or kv_swap (KV moved to CPU memory)."""
         ...
 
-    def model_swap_started(self, instance_id: str, model: str) -> None: ...
+    def model_swap_started(
+        self, instance_id: str, model: str, from_model: str | None = None
+    ) -> None: ...
 
     def model_loaded(self, instance_id: str, model: str, load_s: float) -> None: ...
 
@@ -117,7 +119,9 @@ class _NoMetrics:
     def evicted(self, instance_id: str, requests: Iterable[Request], kind: str = "abort") -> None:
         pass
 
-    def model_swap_started(self, instance_id: str, model: str) -> None:
+    def model_swap_started(
+        self, instance_id: str, model: str, from_model: str | None = None
+    ) -> None:
         pass
 
     def model_loaded(self, instance_id: str, model: str, load_s: float) -> None:
@@ -171,7 +175,8 @@ class PlaneMetrics:
         self._models = frozenset(models)
         self._policy = planner_policy
         self._predicted_at_s: OrderedDict[str, float] = OrderedDict()
-        self._swapping: dict[str, str] = {}  # instance id -> model a started swap loads
+        # instance id -> (model it had, model a started swap loads)
+        self._swapping: dict[str, tuple[str, str]] = {}
         self._instance_model: dict[str, str] = {}
         self._leading = False
         self._snapshot_at_s = -math.inf
@@ -284,18 +289,23 @@ class PlaneMetrics:
                 PlaneEvent(now_s, "eviction", instance_id, f"{request.id} ({slo_class}, {kind})")
             )
 
-    def model_swap_started(self, instance_id: str, model: str) -> None:
+    def model_swap_started(
+        self, instance_id: str, model: str, from_model: str | None = None
+    ) -> None:
         self.families.swaps.labels(instance_id, self._model(model)).inc()
-        self._swapping[instance_id] = model
-        self.events.append(PlaneEvent(self.clock.now_s(), "swap", instance_id, f"-> {model}"))
+        before = from_model or "no model"
+        self._swapping[instance_id] = (before, model)
+        detail = f"{before} -> {model}"
+        self.events.append(PlaneEvent(self.clock.now_s(), "swap", instance_id, detail))
 
     def model_loaded(self, instance_id: str, model: str, load_s: float) -> None:
         """Swap time is observed only for loads a swap started (not the initial load)."""
-        if self._swapping.get(instance_id) != model:
+        swap = self._swapping.get(instance_id)
+        if swap is None or swap[1] != model:
             return
         del self._swapping[instance_id]
         self.families.swap_time.labels(self._model(model)).observe(load_s)
-        detail = f"{model} serving after {load_s:.1f} s"
+        detail = f"{swap[0]} -> {model}: serving after {load_s:.1f} s of loading"
         self.events.append(PlaneEvent(self.clock.now_s(), "swapped", instance_id, detail))
 
     def instance_status(self, status: InstanceStatus) -> None:

@@ -165,10 +165,11 @@ class Agent:
             elif isinstance(action, Evict):
                 self._evict(action.request_ids)
             elif isinstance(action, LoadModel):  # lso_steps evicted what the engine held
+                before = self.engine.observe().model
                 self.engine.load_model(action.model)
                 self._load_started[action.model] = self.clock.now_s()
                 self.counters.swaps += 1
-                self.metrics.model_swap_started(self.instance.id, action.model)
+                self.metrics.model_swap_started(self.instance.id, action.model, before)
             elif isinstance(action, SwapKv):
                 if action.direction is KvDirection.TO_CPU:
                     self.engine.swap_out(action.request_ids)

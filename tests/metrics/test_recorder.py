@@ -235,7 +235,7 @@ def test_evictions_and_swaps_count_per_instance_and_appear_as_recent_events() ->
     m.evicted("i0", requests)
     m.evicted("i0", requests[:1], kind="kv_swap")
     m.model_loaded("i0", "m7b", 30.0)  # the initial load: no swap started
-    m.model_swap_started("i0", "m13b")
+    m.model_swap_started("i0", "m13b", "m7b")
     m.model_loaded("i0", "m13b", 12.0)
     assert value(m, "qlm_evictions_total", instance_id="i0", slo_class="batch", kind="abort") == 3
     assert value(m, "qlm_evictions_total", instance_id="i0", slo_class="batch",
@@ -245,6 +245,9 @@ def test_evictions_and_swaps_count_per_instance_and_appear_as_recent_events() ->
     assert value(m, "qlm_model_swap_seconds_sum", model_name="m13b") == 12.0
     assert value(m, "qlm_model_swap_seconds_count", model_name="m7b") is None  # not a swap
     assert [e.kind for e in m.events] == ["eviction", "swap", "swapped"]  # the last 3
+    swap, swapped = list(m.events)[1:]
+    assert swap.detail == "m7b -> m13b"
+    assert swapped.detail == "m7b -> m13b: serving after 12.0 s of loading"  # its cost
     with pytest.raises(ValueError, match="eviction kind"):
         m.evicted("i0", requests, kind="boom")
 
