@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args(argv)
-    report: dict[str, Any] = run_header("benchmarks/client_latency.py", argv or sys.argv[1:], NOTE)
+    report: dict[str, Any] = run_header("client_latency.py", argv or sys.argv[1:], NOTE)
     report["speedup"] = args.speedup
     report["rows"] = []
     with tempfile.TemporaryDirectory(prefix="qlm-client-latency-") as tmp:
