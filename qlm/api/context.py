@@ -125,7 +125,9 @@ class ApiContext:
         self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
     ) -> Request:
         request_id = id_prefix + uuid.uuid4().hex
-        arrival_s = http.scope.get("state", {}).get(RECEIVED_AT) or self.clock.now_s()
+        arrival_s = http.scope.get("state", {}).get(RECEIVED_AT)
+        if arrival_s is None:  # an app without the stamping middleware
+            arrival_s = self.clock.now_s()
         built = self.admitter.build(body, http.headers, request_id, arrival_s, tenant)
         estimate = await self.estimator.estimate(built)
         if self.settings.api.reject_unattainable_slo:
