@@ -55,6 +55,7 @@ def _vllm(args: argparse.Namespace, grid: ProfileGrid) -> ProfileJob:
         kv_cache_gib=args.kv_cache_gib,
         extra_args=tuple(args.extra_arg or ()),
         env=dict(_pair(e) for e in args.env or ()),
+        cpu_cores=args.cpu_cores,
         log_dir=args.log_dir,
     )
     config = profile_engine_config(config, args.max_num_batched_tokens)
@@ -99,6 +100,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     vllm.add_argument("--kv-cache-gib", type=float, default=1 / 16)
     vllm.add_argument("--dtype", default="auto")
     vllm.add_argument("--env", action="append", help="KEY=VALUE for the server (repeatable)")
+    vllm.add_argument(
+        "--cpu-cores",
+        type=_cores,
+        help="comma-separated CPU cores for the server (CPU engines: steadier timings)",
+    )
     vllm.add_argument("--extra-arg", action="append", help="extra server argument (repeatable)")
     vllm.add_argument("--log-dir", type=Path, help="server logs (default: a temporary folder)")
     p.set_defaults(handler=run_profile)
@@ -178,6 +184,13 @@ def _gpu_memory_bytes(gpu_type: str, memory_gib: float | None, facts: ModelFacts
         return known.memory_bytes
     need = facts.weight_bytes + facts.kv.capacity_tokens * facts.kv.bytes_per_token
     return max(1, math.ceil(need / GIB)) * GIB
+
+
+def _cores(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cores as 0,1,...; got {text!r}") from None
 
 
 def _pair(text: str) -> tuple[str, str]:
