@@ -1,8 +1,8 @@
 """What an engine returns besides text, kept as OpenAI shapes it: tool calls and log
 probabilities. Engines that honour `tools` or `logprobs` (vLLM) report them per streamed
 chunk; the agent merges a round's chunks into one stream event and a request's chunks into
-its result, and the API hands them to the client unchanged (streamed deltas or the final
-message). Pure.
+its result (`merge_extras` accumulates in place), and the API hands them to the client
+unchanged (streamed deltas or the final message). Pure.
 
 An extras mapping has at most these keys:
 
@@ -22,18 +22,20 @@ Extras = dict[str, Any]
 KEYS = ("tool_calls", "logprobs")
 
 
-def merge_extras(into: Mapping[str, Any] | None, more: Mapping[str, Any] | None) -> Extras | None:
-    """`into` followed by `more`; None when both are empty."""
+def merge_extras(into: Extras | None, more: Mapping[str, Any] | None) -> Extras | None:
+    """Add `more` to the accumulator `into`, which is extended in place and returned (None
+    starts a new one; None comes back while both are empty). `more` is neither changed nor
+    shared: an accumulator owns its lists, so a long output merges in linear time."""
     if not more:
-        return dict(into) if into else None
-    out: Extras = dict(into or {})
+        return into
+    out: Extras = {} if into is None else into
     for key, value in more.items():
         if value is None:
             continue
         if key == "tool_calls":
-            out[key] = _merge_calls(out.get(key) or [], value)
+            _add_calls(out.setdefault(key, []), value)
         elif key == "logprobs":
-            out[key] = _concat_lists(out.get(key) or {}, value)
+            _add_lists(out.setdefault(key, {}), value)
         else:
             out[key] = value
     return out or None
@@ -47,34 +49,33 @@ def final_tool_calls(extras: Mapping[str, Any] | None) -> list[dict[str, Any]] |
     return [{k: v for k, v in call.items() if k != "index"} for call in calls]
 
 
-def _merge_calls(calls: Sequence[Mapping[str, Any]], deltas: Sequence[Any]) -> list[Any]:
-    by_index: dict[int, dict[str, Any]] = {int(c.get("index", 0)): dict(c) for c in calls}
+def _add_calls(calls: list[dict[str, Any]], deltas: Sequence[Mapping[str, Any]]) -> None:
+    by_index = {call["index"]: call for call in calls}
     for delta in deltas:
         index = int(delta.get("index", 0))
-        call = by_index.setdefault(index, {"index": index})
+        call = by_index.get(index)
+        if call is None:
+            call = by_index[index] = {"index": index}
+            calls.append(call)
         for key, value in delta.items():
             if key == "function" and isinstance(value, Mapping):
-                call[key] = _merge_function(call.get(key) or {}, value)
-            elif value is not None:
+                _add_function(call.setdefault(key, {}), value)
+            elif key != "index" and value is not None:
                 call[key] = value
-    return [by_index[i] for i in sorted(by_index)]
+    calls.sort(key=lambda call: call["index"])
 
 
-def _merge_function(into: Mapping[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(into)
+def _add_function(function: dict[str, Any], delta: Mapping[str, Any]) -> None:
     for key, value in delta.items():
         if key == "arguments":
-            out[key] = str(out.get(key) or "") + str(value or "")
+            function[key] = str(function.get(key) or "") + str(value or "")
         elif value is not None:
-            out[key] = value
-    return out
+            function[key] = value
 
 
-def _concat_lists(into: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(into)
+def _add_lists(into: dict[str, Any], more: Mapping[str, Any]) -> None:
     for key, value in more.items():
         if isinstance(value, list):
-            out[key] = [*(out.get(key) or []), *value]
+            into.setdefault(key, []).extend(value)
         elif value is not None:
-            out[key] = value
-    return out
+            into[key] = value

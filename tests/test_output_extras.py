@@ -24,11 +24,12 @@ def test_tool_call_deltas_merge_by_index() -> None:
     ]
 
 
-def test_logprob_lists_concatenate_and_inputs_stay_unchanged() -> None:
+def test_logprob_lists_concatenate_without_sharing_the_inputs() -> None:
     first = {"logprobs": {"content": [{"token": "a"}]}}
-    merged = merge_extras(first, {"logprobs": {"content": [{"token": "b"}]}})
+    merged = merge_extras(None, first)
+    merged = merge_extras(merged, {"logprobs": {"content": [{"token": "b"}]}})
     assert merged == {"logprobs": {"content": [{"token": "a"}, {"token": "b"}]}}
-    assert first == {"logprobs": {"content": [{"token": "a"}]}}
+    assert first == {"logprobs": {"content": [{"token": "a"}]}}  # the accumulator owns its list
     tokens = merge_extras({"logprobs": {"tokens": ["x"], "token_logprobs": [-1.0]}}, None)
     assert tokens == {"logprobs": {"tokens": ["x"], "token_logprobs": [-1.0]}}
 

@@ -6,6 +6,7 @@ data comes from the process's registry or, with `metrics.prometheus_url`, from P
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from importlib import resources
 
@@ -68,6 +69,23 @@ def _asset(name: str) -> bytes:
     return (resources.files("qlm.metrics") / "static" / name).read_bytes()
 
 
+class LateRequests:
+    """The recent late requests, read at most once per `every_s` (like the dashboard's view):
+    every open page polls, and each read costs up to `LATE_SCAN` records."""
+
+    def __init__(self, queue: GlobalQueue, clock: Clock, every_s: float) -> None:
+        self._queue, self._clock, self._every_s = queue, clock, every_s
+        self._read_at_s = -math.inf
+        self._view: Json = {}
+
+    async def view(self) -> Json:
+        now_s = self._clock.monotonic_s()
+        if now_s - self._read_at_s >= self._every_s:
+            self._view = await recent_late(self._queue, LATE_ROWS)
+            self._read_at_s = now_s
+        return self._view
+
+
 async def recent_late(queue: GlobalQueue, limit: int) -> Json:
     """The newest ended requests that missed their SLO (up to `limit`), from the newest
     `LATE_SCAN` ended ones."""
@@ -90,6 +108,7 @@ def add_metrics_routes(
     dashboard = Dashboard(
         dashboard_source(metrics), clock, metrics.slo_classes, metrics.settings.sample_every_s
     )
+    late = LateRequests(queue, clock, metrics.settings.sample_every_s)
     page = _asset("dashboard.html")
     assets = {name: (_asset(name), media) for name, media in STATIC.items()}
 
@@ -117,7 +136,7 @@ def add_metrics_routes(
 
     @app.get("/dashboard/late")
     async def dashboard_late() -> Response:
-        return json_response(await recent_late(queue, LATE_ROWS), headers=NO_CACHE)
+        return json_response(await late.view(), headers=NO_CACHE)
 
     @app.get("/dashboard/static/{name}")
     async def dashboard_asset(name: str) -> Response:

@@ -44,9 +44,11 @@ def _asks_nothing(value: Any) -> bool:
 
 
 def _default_output(name: str, value: object) -> bool:
-    if value is False or value == [] or value == {}:
-        return True
-    return name.endswith("_penalty") and value == 0
+    """Like `_asks_nothing`, except that a zero asks for something (`logprobs: 0`: the
+    chosen tokens' log probabilities) unless it is a penalty's default."""
+    if value == 0 and value is not False:
+        return name.endswith("_penalty")
+    return _asks_nothing(value)
 
 
 class StreamOptions(_Body):

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from qlm.config import QlmConfig, SloClassConfig, StrictModel
+from qlm.engine.openai_fields import EngineKind
 from qlm.types import SloClass
 
 _WEEK_S = 7 * 24 * 3600.0
@@ -145,7 +145,7 @@ class ApiAppConfig(StrictModel):
         default=(), description="Keys and their tenants; none: no authentication (embedded)."
     )
     api: ApiConfig = Field(default_factory=ApiConfig, description="The API's settings.")
-    engine_kind: Literal["emulated", "vllm"] = Field(
+    engine_kind: EngineKind = Field(
         default="emulated",
         description="The fleet's engines: which OpenAI output fields are honoured "
         "(qlm/engine/openai_fields.py); the rest are refused.",
@@ -185,7 +185,7 @@ class ApiAppConfig(StrictModel):
         models: Sequence[ModelConfig],
         api: ApiConfig | None = None,
         api_keys: Sequence[ApiKey] = (),
-        engine_kind: Literal["emulated", "vllm"] = "emulated",
+        engine_kind: EngineKind = "emulated",
     ) -> ApiAppConfig:
         """The API of a fleet: the SLO classes and default class of its QlmConfig."""
         return cls(

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Literal
+
+EngineKind = Literal["emulated", "vllm"]  # the fleet file's engine.kind
 
 # Every output field QLM knows, in the order errors name them.
 OUTPUT_FIELDS = (

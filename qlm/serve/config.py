@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from qlm.agents.reconcile import ReconcileConfig
 from qlm.api.settings import ApiConfig, ModelConfig
 from qlm.config import Problem, QlmConfig, StrictModel, fail_at
+from qlm.engine.openai_fields import EngineKind
 from qlm.fleet_config import FleetConfig
 from qlm.metrics.settings import MetricsConfig
 from qlm.queue.bounds import QueueBounds
@@ -146,7 +147,7 @@ class AgentConfig(StrictModel):
 class LiveEngineConfig(StrictModel):
     """How instances run: emulated engines (the profile on the wall clock) or vLLM servers."""
 
-    kind: Literal["emulated", "vllm"] = "emulated"
+    kind: EngineKind = "emulated"
     speedup: float = Field(default=1.0, gt=0, le=1000, description="Emulated engines only.")
     seed: int = 0
     output_length: Literal["profile", "cap"] = Field(

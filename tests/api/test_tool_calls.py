@@ -54,10 +54,15 @@ async def call_tools(queue: MemoryQueue, seen: list[Request]) -> None:
             for extras in DELTAS:
                 merged = merge_extras(merged, extras)
             result = RequestResult(
-                request.id, RequestState.COMPLETED, "i0", output_tokens=8,
-                finish_reason="tool_calls", first_token_at_s=NOW_S, finished_at_s=NOW_S,
+                request.id,
+                RequestState.COMPLETED,
+                "i0",
+                output_tokens=8,
+                finish_reason="tool_calls",
+                first_token_at_s=NOW_S,
+                finished_at_s=NOW_S,
                 extras=merged,
-            )  # fmt: skip
+            )
             assert await queue.complete(result)
         await asyncio.sleep(0.002)
 
@@ -90,9 +95,8 @@ async def test_tool_calls_come_back_whole(oai: tuple[openai.AsyncOpenAI, list[Re
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls or []
-    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [  # type: ignore[union-attr]
-        ("call-1", "get_weather", {"city": "Paris"})
-    ]
+    got = [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls]  # type: ignore[union-attr]
+    assert got == [("call-1", "get_weather", {"city": "Paris"})]
     assert choice.logprobs is not None
     assert [t.token for t in choice.logprobs.content or []] == ["x"]
     # The engine was asked with the messages as sent and the fields as given.
