@@ -9,7 +9,6 @@ once, and batch work must still finish."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,15 @@ def tiny_profile(model: str) -> dict[str, Any]:
         "load_s": 40,
         "max_batch_size": 4,
     }
+
+
+def slow_profile(model: str) -> dict[str, Any]:
+    """`tiny_profile` with decode steps slower than vLLM-CPU's real ones: an agent frees room
+    by eviction only when, by its profile, the running requests would not end before an
+    interactive deadline. With the real speed, a request 830 tokens into its 1,500 looked due
+    in time and nothing was evicted (a CI run where the interactive chat came late); at 50 ms
+    a step, that takes 1,340 tokens, which the backlog is far from when the chats come."""
+    return tiny_profile(model) | {"decode_table": {"batch_sizes": [1, 4], "step_s": [0.04, 0.05]}}
 
 
 def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
@@ -78,7 +86,7 @@ def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
             "fleet": {
                 "gpu_types": {"cpu": {"memory_gib": 1.0}},
                 "packaged_profiles": False,
-                "profiles": [tiny_profile("tiny-a"), tiny_profile("tiny-b")],
+                "profiles": [slow_profile("tiny-a"), slow_profile("tiny-b")],
                 "instances": [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a", "count": 2}],
             },
         }
@@ -139,8 +147,11 @@ async def running(plane: Plane, ids: list[str], count: int, timeout_s: float) ->
         while sum(r.state is RequestState.RUNNING for r in await records(plane, ids)) < count:
             await asyncio.sleep(0.05)
 
-    with contextlib.suppress(TimeoutError):
+    try:
         await asyncio.wait_for(started(), timeout_s)
+    except TimeoutError:  # shown if the assertions that follow fail
+        states = [(r.state.value, r.instance_id, r.result) for r in await records(plane, ids)]
+        print(f"not {count} running after {timeout_s} s: {states}")
 
 
 async def wait_terminal(plane: Plane, ids: list[str], timeout_s: float) -> None:
