@@ -124,6 +124,9 @@ class Request:
     # requests that did not come through the API (simulated ones).
     estimated_wait_s: float | None = field(default=None, hash=False, compare=False)
     estimate_basis: str = field(default="", hash=False, compare=False)
+    # Seconds from arrival to the predicted end of the output; None where the basis is not
+    # "plan" (nothing planned of the request's kind says how long its output takes).
+    estimated_completion_s: float | None = field(default=None, hash=False, compare=False)
 
     @property
     def ignores_eos(self) -> bool:

@@ -82,7 +82,10 @@ def cut_for_agents(plan: PublishedPlan, queued_ids: set[str], members: int) -> P
         for rid in group.request_ids
         if rid in plan.predicted_wait_s
     }
-    return replace(plan, groups=groups, predicted_wait_s=waits, group_wait_s=group_wait_s)
+    done = {g: plan.group_done_s[g] for g in groups if g in plan.group_done_s}
+    return replace(
+        plan, groups=groups, predicted_wait_s=waits, group_wait_s=group_wait_s, group_done_s=done
+    )
 
 
 def shown(view: PublishedPlan) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -132,7 +132,12 @@ class ApiContext:
         estimate = await self.estimator.estimate(built)
         if self.settings.api.reject_unattainable_slo:
             refuse_unattainable(built, estimate)
-        request = replace(built, estimated_wait_s=estimate.wait_s, estimate_basis=estimate.basis)
+        request = replace(
+            built,
+            estimated_wait_s=estimate.wait_s,
+            estimated_completion_s=estimate.completion_s,
+            estimate_basis=estimate.basis,
+        )
         charge = self.quotas.charge(
             request.tenant, request.prompt_tokens + request.max_output_tokens
         )

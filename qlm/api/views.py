@@ -80,6 +80,7 @@ def _estimate(request: Request) -> Json:
     `predicted_wait_s` is the latest plan's, measured from that plan's re-plan time."""
     return {
         "estimated_wait_s": request.estimated_wait_s,
+        "estimated_completion_s": request.estimated_completion_s,
         "estimate_basis": request.estimate_basis or None,
     }
 

@@ -1,5 +1,6 @@
-"""Every admitted request's predicted wait, read from the latest published plan, and the
-optional admission check built on it (`ApiConfig.reject_unattainable_slo`, off by default).
+"""Every admitted request's predicted wait and completion, read from the latest published plan,
+and the optional admission check built on it (`ApiConfig.reject_unattainable_slo`, off by
+default).
 
 The estimate is deliberately simple and cheap. The control loop inserts a new arrival at the
 end of the nearest planned group of its model and class, so a newcomer waits about as long as
@@ -12,10 +13,15 @@ table keeps the earliest of those groups' predicted last first-token times:
 
 A request's estimate is that time minus its arrival (never below 0), with a `basis`:
 
-* `plan`: a planned group of its model and class exists (the number above);
+* `plan`: a planned group of its model and class exists (the number above); its predicted
+  completion is that group's (the plan's predicted mean completion of its last member,
+  `group_done_s`) minus its arrival, when the plan carries it;
 * `idle`: the plan is fresh but holds no group of its model and class, so nothing of its
   kind waits ahead of it: 0 s, the next control round places it;
 * `no-plan`: no plan, or its waits are older than `plan_max_age_s`: 0 s, nothing is known.
+
+Only a `plan` estimate has a completion: the API does not know the fleet's speeds, and the
+others have no planned work of the request's kind to take it from.
 
 The gate refuses a request only on a `plan` estimate whose first token comes after its TTFT
 deadline. The table is rebuilt only when the plan's epoch changes, and the plan is re-read at
@@ -40,15 +46,18 @@ from qlm.types import Request
 Key = tuple[str, str]  # (model, SLO class)
 Basis = Literal["plan", "idle", "no-plan"]
 WAIT_HEADER = "x-qlm-estimated-wait-s"
+COMPLETION_HEADER = "x-qlm-estimated-completion-s"
 BASIS_HEADER = "x-qlm-estimate-basis"
 
 
 @dataclass(frozen=True, slots=True)
 class WaitEstimate:
-    """Seconds from a request's arrival to its predicted first token, and what it rests on."""
+    """Seconds from a request's arrival to its predicted first token and to the predicted end
+    of its output (None: unknown), and what they rest on."""
 
     wait_s: float
     basis: Basis
+    completion_s: float | None = None
 
     @classmethod
     def of(cls, request: Request) -> WaitEstimate:
@@ -56,15 +65,29 @@ class WaitEstimate:
         basis = request.estimate_basis
         if request.estimated_wait_s is None or basis not in ("plan", "idle"):
             return cls(0.0, "no-plan")
-        return cls(request.estimated_wait_s, "plan" if basis == "plan" else "idle")
+        if basis == "idle":
+            return cls(request.estimated_wait_s, "idle")
+        return cls(request.estimated_wait_s, "plan", request.estimated_completion_s)
 
     def headers(self) -> dict[str, str]:
-        return {WAIT_HEADER: f"{self.wait_s:.3f}", BASIS_HEADER: self.basis}
+        out = {WAIT_HEADER: f"{self.wait_s:.3f}", BASIS_HEADER: self.basis}
+        if self.completion_s is not None:
+            out[COMPLETION_HEADER] = f"{self.completion_s:.3f}"
+        return out
 
 
-def first_token_times(plan: PublishedPlan) -> Mapping[Key, float]:
-    """(model, class) -> the earliest predicted first-token time of a newcomer."""
-    table: dict[Key, float] = {}
+@dataclass(frozen=True, slots=True)
+class _Times:
+    """A newcomer's predicted first-token and completion times (absolute seconds)."""
+
+    first_token_at_s: float
+    done_at_s: float | None
+
+
+def newcomer_times(plan: PublishedPlan) -> Mapping[Key, _Times]:
+    """(model, class) -> a newcomer's times in the group whose last member gets its first
+    token earliest."""
+    table: dict[Key, _Times] = {}
     waits = plan.predicted_wait_s
     origin_s = _waits_origin_s(plan)
     for group in plan.groups.values():
@@ -76,7 +99,9 @@ def first_token_times(plan: PublishedPlan) -> Mapping[Key, float]:
             last_wait_s = max(member_waits)
         at_s = origin_s + last_wait_s
         key = (group.model, group.slo_class)
-        table[key] = min(at_s, table.get(key, at_s))
+        if key not in table or at_s < table[key].first_token_at_s:
+            done_s = plan.group_done_s.get(group.group_id)
+            table[key] = _Times(at_s, None if done_s is None else origin_s + done_s)
     return MappingProxyType(table)
 
 
@@ -90,25 +115,28 @@ class WaitEstimator:
         self._refresh_s = settings.api.plan_refresh_s
         self._read_at_s = -math.inf
         self._plan: PublishedPlan | None = None
-        self._table: Mapping[Key, float] = MappingProxyType({})
+        self._table: Mapping[Key, _Times] = MappingProxyType({})
 
     async def estimate(self, request: Request) -> WaitEstimate:
         table = await self._current()
         if table is None:
             return WaitEstimate(0.0, "no-plan")
-        first_token_at_s = table.get((request.model, request.slo_class))
-        if first_token_at_s is None:
+        times = table.get((request.model, request.slo_class))
+        if times is None:
             return WaitEstimate(0.0, "idle")
-        return WaitEstimate(max(0.0, first_token_at_s - request.arrival_at_s), "plan")
+        wait_s = max(0.0, times.first_token_at_s - request.arrival_at_s)
+        if times.done_at_s is None:
+            return WaitEstimate(wait_s, "plan")
+        return WaitEstimate(wait_s, "plan", max(wait_s, times.done_at_s - request.arrival_at_s))
 
-    async def _current(self) -> Mapping[Key, float] | None:
+    async def _current(self) -> Mapping[Key, _Times] | None:
         """The table of a fresh plan; None without one."""
         mono_s = self._clock.monotonic_s()
         if mono_s - self._read_at_s >= self._refresh_s:
             self._read_at_s = mono_s
             plan = await self._queue.current_plan()
             if plan is not None and (self._plan is None or plan.epoch != self._plan.epoch):
-                self._table = first_token_times(plan)
+                self._table = newcomer_times(plan)
             self._plan = plan
         plan = self._plan
         if plan is None or self._clock.now_s() - _waits_origin_s(plan) > self._max_age_s:

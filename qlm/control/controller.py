@@ -91,7 +91,7 @@ class Controller:
         solved = self._planner.plan(
             PlanInput(groups, fleet, now_s, busy_s=busy, slo_classes=self._slo)
         )
-        waits = self._predicted_waits(solved, groups, fleet, busy)
+        waits, done = self._predictions(solved, groups, fleet, busy)
         self._solved = solved
         self._late_at_plan = frozenset(solved.late_groups)
         self._up_at_plan = frozenset(v.instance_id for v in instances)
@@ -107,6 +107,7 @@ class Controller:
                 status=str(solved.status),
                 predicted_wait_s=waits,
                 waits_at_s=now_s,
+                group_done_s=done,
             )
         )
 
@@ -225,16 +226,18 @@ class Controller:
             self.fleet.profiles,
         )
 
-    def _predicted_waits(
+    def _predictions(
         self,
         plan: Plan,
         groups: Sequence[RequestGroup],
         fleet: Fleet,
         busy: Mapping[str, float],
-    ) -> dict[str, float]:
-        """Each planned request's predicted mean time to first token, from now."""
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Each planned request's predicted mean time to first token, and each planned
+        group's predicted mean completion of its last member, from now."""
         by_id = {g.id: g for g in groups}
         waits: dict[str, float] = {}
+        done: dict[str, float] = {}
         for instance_id, group_ids in plan.queues.items():
             if not group_ids:
                 continue
@@ -243,7 +246,8 @@ class Controller:
                 queue, fleet.instance(instance_id), busy.get(instance_id, 0.0)
             )
             waits.update(zip(est.request_ids, (float(t) for t in est.ttft_mean_s), strict=True))
-        return waits
+            done.update((g.group_id, g.completion_mean_s) for g in est.groups)
+        return waits, done
 
 
 def _part_index(group_id: str) -> int:

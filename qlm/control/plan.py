@@ -101,12 +101,15 @@ class PublishedPlan:
     # Per group, the predicted wait of its last member. Set on plans cut for agents (only
     # the head of each queue is listed), so that readers still see how long each group is.
     group_wait_s: Mapping[str, float] = field(default_factory=dict)
+    # Per group, the predicted mean completion of its last member (from waits_at_s, like the
+    # waits): when a newcomer that joins the group would finish.
+    group_done_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
         # did not change: they are read-only views already, so copying them again would make
         # each arrival cost the size of the whole plan.
-        for name in ("queues", "groups", "predicted_wait_s", "group_wait_s"):
+        for name in ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s"):
             object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
@@ -133,6 +136,7 @@ class PublishedPlan:
                 "predicted_wait_s": dict(self.predicted_wait_s),
                 "waits_at_s": self.waits_at_s,
                 "group_wait_s": dict(self.group_wait_s),
+                "group_done_s": dict(self.group_done_s),
             },
             separators=(",", ":"),
         )
@@ -162,4 +166,5 @@ class PublishedPlan:
             predicted_wait_s=data.get("predicted_wait_s", {}),
             waits_at_s=data.get("waits_at_s"),
             group_wait_s=data.get("group_wait_s", {}),
+            group_done_s=data.get("group_done_s", {}),
         )

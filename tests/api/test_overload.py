@@ -246,10 +246,12 @@ async def test_the_gate_is_off_by_default(clients: Any) -> None:
 def test_the_gate_reads_the_length_of_groups_cut_from_the_agents_plan() -> None:
     """Plans published for agents list only each queue's head; a group past it keeps the
     predicted wait of its last member, and the gate's table uses that."""
-    from qlm.api.wait_estimate import first_token_times
+    from qlm.api.wait_estimate import newcomer_times
     from qlm.control.plan import PlannedGroup as Group
     from qlm.control.plan import PublishedPlan as Plan
 
     cut = Group("g", "m7b", "batch-1", ())  # no member listed
     plan = Plan(1, 100.0, {"i0": ("g",)}, {"g": cut}, waits_at_s=100.0, group_wait_s={"g": 90.0})
-    assert dict(first_token_times(plan)) == {("m7b", "batch-1"): 190.0}
+    (times,) = newcomer_times(plan).values()
+    assert (times.first_token_at_s, times.done_at_s) == (190.0, None)
+    assert list(newcomer_times(plan)) == [("m7b", "batch-1")]

@@ -1,17 +1,19 @@
 """Every admitted request carries a predicted wait: the `x-qlm-estimated-wait-s` and
 `x-qlm-estimate-basis` headers on completions, streams and the asynchronous 202 answer, the
-same numbers on the request's record, and Retry-After on 429s taken from them."""
+same numbers on the request's record, and Retry-After on 429s taken from them. A wait read
+from a plan comes with a predicted completion (`x-qlm-estimated-completion-s`)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from qlm.api.wait_estimate import BASIS_HEADER, WAIT_HEADER
+from qlm.api.wait_estimate import BASIS_HEADER, COMPLETION_HEADER, WAIT_HEADER
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
@@ -65,6 +67,30 @@ async def test_completions_streams_and_submissions_carry_it(
     assert (view["estimated_wait_s"], view["estimate_basis"]) == (0.0, "idle")
     record = (await client.get(f"{SUBMIT}/{view['id']}")).json()
     assert (record["estimated_wait_s"], record["estimate_basis"]) == (0.0, "idle")
+
+
+async def test_a_plan_with_completions_predicts_when_the_output_ends(
+    client: httpx.AsyncClient, queue: MemoryQueue
+) -> None:
+    """Two groups of one kind: the estimate is the group whose last first token comes first
+    (the later group would finish sooner, but a newcomer does not join it)."""
+    groups = {g: PlannedGroup(g, "m7b", "interactive", (f"q-{g}",)) for g in ("early", "late")}
+    waits = {"q-early": 4.0, "q-late": 9.0}
+    done = {"early": 30.0, "late": 12.0}
+    published = PublishedPlan(
+        1, NOW_S - 1.0, {"i0": ("early", "late")}, groups, predicted_wait_s=waits
+    )
+    await queue.publish_plan(replace(published, group_done_s=done))
+    submitted = await client.post(SUBMIT, json=body())
+    assert submitted.status_code == 202, submitted.text
+    assert estimate(submitted) == ("3.000", "plan")
+    assert submitted.headers[COMPLETION_HEADER] == "29.000"  # 30 s from the re-plan, 1 s ago
+    record = (await client.get(f"{SUBMIT}/{submitted.json()['id']}")).json()
+    assert (record["estimated_wait_s"], record["estimated_completion_s"]) == (3.0, 29.0)
+    # A kind with nothing planned: no completion, said by the header's absence.
+    idle = await client.post(SUBMIT, json=body(model="m13b"))
+    assert COMPLETION_HEADER not in idle.headers
+    assert idle.json()["estimated_completion_s"] is None
 
 
 async def test_the_official_client_reads_it(oai: openai.AsyncOpenAI, agent: FakeAgent) -> None:

@@ -42,6 +42,28 @@ def test_replan_covers_every_queued_request_once_and_epochs_grow() -> None:
     assert second.epoch == first.epoch + 1
 
 
+def test_each_planned_group_gets_a_completion_after_its_first_tokens() -> None:
+    """The API's completion estimate: a group's last member ends after every member's first
+    token (its own output takes time), queues end later than they start, and the number
+    survives the cut agents read and the JSON the queue stores."""
+    from qlm.agents.virtual_queue import cut_for_agents
+    from qlm.control.plan import PublishedPlan
+
+    ctl, _ = setup()
+    queued = [make_request(model="m7b", slo_class="batch-2", ttft_s=3600) for _ in range(40)]
+    plan = ctl.replan(queued, views(i0=5.0), 0.0)
+    assert set(plan.group_done_s) == {g for q in plan.queues.values() for g in q}
+    for group_ids in plan.queues.values():
+        ends = [plan.group_done_s[g] for g in group_ids]
+        for gid in group_ids:
+            firsts = [plan.predicted_wait_s[r] for r in plan.groups[gid].request_ids]
+            assert plan.group_done_s[gid] > max(firsts) >= 5.0  # behind the busy engine
+        assert ends == sorted(ends)
+    cut = cut_for_agents(plan, {r.id for r in queued}, members=3)
+    assert cut.group_done_s == plan.group_done_s
+    assert PublishedPlan.from_json(cut.to_json()).group_done_s == plan.group_done_s
+
+
 def test_arrival_joins_a_planned_group_without_solving() -> None:
     ctl, _ = setup()
     queued = [make_request(slo_class="batch-2", ttft_s=3600) for _ in range(4)]
