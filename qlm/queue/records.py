@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any
 
 from qlm.types import Request, RequestState
 
 
+_REQUEST_FIELDS = tuple(f.name for f in fields(Request))
+
+
 def request_to_dict(request: Request) -> dict[str, Any]:
-    data = asdict(request)
+    """The request's fields as plain values. Shallow: `sampling` and `messages` are the
+    request's own (JSON values, never changed in place); `dataclasses.asdict` deep-copied them
+    and was an eighth of the API's CPU per admission."""
+    data = {name: getattr(request, name) for name in _REQUEST_FIELDS}
     data["state"] = str(request.state)
     return data
 
@@ -74,7 +80,7 @@ class RequestRecord:
         return self.request.state
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["request"] = request_to_dict(self.request)
         data["result"] = None if self.result is None else self.result.to_dict()
         return data

@@ -25,6 +25,7 @@ from qlm.registry import Registry
 from qlm.serve import secrets
 from qlm.serve.agent import Agent
 from qlm.serve.config import ServeConfig
+from qlm.serve.heap import freeze_startup_heap
 from qlm.serve.loop import ControlLoop
 from qlm.types import Fleet, Instance
 
@@ -243,5 +244,6 @@ async def serve_forever(config: ServeConfig, **parts: bool) -> None:
     /metrics on `metrics.port`."""
     metrics_port = None if parts.get("api", True) else config.metrics.port
     async with running_plane(config, metrics_port=metrics_port, **parts) as plane:  # type: ignore[arg-type]
+        freeze_startup_heap()
         log.info("qlm running; api port %s, metrics port %s", plane.port, plane.metrics_port)
         await plane.stop.wait()
