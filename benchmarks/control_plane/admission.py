@@ -25,6 +25,7 @@ from benchmarks.common.plane import (
 from benchmarks.common.stats import percentile_or_nan
 from benchmarks.control_plane.cpu import CpuMeter
 from benchmarks.control_plane.load import LoadSpec, Samples, collect_load, http_request, start_load
+from benchmarks.control_plane.targets import KNEE_SHARE
 from tests.redis_server import RedisServer, free_port
 
 SATURATED = 0.8  # below this x offered, higher rates of the setup are skipped
@@ -186,23 +187,34 @@ def run_admission(
     setups: Sequence[str], rates: Sequence[float], opts: AdmissionOptions
 ) -> list[dict[str, Any]]:
     """Each setup's open-loop rates in increasing order (the rest skipped once two rates in a
-    row fall far behind: SATURATED), then its closed-loop step."""
+    row fall far behind: SATURATED), then its closed-loop step (the saturation rate), then an
+    open-loop step at KNEE_SHARE of that rate (mode `knee`)."""
     rows: list[dict[str, Any]] = []
     behind: dict[str, int] = {}  # setup -> consecutive steps far behind their rate
     with RedisServer() as server:
         for step in admission_steps(setups, rates, opts):
             if step.rate_per_s is not None and behind.get(step.setup, 0) >= 2:
                 continue
-            try:
-                row = run_step(step, opts, server.url)
-            except Exception as exc:  # a failed setup is reported, the others still run
-                row = {"setup": step.setup, "offered_per_s": step.rate_per_s, "error": repr(exc)}
-            _progress(row)
+            row = _run_reported(step, opts, server.url)
             rows.append(row)
             if step.rate_per_s is not None:
                 far = "error" in row or row["achieved_per_s"] < SATURATED * step.rate_per_s
                 behind[step.setup] = behind.get(step.setup, 0) + 1 if far else 0
+            elif "error" not in row:
+                knee = AdmissionStep(
+                    step.setup, KNEE_SHARE * row["achieved_per_s"], opts.connections
+                )
+                rows.append(_run_reported(knee, opts, server.url) | {"mode": "knee"})
     return rows
+
+
+def _run_reported(step: AdmissionStep, opts: AdmissionOptions, redis_url: str) -> dict[str, Any]:
+    try:
+        row = run_step(step, opts, redis_url)
+    except Exception as exc:  # a failed setup is reported, the others still run
+        row = {"setup": step.setup, "offered_per_s": step.rate_per_s, "error": repr(exc)}
+    _progress(row)
+    return row
 
 
 def _progress(row: Mapping[str, Any]) -> None:

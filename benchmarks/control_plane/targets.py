@@ -1,5 +1,7 @@
 """The control plane's targets, PASS or MISS: admission of 2,000 requests per second with p99
-enqueue latency within 10 ms, and QLM's throughput and added median TTFT over bare vLLM."""
+enqueue latency within 10 ms; p99 within 20 ms at 80 % of each setup's saturation rate (its
+closed-loop rate), and that rate rising from one API process to two; QLM's throughput and
+added median TTFT over bare vLLM."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ ADMISSION_P99_MS = 10.0  # ... with p99 enqueue latency at most this
 THROUGHPUT_RATIO = 0.95  # target: QLM's throughput at least this share of bare vLLM's
 ADDED_TTFT_MS = 20.0  # target: added median TTFT at most this
 SUSTAINED = 0.99  # an open-loop step sustains its rate when achieved >= this x offered
+KNEE_SHARE = 0.8  # target: at this share of the saturation (closed-loop) rate ...
+KNEE_P99_MS = 20.0  # ... p99 enqueue latency at most this
 
 
 def admission_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -40,7 +44,36 @@ def admission_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]
         ]
         ok = best is not None and best["offered_per_s"] >= ADMISSION_RATE
         out.append(target_row(target, setup, "; ".join(parts), ok))
-    return out
+        out += _knee_targets(rows, setup)
+    return out + _scaling_targets(rows)
+
+
+def _knee_targets(rows: Sequence[Mapping[str, Any]], setup: str) -> list[dict[str, str]]:
+    target = f"p99 <= {KNEE_P99_MS:g} ms at {KNEE_SHARE:.0%} of saturation"
+    knee = [r for r in rows if r["setup"] == setup and r.get("mode") == "knee" and "p99_ms" in r]
+    return [
+        target_row(
+            target,
+            setup,
+            f"p99 {r['p99_ms']:.1f} ms at {r['achieved_per_s']:,.0f} of "
+            f"{r['offered_per_s'] / KNEE_SHARE:,.0f} req/s",
+            r["p99_ms"] <= KNEE_P99_MS and r["errors"] == 0,
+        )
+        for r in knee
+    ]
+
+
+def _scaling_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    closed = {
+        r["setup"]: r["achieved_per_s"]
+        for r in rows
+        if r.get("mode") == "closed" and "achieved_per_s" in r
+    }
+    if "api x1" not in closed or "api x2" not in closed:
+        return []
+    one, two = closed["api x1"], closed["api x2"]
+    measured = f"{one:,.0f} -> {two:,.0f} req/s ({two / one:.2f}x)"
+    return [target_row("saturation rises with API processes", "api x1 -> x2", measured, two > one)]
 
 
 def best_sustained(

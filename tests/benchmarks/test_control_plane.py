@@ -95,6 +95,22 @@ def test_admission_target_needs_the_rate_sustained_within_the_p99_bound() -> Non
     assert verdicts["c"]["measured"] == "p99 bound met at no step"
 
 
+def test_knee_and_scaling_targets_read_the_knee_steps_and_the_closed_loops() -> None:
+    """p99 at 80 % of each setup's closed-loop rate; saturation rising from one API process
+    to two (the closed loops)."""
+    rows = [
+        step("api x1", None, 4000.0, 14.0),
+        step("api x1", 3200.0, 3190.0, 19.5) | {"mode": "knee"},
+        step("api x2", None, 3900.0, 9.0),
+        step("api x2", 3120.0, 3100.0, 35.0) | {"mode": "knee"},
+    ]
+    knee = [r for r in admission_targets(rows) if r["target"].startswith("p99 <= 20 ms at 80%")]
+    assert [(r["subject"], r["result"]) for r in knee] == [("api x1", "PASS"), ("api x2", "MISS")]
+    assert knee[0]["measured"] == "p99 19.5 ms at 3,190 of 4,000 req/s"
+    (scaling,) = [r for r in admission_targets(rows) if r["subject"] == "api x1 -> x2"]
+    assert (scaling["result"], scaling["measured"]) == ("MISS", "4,000 -> 3,900 req/s (0.97x)")
+
+
 def run(variant: str, workload: str, tokens_per_s: float, ttft_ms: list[float]) -> dict[str, Any]:
     return {
         "variant": variant,
@@ -155,7 +171,9 @@ def test_quick_admission_run_against_a_real_api_process(tmp_path: Path) -> None:
     cp_main.main([*argv, "--duration", "1", "--clients", "1", "--out", str(out), "--no-docs"])
     report = json.loads(out.read_text())
     rows = report["admission"]["rows"]
-    assert [(r["setup"], r["mode"]) for r in rows] == [("api x1", "open"), ("api x1", "closed")]
+    modes = [(r["setup"], r["mode"]) for r in rows]
+    assert modes == [("api x1", "open"), ("api x1", "closed"), ("api x1", "knee")]
+    assert rows[2]["offered_per_s"] == pytest.approx(0.8 * rows[1]["achieved_per_s"])
     for row in rows:
         assert "error" not in row, row
         assert row["accepted"] > 0
@@ -164,7 +182,7 @@ def test_quick_admission_run_against_a_real_api_process(tmp_path: Path) -> None:
         assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
         assert row["cpu_api_us_per_req"] > 0
     assert rows[0]["accepted"] == pytest.approx(100, abs=2)  # 100/s for 1 s, all accepted
-    assert [t["subject"] for t in report["targets"]] == ["api x1"]
+    assert [t["subject"] for t in report["targets"]] == ["api x1", "api x1"]
 
 
 def test_a_partial_run_keeps_the_skipped_section_with_its_own_provenance(tmp_path: Path) -> None:
