@@ -12,7 +12,6 @@ from typing import Any
 
 from qlm.types import Request, RequestState
 
-
 _REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 
 
