@@ -17,11 +17,14 @@ A request's estimate is that time minus its arrival (never below 0), with a `bas
   completion is that group's (the plan's predicted mean completion of its last member,
   `group_done_s`) minus its arrival, when the plan carries it;
 * `idle`: the plan is fresh but holds no group of its model and class, so nothing of its
-  kind waits ahead of it: 0 s, the next control round places it;
+  kind waits ahead of it: the next control round places it, and it takes what it takes alone
+  on the fleet's fastest instance for its model (`PublishedPlan.lone`): its prefill to the
+  first token, then its output (`max_tokens` with `ignore_eos`, else the profile's mean
+  output capped by `max_tokens`) at the batch-1 decode step; 0 s and no completion when the
+  plan knows no instance for its model;
 * `no-plan`: no plan, or its waits are older than `plan_max_age_s`: 0 s, nothing is known.
 
-Only a `plan` estimate has a completion: the API does not know the fleet's speeds, and the
-others have no planned work of the request's kind to take it from.
+A `no-plan` estimate has no completion: nothing is known.
 
 The gate refuses a request only on a `plan` estimate whose first token comes after its TTFT
 deadline. The table is rebuilt only when the plan's epoch changes, and the plan is re-read at
@@ -39,7 +42,7 @@ from typing import Literal
 from qlm.api.errors import ApiError
 from qlm.api.settings import ApiAppConfig
 from qlm.clock import Clock
-from qlm.control.plan import PublishedPlan
+from qlm.control.plan import LoneSpeed, PublishedPlan
 from qlm.queue.base import GlobalQueue
 from qlm.types import Request
 
@@ -65,9 +68,8 @@ class WaitEstimate:
         basis = request.estimate_basis
         if request.estimated_wait_s is None or basis not in ("plan", "idle"):
             return cls(0.0, "no-plan")
-        if basis == "idle":
-            return cls(request.estimated_wait_s, "idle")
-        return cls(request.estimated_wait_s, "plan", request.estimated_completion_s)
+        known: Basis = "plan" if basis == "plan" else "idle"
+        return cls(request.estimated_wait_s, known, request.estimated_completion_s)
 
     def headers(self) -> dict[str, str]:
         out = {WAIT_HEADER: f"{self.wait_s:.3f}", BASIS_HEADER: self.basis}
@@ -116,6 +118,7 @@ class WaitEstimator:
         self._read_at_s = -math.inf
         self._plan: PublishedPlan | None = None
         self._table: Mapping[Key, _Times] = MappingProxyType({})
+        self._lone: Mapping[str, LoneSpeed] = MappingProxyType({})
 
     async def estimate(self, request: Request) -> WaitEstimate:
         table = await self._current()
@@ -123,7 +126,7 @@ class WaitEstimator:
             return WaitEstimate(0.0, "no-plan")
         times = table.get((request.model, request.slo_class))
         if times is None:
-            return WaitEstimate(0.0, "idle")
+            return _alone(request, self._lone.get(request.model))
         wait_s = max(0.0, times.first_token_at_s - request.arrival_at_s)
         if times.done_at_s is None:
             return WaitEstimate(wait_s, "plan")
@@ -137,11 +140,26 @@ class WaitEstimator:
             plan = await self._queue.current_plan()
             if plan is not None and (self._plan is None or plan.epoch != self._plan.epoch):
                 self._table = newcomer_times(plan)
+                self._lone = plan.lone
             self._plan = plan
         plan = self._plan
         if plan is None or self._clock.now_s() - _waits_origin_s(plan) > self._max_age_s:
             return None
         return self._table
+
+
+def _alone(request: Request, lone: LoneSpeed | None) -> WaitEstimate:
+    """An `idle` estimate: the request served alone at `lone`'s speed (unknown: 0 s)."""
+    if lone is None:
+        return WaitEstimate(0.0, "idle")
+    output_tokens = float(request.max_output_tokens)
+    if not request.ignores_eos:
+        output_tokens = min(output_tokens, lone.output_tokens_mean)
+    return WaitEstimate(
+        lone.first_token_s(request.prompt_tokens),
+        "idle",
+        lone.completion_s(request.prompt_tokens, output_tokens),
+    )
 
 
 def refuse_unattainable(request: Request, estimate: WaitEstimate) -> None:

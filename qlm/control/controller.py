@@ -21,10 +21,11 @@ from dataclasses import dataclass, replace
 
 from qlm.clock import Clock
 from qlm.config import QlmConfig
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan
 from qlm.estimator import make_estimator
 from qlm.grouping import make_grouping
 from qlm.grouping.group import RequestGroup
+from qlm.perf.profile import Profile
 from qlm.planner import Plan, PlanInput, make_planner
 from qlm.types import Fleet, Request
 
@@ -108,6 +109,7 @@ class Controller:
                 predicted_wait_s=waits,
                 waits_at_s=now_s,
                 group_done_s=done,
+                lone=lone_speeds(fleet),
             )
         )
 
@@ -266,3 +268,20 @@ def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
         tuple(by_id[rid].slo_class for rid in group.request_ids),
         tuple(by_id[rid].ttft_deadline_at_s for rid in group.request_ids),
     )
+
+
+def lone_speeds(fleet: Fleet) -> dict[str, LoneSpeed]:
+    """Per model, how fast a lone request runs on the fleet's fastest instance for it (the
+    shortest decode step at batch size 1; `fleet`: the live instances)."""
+    best: dict[str, Profile] = {}
+    for instance in fleet.instances:
+        for model in fleet.models:
+            profile = fleet.profile(model, instance)
+            if profile is None:
+                continue
+            if model not in best or profile.decode_step_s_at(1) < best[model].decode_step_s_at(1):
+                best[model] = profile
+    return {
+        m: LoneSpeed(p.prefill_tokens_per_s, p.decode_step_s_at(1), p.output_tokens_mean)
+        for m, p in best.items()
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -83,6 +83,23 @@ def _read_only(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     return mapping if isinstance(mapping, MappingProxyType) else MappingProxyType(dict(mapping))
 
 
+@dataclass(frozen=True, slots=True)
+class LoneSpeed:
+    """How fast one request of a model runs on an idle instance (the fastest of the fleet's
+    live instances for it, by its profile): what the API prices a request with when nothing
+    of its kind is planned."""
+
+    prefill_tokens_per_s: float
+    decode_step_s: float  # one decode iteration at batch size 1
+    output_tokens_mean: float
+
+    def first_token_s(self, prompt_tokens: int) -> float:
+        return prompt_tokens / self.prefill_tokens_per_s
+
+    def completion_s(self, prompt_tokens: int, output_tokens: float) -> float:
+        return self.first_token_s(prompt_tokens) + output_tokens * self.decode_step_s
+
+
 @dataclass(frozen=True)
 class PublishedPlan:
     """Virtual queues as the control loop publishes them. `epoch` grows with every publish;
@@ -104,12 +121,14 @@ class PublishedPlan:
     # Per group, the predicted mean completion of its last member (from waits_at_s, like the
     # waits): when a newcomer that joins the group would finish.
     group_done_s: Mapping[str, float] = field(default_factory=dict)
+    lone: Mapping[str, LoneSpeed] = field(default_factory=dict)  # by model
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
         # did not change: they are read-only views already, so copying them again would make
         # each arrival cost the size of the whole plan.
-        for name in ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s"):
+        names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s", "lone")
+        for name in names:
             object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
@@ -137,6 +156,7 @@ class PublishedPlan:
                 "waits_at_s": self.waits_at_s,
                 "group_wait_s": dict(self.group_wait_s),
                 "group_done_s": dict(self.group_done_s),
+                "lone": {m: list(astuple(s)) for m, s in self.lone.items()},
             },
             separators=(",", ":"),
         )
@@ -167,4 +187,5 @@ class PublishedPlan:
             waits_at_s=data.get("waits_at_s"),
             group_wait_s=data.get("group_wait_s", {}),
             group_done_s=data.get("group_done_s", {}),
+            lone={m: LoneSpeed(*s) for m, s in data.get("lone", {}).items()},
         )

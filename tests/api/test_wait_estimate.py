@@ -15,7 +15,7 @@ import pytest
 
 from qlm.api.wait_estimate import BASIS_HEADER, COMPLETION_HEADER, WAIT_HEADER
 from qlm.clock import VirtualClock
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
 from tests.api.conftest import NOW_S
 from tests.api.fake_agent import FakeAgent
@@ -87,10 +87,32 @@ async def test_a_plan_with_completions_predicts_when_the_output_ends(
     assert submitted.headers[COMPLETION_HEADER] == "29.000"  # 30 s from the re-plan, 1 s ago
     record = (await client.get(f"{SUBMIT}/{submitted.json()['id']}")).json()
     assert (record["estimated_wait_s"], record["estimated_completion_s"]) == (3.0, 29.0)
-    # A kind with nothing planned: no completion, said by the header's absence.
+    # A kind with nothing planned, in a plan that knows no speeds: no completion, said by
+    # the header's absence.
     idle = await client.post(SUBMIT, json=body(model="m13b"))
     assert COMPLETION_HEADER not in idle.headers
     assert idle.json()["estimated_completion_s"] is None
+
+
+async def test_with_nothing_of_its_kind_planned_a_request_is_priced_alone(
+    client: httpx.AsyncClient, queue: MemoryQueue
+) -> None:
+    """`idle`: its prefill, then its output at the batch-1 step of the fleet's fastest
+    instance for its model (`ignore_eos`: all of max_tokens, else the mean output if less)."""
+    lone = {
+        "m13b": LoneSpeed(prefill_tokens_per_s=1000.0, decode_step_s=0.02, output_tokens_mean=30)
+    }
+    await queue.publish_plan(replace(plan(NOW_S, m7b__interactive=5.0), lone=lone))
+    ask = body(model="m13b", prompt="x" * 400, max_tokens=50)  # 100 prompt tokens
+    for fields, completion in (({}, "0.700"), ({"ignore_eos": True}, "1.100")):
+        submitted = await client.post(SUBMIT, json={**ask, **fields})
+        assert submitted.status_code == 202, submitted.text
+        assert estimate(submitted) == ("0.100", "idle")
+        assert submitted.headers[COMPLETION_HEADER] == completion
+    unknown = await client.post(SUBMIT, json=body(slo_class="batch-2"))  # m7b: no speed
+    assert unknown.status_code == 202, unknown.text
+    assert estimate(unknown) == ("0.000", "idle")
+    assert COMPLETION_HEADER not in unknown.headers
 
 
 async def test_the_official_client_reads_it(oai: openai.AsyncOpenAI, agent: FakeAgent) -> None:

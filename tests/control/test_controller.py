@@ -64,6 +64,29 @@ def test_each_planned_group_gets_a_completion_after_its_first_tokens() -> None:
     assert PublishedPlan.from_json(cut.to_json()).group_done_s == plan.group_done_s
 
 
+def test_a_lone_request_is_priced_on_the_fastest_live_instance_for_its_model() -> None:
+    """PublishedPlan.lone (the API's `idle` estimate): per model, the profile of the live
+    instance with the shortest batch-1 step; an instance that is down does not count."""
+    from qlm.control.controller import lone_speeds
+    from qlm.control.plan import LoneSpeed, PublishedPlan
+
+    profiles = [
+        make_profile("m7b", "A10", step_s=(0.05, 0.06, 0.08), prefill_tokens_per_s=2000.0),
+        make_profile("m7b", "H100", step_s=(0.01, 0.02, 0.03), prefill_tokens_per_s=30000.0),
+        make_profile("m13b", "A10", output_mean=80.0),
+    ]
+    a10, h100 = make_instance("a", "A10"), make_instance("h", "H100")
+    fleet = Fleet.of([a10, h100], profiles)
+    fast = LoneSpeed(prefill_tokens_per_s=30000.0, decode_step_s=0.01, output_tokens_mean=200.0)
+    assert lone_speeds(fleet) == {"m7b": fast, "m13b": LoneSpeed(10_000.0, 0.02, 80.0)}
+    assert lone_speeds(Fleet.of([a10], profiles))["m7b"].decode_step_s == 0.05
+    ctl = Controller(QlmConfig(), fleet, VirtualClock(), planner_policy="edf")
+    views = [InstanceView("a", "m7b", 0.0)]  # the H100 is down
+    plan = ctl.replan([make_request(model="m7b")], views, 0.0)
+    assert plan.lone["m7b"].decode_step_s == 0.05
+    assert PublishedPlan.from_json(plan.to_json()).lone == plan.lone
+
+
 def test_arrival_joins_a_planned_group_without_solving() -> None:
     ctl, _ = setup()
     queued = [make_request(slo_class="batch-2", ttft_s=3600) for _ in range(4)]
