@@ -124,8 +124,8 @@ class Request:
     # requests that did not come through the API (simulated ones).
     estimated_wait_s: float | None = field(default=None, hash=False, compare=False)
     estimate_basis: str = field(default="", hash=False, compare=False)
-    # Seconds from arrival to the predicted end of the output; None where the basis is not
-    # "plan" (nothing planned of the request's kind says how long its output takes).
+    # Seconds from arrival to the predicted end of the output; None where nothing is known
+    # (a "no-plan" estimate, or an "idle" one for a model no live instance can serve).
     estimated_completion_s: float | None = field(default=None, hash=False, compare=False)
 
     @property

@@ -50,9 +50,11 @@ def admission_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]
 
 def _knee_targets(rows: Sequence[Mapping[str, Any]], setup: str) -> list[dict[str, str]]:
     target = f"p99 <= {KNEE_P99_MS:g} ms at {KNEE_SHARE:.0%} of saturation"
-    knee = [r for r in rows if r["setup"] == setup and r.get("mode") == "knee" and "p99_ms" in r]
+    knee = [r for r in rows if r["setup"] == setup and r.get("mode") == "knee"]
     return [
-        target_row(
+        target_row(target, setup, f"failed: {r['error']}", False)
+        if "error" in r
+        else target_row(
             target,
             setup,
             f"p99 {r['p99_ms']:.1f} ms at {r['achieved_per_s']:,.0f} of "
@@ -85,6 +87,7 @@ def best_sustained(
         r
         for r in rows
         if r["setup"] == setup
+        and r.get("mode") == "open"
         and "error" not in r
         and r["offered_per_s"] is not None
         and r["errors"] == 0

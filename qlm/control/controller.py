@@ -271,17 +271,26 @@ def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
 
 
 def lone_speeds(fleet: Fleet) -> dict[str, LoneSpeed]:
-    """Per model, how fast a lone request runs on the fleet's fastest instance for it (the
-    shortest decode step at batch size 1; `fleet`: the live instances)."""
-    best: dict[str, Profile] = {}
+    """Per model, how fast a lone request runs on the fleet's best instance for it
+    (`fleet`: the live instances, each with the model it holds): one holding the model if
+    any, else one that must load it first (its `load_s` counted); among those, the shortest
+    decode step at batch size 1. Instances the model does not fit are left out."""
+    best: dict[str, tuple[bool, float, Profile]] = {}
     for instance in fleet.instances:
         for model in fleet.models:
             profile = fleet.profile(model, instance)
-            if profile is None:
+            if profile is None or not fleet.can_serve(instance, model):
                 continue
-            if model not in best or profile.decode_step_s_at(1) < best[model].decode_step_s_at(1):
-                best[model] = profile
-    return {
-        m: LoneSpeed(p.prefill_tokens_per_s, p.decode_step_s_at(1), p.output_tokens_mean)
-        for m, p in best.items()
-    }
+            key = (instance.loaded_model != model, profile.decode_step_s_at(1), profile)
+            if model not in best or key[:2] < best[model][:2]:
+                best[model] = key
+    return {m: _lone(p, must_load) for m, (must_load, _, p) in best.items()}
+
+
+def _lone(profile: Profile, must_load: bool) -> LoneSpeed:
+    return LoneSpeed(
+        profile.prefill_tokens_per_s,
+        profile.decode_step_s_at(1),
+        profile.output_tokens_mean,
+        profile.load_s if must_load else 0.0,
+    )

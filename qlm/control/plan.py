@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -92,9 +92,10 @@ class LoneSpeed:
     prefill_tokens_per_s: float
     decode_step_s: float  # one decode iteration at batch size 1
     output_tokens_mean: float
+    load_s: float = 0.0  # the model must be loaded first: no live instance holds it
 
     def first_token_s(self, prompt_tokens: int) -> float:
-        return prompt_tokens / self.prefill_tokens_per_s
+        return self.load_s + prompt_tokens / self.prefill_tokens_per_s
 
     def completion_s(self, prompt_tokens: int, output_tokens: float) -> float:
         return self.first_token_s(prompt_tokens) + output_tokens * self.decode_step_s
@@ -156,7 +157,7 @@ class PublishedPlan:
                 "waits_at_s": self.waits_at_s,
                 "group_wait_s": dict(self.group_wait_s),
                 "group_done_s": dict(self.group_done_s),
-                "lone": {m: list(astuple(s)) for m, s in self.lone.items()},
+                "lone": {m: asdict(s) for m, s in self.lone.items()},
             },
             separators=(",", ":"),
         )
@@ -187,5 +188,5 @@ class PublishedPlan:
             waits_at_s=data.get("waits_at_s"),
             group_wait_s=data.get("group_wait_s", {}),
             group_done_s=data.get("group_done_s", {}),
-            lone={m: LoneSpeed(*s) for m, s in data.get("lone", {}).items()},
+            lone={m: LoneSpeed(**s) for m, s in data.get("lone", {}).items()},
         )

@@ -13,6 +13,7 @@ from typing import Any
 from qlm.types import Request, RequestState
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(Request))
+_REQUEST_FIELD_SET = frozenset(_REQUEST_FIELDS)
 
 
 def request_to_dict(request: Request) -> dict[str, Any]:
@@ -25,7 +26,9 @@ def request_to_dict(request: Request) -> dict[str, Any]:
 
 
 def request_from_dict(data: Mapping[str, Any]) -> Request:
-    return Request(**{**data, "state": RequestState(data["state"])})
+    """Fields this version does not know (written by a newer one, mid-rollout) are left out."""
+    known = {k: v for k, v in data.items() if k in _REQUEST_FIELD_SET}
+    return Request(**{**known, "state": RequestState(data["state"])})
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,7 @@ async def test_with_nothing_of_its_kind_planned_a_request_is_priced_alone(
     }
     await queue.publish_plan(replace(plan(NOW_S, m7b__interactive=5.0), lone=lone))
     ask = body(model="m13b", prompt="x" * 400, max_tokens=50)  # 100 prompt tokens
-    for fields, completion in (({}, "0.700"), ({"ignore_eos": True}, "1.100")):
+    for fields, completion in (({}, "0.700"), ({"ignore_eos": True}, "1.100")):  # + 0.1 s
         submitted = await client.post(SUBMIT, json={**ask, **fields})
         assert submitted.status_code == 202, submitted.text
         assert estimate(submitted) == ("0.100", "idle")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
@@ -66,7 +70,8 @@ def test_each_planned_group_gets_a_completion_after_its_first_tokens() -> None:
 
 def test_a_lone_request_is_priced_on_the_fastest_live_instance_for_its_model() -> None:
     """PublishedPlan.lone (the API's `idle` estimate): per model, the profile of the live
-    instance with the shortest batch-1 step; an instance that is down does not count."""
+    instance with the shortest batch-1 step, preferring one that holds the model (else its
+    load time counts); an instance that is down, or that the model does not fit, does not."""
     from qlm.control.controller import lone_speeds
     from qlm.control.plan import LoneSpeed, PublishedPlan
 
@@ -78,8 +83,14 @@ def test_a_lone_request_is_priced_on_the_fastest_live_instance_for_its_model() -
     a10, h100 = make_instance("a", "A10"), make_instance("h", "H100")
     fleet = Fleet.of([a10, h100], profiles)
     fast = LoneSpeed(prefill_tokens_per_s=30000.0, decode_step_s=0.01, output_tokens_mean=200.0)
-    assert lone_speeds(fleet) == {"m7b": fast, "m13b": LoneSpeed(10_000.0, 0.02, 80.0)}
+    must_load = LoneSpeed(10_000.0, 0.02, 80.0, load_s=10.0)  # both hold m7b
+    assert lone_speeds(fleet) == {"m7b": fast, "m13b": must_load}
+    assert must_load.first_token_s(100) == pytest.approx(10.01)  # load, then prefill
     assert lone_speeds(Fleet.of([a10], profiles))["m7b"].decode_step_s == 0.05
+    holding = lone_speeds(Fleet.of([a10, replace(h100, loaded_model=None)], profiles))
+    assert holding["m7b"].decode_step_s == 0.05  # the slower A10 holds it: no load
+    small = make_instance("s", "A10", memory_gib=8.0, loaded_model=None)  # 14 GiB of weights
+    assert lone_speeds(Fleet.of([small], profiles)) == {}
     ctl = Controller(QlmConfig(), fleet, VirtualClock(), planner_policy="edf")
     views = [InstanceView("a", "m7b", 0.0)]  # the H100 is down
     plan = ctl.replan([make_request(model="m7b")], views, 0.0)

@@ -31,7 +31,7 @@ from tests.faults.harness import (
 from tests.faults.report import FaultReport
 from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # noqa: F401
 
-pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(720)]
+pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 MODEL = "tiny-a"
 STREAM_TOKENS = 1200  # long enough to be caught mid-generation (800 was not, once in CI)
@@ -143,7 +143,7 @@ async def test_killed_vllm_agent_and_its_server_die_and_the_other_agent_finishes
             tasks = [
                 asyncio.create_task(
                     stream_completion(
-                        api.url, STREAM_TOKENS, s, timeout_s=COMPLETION_TIMEOUT_S, model=MODEL
+                        api.url, STREAM_TOKENS, s, timeout_s=COMPLETION_TIMEOUT_S + 30, model=MODEL
                     )
                 )
                 for s in streams
