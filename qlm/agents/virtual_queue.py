@@ -83,8 +83,14 @@ def cut_for_agents(plan: PublishedPlan, queued_ids: set[str], members: int) -> P
         if rid in plan.predicted_wait_s
     }
     done = {g: plan.group_done_s[g] for g in groups if g in plan.group_done_s}
+    steps = {g: plan.group_step_s[g] for g in groups if g in plan.group_step_s}
     return replace(
-        plan, groups=groups, predicted_wait_s=waits, group_wait_s=group_wait_s, group_done_s=done
+        plan,
+        groups=groups,
+        predicted_wait_s=waits,
+        group_wait_s=group_wait_s,
+        group_done_s=done,
+        group_step_s=steps,
     )
 
 

@@ -14,8 +14,10 @@ table keeps the earliest of those groups' predicted last first-token times:
 A request's estimate is that time minus its arrival (never below 0), with a `basis`:
 
 * `plan`: a planned group of its model and class exists (the number above); its predicted
-  completion is that group's (the plan's predicted mean completion of its last member,
-  `group_done_s`) minus its arrival, when the plan carries it;
+  completion adds its own output at that group's decode step (`group_step_s`): all of
+  `max_tokens` under `ignore_eos`, else the model's mean output capped by `max_tokens`
+  (plans without those figures: the group's predicted completion of its last member,
+  `group_done_s`);
 * `idle`: the plan is fresh but holds no group of its model and class, so nothing of its
   kind waits ahead of it: the next control round places it, and it takes what it takes alone
   on the fleet's fastest live instance for its model, preferring one that holds it
@@ -84,7 +86,8 @@ class _Times:
     """A newcomer's predicted first-token and completion times (absolute seconds)."""
 
     first_token_at_s: float
-    done_at_s: float | None
+    done_at_s: float | None  # the group's last member's (mean output)
+    step_s: float | None = None  # the group's decode step
 
 
 def newcomer_times(plan: PublishedPlan) -> Mapping[Key, _Times]:
@@ -104,7 +107,8 @@ def newcomer_times(plan: PublishedPlan) -> Mapping[Key, _Times]:
         key = (group.model, group.slo_class)
         if key not in table or at_s < table[key].first_token_at_s:
             done_s = plan.group_done_s.get(group.group_id)
-            table[key] = _Times(at_s, None if done_s is None else origin_s + done_s)
+            step_s = plan.group_step_s.get(group.group_id)
+            table[key] = _Times(at_s, None if done_s is None else origin_s + done_s, step_s)
     return MappingProxyType(table)
 
 
@@ -129,6 +133,10 @@ class WaitEstimator:
         if times is None:
             return _alone(request, self._lone.get(request.model))
         wait_s = max(0.0, times.first_token_at_s - request.arrival_at_s)
+        lone = self._lone.get(request.model)
+        if times.step_s is not None and lone is not None:  # its own output at the group's pace
+            own_s = _output_tokens(request, lone) * times.step_s
+            return WaitEstimate(wait_s, "plan", wait_s + own_s)
         if times.done_at_s is None:
             return WaitEstimate(wait_s, "plan")
         return WaitEstimate(wait_s, "plan", max(wait_s, times.done_at_s - request.arrival_at_s))
@@ -153,14 +161,19 @@ def _alone(request: Request, lone: LoneSpeed | None) -> WaitEstimate:
     """An `idle` estimate: the request served alone at `lone`'s speed (unknown: 0 s)."""
     if lone is None:
         return WaitEstimate(0.0, "idle")
-    output_tokens = float(request.max_output_tokens)
-    if not request.ignores_eos:
-        output_tokens = min(output_tokens, lone.output_tokens_mean)
     return WaitEstimate(
         lone.first_token_s(request.prompt_tokens),
         "idle",
-        lone.completion_s(request.prompt_tokens, output_tokens),
+        lone.completion_s(request.prompt_tokens, _output_tokens(request, lone)),
     )
+
+
+def _output_tokens(request: Request, lone: LoneSpeed) -> float:
+    """The tokens a request is expected to generate: all of max_tokens under ignore_eos,
+    else the model's mean output (its profile's) capped by max_tokens."""
+    if request.ignores_eos:
+        return float(request.max_output_tokens)
+    return min(float(request.max_output_tokens), lone.output_tokens_mean)
 
 
 def refuse_unattainable(request: Request, estimate: WaitEstimate) -> None:

@@ -92,7 +92,7 @@ class Controller:
         solved = self._planner.plan(
             PlanInput(groups, fleet, now_s, busy_s=busy, slo_classes=self._slo)
         )
-        waits, done = self._predictions(solved, groups, fleet, busy)
+        waits, done, steps = self._predictions(solved, groups, fleet, busy)
         self._solved = solved
         self._late_at_plan = frozenset(solved.late_groups)
         self._up_at_plan = frozenset(v.instance_id for v in instances)
@@ -110,6 +110,7 @@ class Controller:
                 waits_at_s=now_s,
                 group_done_s=done,
                 lone=lone_speeds(fleet),
+                group_step_s=steps,
             )
         )
 
@@ -234,12 +235,13 @@ class Controller:
         groups: Sequence[RequestGroup],
         fleet: Fleet,
         busy: Mapping[str, float],
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """Each planned request's predicted mean time to first token, and each planned
-        group's predicted mean completion of its last member, from now."""
+    ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Each planned request's predicted mean time to first token; each planned group's
+        predicted mean completion of its last member, from now, and its decode step."""
         by_id = {g.id: g for g in groups}
         waits: dict[str, float] = {}
         done: dict[str, float] = {}
+        steps: dict[str, float] = {}
         for instance_id, group_ids in plan.queues.items():
             if not group_ids:
                 continue
@@ -249,7 +251,8 @@ class Controller:
             )
             waits.update(zip(est.request_ids, (float(t) for t in est.ttft_mean_s), strict=True))
             done.update((g.group_id, g.completion_mean_s) for g in est.groups)
-        return waits, done
+            steps.update((g.group_id, g.decode_step_s) for g in est.groups)
+        return waits, done, steps
 
 
 def _part_index(group_id: str) -> int:

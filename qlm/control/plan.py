@@ -123,13 +123,16 @@ class PublishedPlan:
     # waits): when a newcomer that joins the group would finish.
     group_done_s: Mapping[str, float] = field(default_factory=dict)
     lone: Mapping[str, LoneSpeed] = field(default_factory=dict)  # by model
+    # Per group, one decode iteration of its batch on its instance: a newcomer's own output
+    # takes its tokens times this after its first token.
+    group_step_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
         # did not change: they are read-only views already, so copying them again would make
         # each arrival cost the size of the whole plan.
-        names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s", "lone")
-        for name in names:
+        names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s")
+        for name in (*names, "lone", "group_step_s"):
             object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
@@ -158,6 +161,7 @@ class PublishedPlan:
                 "group_wait_s": dict(self.group_wait_s),
                 "group_done_s": dict(self.group_done_s),
                 "lone": {m: asdict(s) for m, s in self.lone.items()},
+                "group_step_s": dict(self.group_step_s),
             },
             separators=(",", ":"),
         )
@@ -189,4 +193,5 @@ class PublishedPlan:
             group_wait_s=data.get("group_wait_s", {}),
             group_done_s=data.get("group_done_s", {}),
             lone={m: LoneSpeed(**s) for m, s in data.get("lone", {}).items()},
+            group_step_s=data.get("group_step_s", {}),
         )

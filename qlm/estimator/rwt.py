@@ -90,6 +90,7 @@ class GroupEstimate:
     completion_mean_s: float
     completion_p_s: float
     swap_before: bool  # the model changes just before this group
+    decode_step_s: float = 0.0  # one decode iteration of its batch on this instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +264,7 @@ class _QueueWalk:
                 completion_mean_s=float(cols[2][-1]),
                 completion_p_s=float(cols[3][-1]),
                 swap_before=swap,
+                decode_step_s=rates.decode_step_s,
             )
         )
         self.run_prefill_s += n * rates.prefill_s

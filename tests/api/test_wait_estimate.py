@@ -94,6 +94,27 @@ async def test_a_plan_with_completions_predicts_when_the_output_ends(
     assert idle.json()["estimated_completion_s"] is None
 
 
+async def test_a_planned_request_finishes_its_own_output_at_its_groups_pace(
+    client: httpx.AsyncClient, queue: MemoryQueue
+) -> None:
+    """With the group's decode step, the completion is the first token plus the request's
+    own output: the mean (30) capped by max_tokens, or all of max_tokens under ignore_eos."""
+    lone = {
+        "m7b": LoneSpeed(prefill_tokens_per_s=1000.0, decode_step_s=0.02, output_tokens_mean=30)
+    }
+    base = plan(NOW_S, m7b__interactive=5.0)
+    steps = {"m7b__interactive": 0.1}
+    await queue.publish_plan(
+        replace(base, lone=lone, group_step_s=steps, group_done_s={"m7b__interactive": 99.0})
+    )
+    cases = (({"max_tokens": 10}, "6.000"), ({}, "8.000"), ({"ignore_eos": True}, "55.000"))
+    for fields, completion in cases:
+        submitted = await client.post(SUBMIT, json={**body(max_tokens=500), **fields})
+        assert submitted.status_code == 202, submitted.text
+        assert estimate(submitted) == ("5.000", "plan")
+        assert submitted.headers[COMPLETION_HEADER] == completion
+
+
 async def test_with_nothing_of_its_kind_planned_a_request_is_priced_alone(
     client: httpx.AsyncClient, queue: MemoryQueue
 ) -> None:

@@ -63,9 +63,12 @@ def test_each_planned_group_gets_a_completion_after_its_first_tokens() -> None:
             firsts = [plan.predicted_wait_s[r] for r in plan.groups[gid].request_ids]
             assert plan.group_done_s[gid] > max(firsts) >= 5.0  # behind the busy engine
         assert ends == sorted(ends)
+    assert set(plan.group_step_s) == set(plan.group_done_s)
+    assert all(step_s > 0 for step_s in plan.group_step_s.values())
     cut = cut_for_agents(plan, {r.id for r in queued}, members=3)
-    assert cut.group_done_s == plan.group_done_s
-    assert PublishedPlan.from_json(cut.to_json()).group_done_s == plan.group_done_s
+    assert (cut.group_done_s, cut.group_step_s) == (plan.group_done_s, plan.group_step_s)
+    stored = PublishedPlan.from_json(cut.to_json())
+    assert (stored.group_done_s, stored.group_step_s) == (plan.group_done_s, plan.group_step_s)
 
 
 def test_a_lone_request_is_priced_on_the_fastest_live_instance_for_its_model() -> None:
