@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from qlm.types import RequestState
 from tests.faults.harness import (
     FaultPlane,
     FaultRedis,
@@ -34,11 +35,12 @@ from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # 
 pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 MODEL = "tiny-a"
-STREAM_TOKENS = 1200  # long enough to be caught mid-generation (800 was not, once in CI)
+STREAM_TOKENS = 2400  # long enough to be caught mid-generation (800 was not, once in CI)
 # A killed stream runs again from its start on the surviving server, which is busy with the
 # others: on a loaded 2-core CI machine 2,400-token streams missed the 120 s default.
 COMPLETION_TIMEOUT_S = 400
 ASYNC_TOKENS = 200
+HELD = (RequestState.DISPATCHED, RequestState.RUNNING)
 START_TIMEOUT_S = 300.0  # two vLLM-CPU servers starting at once on a shared machine
 
 
@@ -100,7 +102,9 @@ async def mid_stream(plane: FaultPlane, streams: list[StreamResult]) -> str:
             if stream.request_id is None or not stream.text or stream.finish_reason:
                 continue
             record = await plane.queue.get(stream.request_id)
-            if record is not None and record.instance_id is not None:
+            # Held by the server now: a client reading buffered chunks can lag behind a
+            # generation that has already ended (a fast machine ended 1,200 tokens so).
+            if record is not None and record.state in HELD and record.instance_id is not None:
                 return record.instance_id
         await asyncio.sleep(0.05)
     raise AssertionError("no stream mid-generation")

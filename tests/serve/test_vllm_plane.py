@@ -170,12 +170,13 @@ async def test_interactive_met_batch_completes_evictions_and_a_swap_happen(
         base = f"http://127.0.0.1:{plane.port}"
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-            backlog = await submit_batch(http, "tiny-a", 16, 1500)
+            # 4 rounds of 8: a fast machine ended 16 such requests within 20 s.
+            backlog = await submit_batch(http, "tiny-a", 32, 1500)
             # Both engines full of long batch requests, most of their work ahead of them: a
             # slot does not free before an interactive deadline, so only eviction serves it.
             # (A fixed sleep instead let a fast, quiet machine finish most of the backlog
             # first; a slot then freed in time and nothing was evicted, rightly.)
-            await running(plane, backlog, 8, timeout_s=20)
+            await running(plane, backlog, 8, timeout_s=30)
             chats = [await interactive(client) for _ in range(4)]
             other_model = await submit_batch(http, "tiny-b", 3, 32)
             await wait_terminal(plane, backlog + other_model, 800)
