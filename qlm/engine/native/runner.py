@@ -1,0 +1,178 @@
+"""Continuous batching over the Llama forward pass: which pieces run in the next step.
+
+Question answered: what does one engine step compute, and what comes out of it? Each step
+(`NativeRunner.step`) takes, in this order and within a token budget and a sequence limit:
+one token of every decoding sequence, the next prompt chunk of every running sequence still
+in prefill, then waiting sequences (first come, first served) whose chunk fits the budget
+and the free KV blocks. A long prompt is computed in chunks across steps (chunked prefill),
+so decodes never wait behind it. When the KV blocks run out for a running sequence, the one
+admitted last is preempted: its blocks are freed and it waits again at the front, to be
+recomputed (prompt and output so far) when there is room. Each sequence that completed its
+pending tokens samples one token; sequences that end free their blocks.
+
+Synchronous and clock-free: the engine client (a later step) runs it in a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from qlm.engine.native.blocks import BlockPool, KvCache, OutOfBlocksError
+from qlm.engine.native.checkpoint import Checkpoint
+from qlm.engine.native.llama import LlamaModel, Piece
+from qlm.engine.native.sequence import Finish, Sampling, Seq
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    block_size: int = 16
+    num_blocks: int = 1024
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048  # tokens one step computes (prefill chunks + decodes)
+
+    def __post_init__(self) -> None:
+        if min(self.block_size, self.num_blocks, self.max_num_seqs) < 1:
+            raise ValueError("block_size, num_blocks and max_num_seqs must be >= 1")
+        if self.max_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_batched_tokens must be >= max_num_seqs (one decode each)")
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """A token a sequence sampled in a step; `finish` set when it ended the sequence."""
+
+    seq_id: str
+    token: int
+    finish: Finish | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    emitted: tuple[Emitted, ...]
+    prefill_tokens: int  # tokens computed for sequences that sampled nothing or their first
+    decode_tokens: int
+    preempted: tuple[str, ...]
+
+
+class NativeRunner:
+    def __init__(self, checkpoint: Checkpoint, config: RunnerConfig | None = None) -> None:
+        self.config = config or RunnerConfig()
+        self.model = LlamaModel(checkpoint)
+        self.pool = BlockPool(self.config.num_blocks, self.config.block_size)
+        self.cache = KvCache(checkpoint.shape, self.config.num_blocks, self.config.block_size)
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []  # in admission order
+        self._seqs: dict[str, Seq] = {}
+
+    def add(self, seq_id: str, prompt: Sequence[int], sampling: Sampling) -> None:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} already exists")
+        if len(prompt) + sampling.max_tokens > self.config.num_blocks * self.config.block_size:
+            raise ValueError(f"sequence {seq_id}: prompt and max_tokens exceed the KV cache")
+        seq = Seq(seq_id, tuple(prompt), sampling)
+        self._seqs[seq_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: str) -> bool:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            return False
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.pool.free(seq.table)
+        return True
+
+    def seq(self, seq_id: str) -> Seq:
+        return self._seqs[seq_id]
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def step(self) -> StepResult:
+        """One forward pass over the next pieces; what it sampled."""
+        plan, preempted = self._schedule()
+        if not plan:
+            return StepResult((), 0, 0, tuple(preempted))
+        pieces = [self._piece(seq, count) for seq, count in plan]
+        logits = self.model.forward(pieces, self.cache)
+        emitted, row, prefill, decode = [], 0, 0, 0
+        for (seq, count), piece in zip(plan, pieces, strict=True):
+            seq.computed += count
+            seq.table.num_tokens = seq.computed
+            decode += count if seq.output and count == 1 else 0
+            prefill += 0 if seq.output and count == 1 else count
+            if not piece.wants_logits:
+                continue
+            finish = seq.append(seq.sample(logits[row]), self.model.shape.eos_token_ids)
+            row += 1
+            emitted.append(Emitted(seq.seq_id, seq.output[-1], finish))
+            if finish is not None:
+                self._retire(seq)
+        return StepResult(tuple(emitted), prefill, decode, tuple(preempted))
+
+    def _piece(self, seq: Seq, count: int) -> Piece:
+        start = seq.computed
+        return Piece(
+            tokens=seq.tokens[start : start + count],
+            start=start,
+            slots=self.pool.slots(seq.table, start, count),
+            context=self.pool.slots(seq.table, 0, start + count),
+            wants_logits=start + count == seq.length,
+        )
+
+    def _schedule(self) -> tuple[list[tuple[Seq, int]], list[str]]:
+        """(sequence, tokens to compute) for the next step, blocks grown for them; the ids of
+        sequences preempted to make room."""
+        budget = self.config.max_batched_tokens
+        plan: list[tuple[Seq, int]] = []
+        preempted: list[str] = []
+        for seq in sorted(self.running, key=lambda s: s.pending != 1):  # decodes first
+            if seq not in self.running or budget <= 0:
+                continue
+            count = min(seq.pending, budget)
+            if not self._grow_running(seq, count, preempted):
+                continue
+            plan.append((seq, count))
+            budget -= count
+        plan = [(seq, count) for seq, count in plan if seq in self.running]
+        budget = self.config.max_batched_tokens - sum(count for _, count in plan)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            count = min(seq.pending, budget)
+            if self.pool.extra_blocks(seq.table, count) > self.pool.free_blocks:
+                break
+            self.pool.grow(seq.table, count, self.cache)
+            self.running.append(self.waiting.popleft())
+            plan.append((seq, count))
+            budget -= count
+        return plan, preempted
+
+    def _grow_running(self, seq: Seq, count: int, preempted: list[str]) -> bool:
+        """Room for `count` more tokens of running `seq`, preempting the sequences admitted
+        last (`seq` itself when it is the last) until there is; False when `seq` went."""
+        while True:
+            try:
+                self.pool.grow(seq.table, count, self.cache)
+                return True
+            except OutOfBlocksError:
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.seq_id)
+                if victim is seq:
+                    return False
+
+    def _preempt(self, seq: Seq) -> None:
+        self.running.remove(seq)
+        self.pool.free(seq.table)
+        seq.computed = 0
+        self.waiting.appendleft(seq)
+
+    def _retire(self, seq: Seq) -> None:
+        self.running.remove(seq)
+        self.pool.free(seq.table)
+        del self._seqs[seq.seq_id]
