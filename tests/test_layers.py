@@ -57,6 +57,7 @@ ADAPTERS: dict[str, set[str]] = {
     "engine/emulated.py": {"asyncio"},
     "engine/vllm/engine.py": {"aiohttp", "asyncio"},
     "engine/vllm/process.py": {"aiohttp", "asyncio", "subprocess"},
+    "engine/vllm/reaper.py": {"subprocess", "time"},
     "engine/vllm/streaming.py": {"aiohttp", "asyncio"},
     "engine/profiling/vllm_profiler.py": {"httpx", "asyncio", "time"},
     "engine/profiling/probe_client.py": {"httpx", "asyncio"},

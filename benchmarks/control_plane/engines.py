@@ -151,6 +151,6 @@ def find_vllm_server(qlm_pid: int) -> tuple[int, int]:
     for pid in descendants(qlm_pid):
         with contextlib.suppress(OSError, ValueError, IndexError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-            if SERVE_MODULE in argv and "--port" in argv:
+            if argv[1:3] == ["-m", SERVE_MODULE] and "--port" in argv:  # not its reaper
                 return pid, int(argv[argv.index("--port") + 1])
     raise RuntimeError(f"no vLLM server among the processes of qlm serve ({qlm_pid})")

@@ -227,6 +227,7 @@ class FaultPlane:
         self, role: str, args: Sequence[str], *, port: int | None, instances: Sequence[str] = ()
     ) -> QlmProcess:
         argv = [sys.executable, "-c", QLM_MAIN, *args, "--config", str(self.config_path)]
+        argv += ["--log-level", os.environ.get("QLM_TEST_LOG_LEVEL", "WARNING")]  # to debug
         if port is not None:
             argv += ["--port", str(port)]
         log_path = self.work_dir / f"{role}-{len(self.processes)}.log"

@@ -3,8 +3,9 @@
 Question answered: how is a server process started, known to be serving, noticed when it dies,
 and stopped with everything it spawned? A server runs in its own session (its pid is its
 process group: API server, engine core, workers), on a free local port, its output in a log
-file. Linux kills it when its agent dies, even by SIGKILL (PR_SET_PDEATHSIG). Stopping is
-SIGTERM to the group, a grace period, then SIGKILL. `Supervisor` holds the engine's current
+file. Linux signals it when its agent dies, even by SIGKILL (PR_SET_PDEATHSIG), and the
+reaper at its head (reaper.py) takes the whole group down. Stopping is SIGTERM to the group,
+a grace period, then SIGKILL. `Supervisor` holds the engine's current
 server: a model load stops it and starts another (`stop`, `start`); an exit nobody asked for
 is reported to `on_exit` with the tail of the server's log.
 """
@@ -37,6 +38,7 @@ METRICS_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
 GROUP_EXIT_POLL_S = 0.1
 STRAY_GRACE_S = 5.0  # SIGTERM grace for the engine core and workers of a server that died
 LOG_TAIL_BYTES = 4096
+REAPER = Path(__file__).with_name("reaper.py")
 
 
 @dataclass(slots=True)
@@ -92,7 +94,7 @@ class Supervisor:
         env = {**os.environ, **self.config.server_env()}
         with log_path.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
-                *serve_argv(self.config, model, port),
+                *reaped(serve_argv(self.config, model, port), self.config.stop_timeout_s),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
@@ -154,6 +156,12 @@ async def free_port(host: str) -> int:
     server.close()
     await server.wait_closed()
     return port
+
+
+def reaped(argv: list[str], grace_s: float) -> list[str]:
+    """`argv` run under reaper.py, which takes its process group down when the agent dies or
+    the server exits (SIGTERM, `grace_s`, SIGKILL): vLLM's own shutdown can hang."""
+    return [sys.executable, str(REAPER), f"{grace_s:g}", *argv]
 
 
 def _in_child(parent_pid: int, cpu_cores: tuple[int, ...] | None) -> None:

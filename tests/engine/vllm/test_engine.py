@@ -131,6 +131,13 @@ LONG_OUTPUT_TOKENS = 32000
 KV_CACHE_GIB = 1 / 8  # tiny-a: 131,072 tokens, tiny-b 65,536
 
 
+def server_of(reaper_pid: int) -> int:
+    """The vLLM API server's pid: the one child of the reaper the engine starts."""
+    children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -337,7 +344,7 @@ async def test_a_killed_server_fails_the_engine_and_load_model_recovers(
     engine.submit(make_request("victim", model, max_output_tokens=LONG_OUTPUT_TOKENS))
     await collect(engine, lambda ev: any(isinstance(e, FirstToken) for e in ev))
 
-    os.kill(pid, signal.SIGKILL)
+    os.kill(server_of(pid), signal.SIGKILL)  # the API server, under its reaper
     events = await collect(engine, lambda ev: any(isinstance(e, EngineFailed) for e in ev))
     assert "victim" in {e.request_id for e in events if isinstance(e, Aborted)}
     failed = [e for e in events if isinstance(e, EngineFailed)]
