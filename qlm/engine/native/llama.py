@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's convention)
 
+from qlm.engine.native.attention import attend, shared_prefix_attention
 from qlm.engine.native.blocks import KvCache
 from qlm.engine.native.checkpoint import Checkpoint, LlamaShape
 
@@ -33,6 +34,10 @@ class Piece:
     slots: torch.Tensor
     context: torch.Tensor
     wants_logits: bool = True
+    # Pieces with the same group >= 0 share their first `prefix_tokens` context slots (all
+    # before their first token): the prefix's K and V are read once for the group.
+    prefix_group: int = -1
+    prefix_tokens: int = 0
 
 
 class LlamaModel:
@@ -85,34 +90,49 @@ class LlamaModel:
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         cache.k[layer, slots] = k
         cache.v[layer, slots] = v
-        out = torch.empty_like(q)
-        row = 0
-        for piece in pieces:
-            count = len(piece.tokens)
-            out[row : row + count] = self._piece_attention(
-                q[row : row + count], piece, layer, cache
-            )
-            row += count
+        out = self._attend_pieces(q, pieces, layer, cache)
         return out.reshape(n, shape.num_heads * shape.head_dim)
+
+    def _attend_pieces(
+        self, q: torch.Tensor, pieces: Sequence[Piece], layer: int, cache: KvCache
+    ) -> torch.Tensor:
+        """Each piece's attention output rows; prefix groups through the shared path."""
+        out = torch.empty_like(q)
+        rows, row = [], 0
+        groups: dict[int, list[int]] = {}
+        for i, piece in enumerate(pieces):
+            rows.append(row)
+            row += len(piece.tokens)
+            if piece.prefix_group >= 0:
+                groups.setdefault(piece.prefix_group, []).append(i)
+            else:
+                out[rows[i] : row] = self._piece_attention(q[rows[i] : row], piece, layer, cache)
+        for members in groups.values():
+            group = [pieces[i] for i in members]
+            queries = [q[rows[i] : rows[i] + len(pieces[i].tokens)] for i in members]
+            for i, result in zip(members, self._shared(queries, group, layer, cache), strict=True):
+                out[rows[i] : rows[i] + len(pieces[i].tokens)] = result
+        return out
+
+    def _shared(
+        self, queries: list[torch.Tensor], group: list[Piece], layer: int, cache: KvCache
+    ) -> list[torch.Tensor]:
+        """A prefix group's attention: the prefix read once, each member's suffix alone."""
+        prefix_slots = group[0].context[: group[0].prefix_tokens]
+        prefix = (cache.k[layer, prefix_slots], cache.v[layer, prefix_slots])
+        suffixes = []
+        for piece in group:
+            own = piece.context[piece.prefix_tokens :]
+            suffixes.append((cache.k[layer, own], cache.v[layer, own]))
+        starts = [p.start for p in group]
+        return shared_prefix_attention(queries, starts, prefix, suffixes, self._scale)
 
     def _piece_attention(
         self, q: torch.Tensor, piece: Piece, layer: int, cache: KvCache
     ) -> torch.Tensor:
         """Causal attention of the piece's queries [count, heads, dim] over its context."""
-        keys = cache.k[layer, piece.context].transpose(0, 1)  # [kv heads, context, dim]
-        values = cache.v[layer, piece.context].transpose(0, 1)
-        count, context = q.shape[0], keys.shape[1]
-        query_at = torch.arange(piece.start, piece.start + count).unsqueeze(1)
-        mask = torch.arange(context).unsqueeze(0) <= query_at  # [count, context]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            keys,
-            values,
-            attn_mask=mask,
-            scale=self._scale,
-            enable_gqa=self.shape.num_heads != self.shape.num_kv_heads,
-        )
-        return out.transpose(0, 1)
+        keys, values = cache.k[layer, piece.context], cache.v[layer, piece.context]
+        return attend(q, keys, values, piece.start, self._scale)[0]
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32).unsqueeze(1) * self._inv_freq.unsqueeze(0)

@@ -31,6 +31,9 @@ class RunnerConfig:
     num_blocks: int = 1024
     max_num_seqs: int = 64
     max_batched_tokens: int = 2048  # tokens one step computes (prefill chunks + decodes)
+    # Sequences of a step whose tables start with the same full blocks (forks of one parent)
+    # read that prefix's K and V once (attention.py); False: each reads its whole context.
+    shared_prefix: bool = True
 
     def __post_init__(self) -> None:
         if min(self.block_size, self.num_blocks, self.max_num_seqs) < 1:
@@ -54,6 +57,9 @@ class StepResult:
     prefill_tokens: int  # tokens computed for sequences that sampled nothing or their first
     decode_tokens: int
     preempted: tuple[str, ...]
+    # Prefix tokens whose K and V the step read once for a group instead of once per member
+    # (summed over groups: prefix length x (members - 1)).
+    shared_prefix_reads_saved: int = 0
 
 
 class NativeRunner:
@@ -74,6 +80,17 @@ class NativeRunner:
         seq = Seq(seq_id, tuple(prompt), sampling)
         self._seqs[seq_id] = seq
         self.waiting.append(seq)
+
+    def fork(self, parent_id: str, child_id: str, sampling: Sampling) -> None:
+        """A child that continues from the parent's tokens so far (its prompt), holding the
+        parent's KV blocks without a copy (copy-on-write when it writes into a shared one)."""
+        parent = self._seqs[parent_id]
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id} already exists")
+        table = self.pool.fork(parent.table)
+        child = Seq(child_id, tuple(parent.tokens), sampling, table, computed=parent.computed)
+        self._seqs[child_id] = child
+        self.waiting.append(child)
 
     def abort(self, seq_id: str) -> bool:
         seq = self._seqs.pop(seq_id, None)
@@ -98,7 +115,8 @@ class NativeRunner:
         plan, preempted = self._schedule()
         if not plan:
             return StepResult((), 0, 0, tuple(preempted))
-        pieces = [self._piece(seq, count) for seq, count in plan]
+        groups = self._prefix_groups(plan) if self.config.shared_prefix else {}
+        pieces = [self._piece(seq, count, groups.get(seq.seq_id)) for seq, count in plan]
         logits = self.model.forward(pieces, self.cache)
         emitted, row, prefill, decode = [], 0, 0, 0
         for (seq, count), piece in zip(plan, pieces, strict=True):
@@ -113,9 +131,11 @@ class NativeRunner:
             emitted.append(Emitted(seq.seq_id, seq.output[-1], finish))
             if finish is not None:
                 self._retire(seq)
-        return StepResult(tuple(emitted), prefill, decode, tuple(preempted))
+        saved = sum(p.prefix_tokens for p in pieces if p.prefix_group >= 0)
+        saved -= sum(tokens for _, tokens in set(groups.values()))
+        return StepResult(tuple(emitted), prefill, decode, tuple(preempted), saved)
 
-    def _piece(self, seq: Seq, count: int) -> Piece:
+    def _piece(self, seq: Seq, count: int, group: tuple[int, int] | None) -> Piece:
         start = seq.computed
         return Piece(
             tokens=seq.tokens[start : start + count],
@@ -123,7 +143,30 @@ class NativeRunner:
             slots=self.pool.slots(seq.table, start, count),
             context=self.pool.slots(seq.table, 0, start + count),
             wants_logits=start + count == seq.length,
+            prefix_group=-1 if group is None else group[0],
+            prefix_tokens=0 if group is None else group[1],
         )
+
+    def _prefix_groups(self, plan: list[tuple[Seq, int]]) -> dict[str, tuple[int, int]]:
+        """Sequence id -> (group, prefix tokens) for sequences of the step whose block tables
+        start with the same computed full blocks (at least one; two sequences or more)."""
+        size = self.config.block_size
+        by_first: dict[int, list[Seq]] = {}
+        for seq, _ in plan:
+            if seq.computed >= size:
+                by_first.setdefault(seq.table.blocks[0], []).append(seq)
+        groups: dict[str, tuple[int, int]] = {}
+        for members in by_first.values():
+            if len(members) < 2:
+                continue
+            blocks = min(seq.computed for seq in members) // size
+            lead = members[0].table.blocks
+            for seq in members[1:]:
+                same = (a == b for a, b in zip(lead[:blocks], seq.table.blocks, strict=False))
+                blocks = next((i for i, equal in enumerate(same) if not equal), blocks)
+            for seq in members:
+                groups[seq.seq_id] = (lead[0], blocks * size)
+        return groups
 
     def _schedule(self) -> tuple[list[tuple[Seq, int]], list[str]]:
         """(sequence, tokens to compute) for the next step, blocks grown for them; the ids of

@@ -197,3 +197,51 @@ def test_a_seeded_request_draws_the_same_tokens_in_any_batch(reference: Referenc
     tokens = run_all(alone)[0]["x"]
     assert run_all(crowd)[0]["x"] == tokens
     assert run_all(other_seed)[0]["x"] != tokens
+
+
+def test_forks_attending_to_their_prefix_once_match_transformers(reference: Reference) -> None:
+    model, pool, cache = setup(reference)
+    parent = BlockTable()
+    forward(model, pool, cache, parent, PROMPT_A[:SHARED])
+    pieces, tails = [], [CASES[0]["prompt"][SHARED:], CASES[3]["prompt"][SHARED:]]
+    for tail in tails:
+        child = pool.fork(parent)
+        pool.grow(child, len(tail), cache)
+        end = SHARED + len(tail)
+        context = pool.slots(child, 0, end)
+        slots = pool.slots(child, SHARED, len(tail))
+        pieces.append(Piece(tail, SHARED, slots, context, True, prefix_group=0, prefix_tokens=16))
+    logits = model.forward(pieces, cache)
+    for row, case in enumerate((0, 3)):
+        expected = reference.cases[case]["prompt_logits"][-1]
+        torch.testing.assert_close(logits[row], expected, atol=ATOL, rtol=RTOL)
+
+
+def test_forked_sequences_generate_what_unforked_ones_do(reference: Reference) -> None:
+    """A parent and four forks decoding together (their prefix read once) against the same
+    requests sent apart without forks or sharing (checked against transformers above)."""
+    samplings = [
+        Sampling(max_tokens=6, temperature=0.0, ignore_eos=True),
+        Sampling(max_tokens=6, temperature=0.0, ignore_eos=True),
+        Sampling(max_tokens=6, temperature=1.0, seed=1, ignore_eos=True),
+        Sampling(max_tokens=6, temperature=1.0, seed=2, ignore_eos=True),
+    ]
+    checkpoint = load_checkpoint(reference.path)
+    forked = NativeRunner(checkpoint, RunnerConfig(block_size=8))
+    forked.add("parent", PROMPT_A, Sampling(max_tokens=8, temperature=0.0, ignore_eos=True))
+    first = forked.step().emitted[0].token
+    for i, sampling in enumerate(samplings):
+        forked.fork("parent", f"child{i}", sampling)
+    saved = 0
+    out: dict[str, list[int]] = {"parent": [first]}
+    while forked.has_work:
+        result = forked.step()
+        saved += result.shared_prefix_reads_saved
+        for emitted in result.emitted:
+            out.setdefault(emitted.seq_id, []).append(emitted.token)
+    assert saved > 0
+    apart = NativeRunner(checkpoint, RunnerConfig(block_size=8, shared_prefix=False))
+    apart.add("parent", PROMPT_A, Sampling(max_tokens=8, temperature=0.0, ignore_eos=True))
+    for i, sampling in enumerate(samplings):
+        apart.add(f"child{i}", [*PROMPT_A, first], sampling)
+    assert run_all(apart)[0] == out
