@@ -71,7 +71,7 @@ def shared_prefix_attention(
     shared_out, shared_lse = attend(stacked, prefix[0], prefix[1], prefix_len, scale)
     if stacked.shape[0] == len(queries):  # one token each (decode): the suffixes in one go
         own = attend_padded(stacked, suffixes, scale)
-        return list(merge((shared_out, shared_lse), own).split(1, dim=0))
+        return [row.unsqueeze(0) for row in merge((shared_out, shared_lse), own).unbind(0)]
     outputs, row = [], 0
     for q, start, (k, v) in zip(queries, starts, suffixes, strict=True):
         n = q.shape[0]
