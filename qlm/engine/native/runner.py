@@ -1,12 +1,13 @@
 """Continuous batching over the Llama forward pass: which pieces run in the next step.
 
 Question answered: what does one engine step compute, and what comes out of it? Each step
-(`NativeRunner.step`) takes, in this order and within a token budget and a sequence limit:
-one token of every decoding sequence, the next prompt chunk of every running sequence still
-in prefill, then waiting sequences (first come, first served) whose chunk fits the budget
-and the free KV blocks. A long prompt is computed in chunks across steps (chunked prefill),
-so decodes never wait behind it. When the KV blocks run out for a running sequence, the one
-admitted last is preempted: its blocks are freed and it waits again at the front, to be
+(`NativeRunner.step`) takes, within a token budget and a sequence limit: one token of every
+decoding sequence, the next prompt chunk of every running sequence still in prefill, then
+waiting sequences whose chunk fits the budget and the free KV blocks. The local policy
+(local_policy.py, by name: fcfs, srpt-mlfq) orders the running sequences and the admissions.
+A long prompt is computed in chunks across steps (chunked prefill), so decodes never wait
+behind it. When the KV blocks run out for a running sequence, the one the policy names
+(fcfs: the one admitted last) is preempted: its blocks are freed and it waits again, to be
 recomputed (prompt and output so far) when there is room. Each sequence that completed its
 pending tokens samples one token; sequences that end free their blocks.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from qlm.engine.native.blocks import BlockPool, KvCache, OutOfBlocksError
 from qlm.engine.native.checkpoint import Checkpoint
 from qlm.engine.native.llama import LlamaModel, Piece
+from qlm.engine.native.local_policy import local_policy
 from qlm.engine.native.sequence import Finish, Sampling, Seq
 
 
@@ -34,6 +36,9 @@ class RunnerConfig:
     # Sequences of a step whose tables start with the same full blocks (forks of one parent)
     # read that prefix's K and V once (attention.py); False: each reads its whole context.
     shared_prefix: bool = True
+    policy: str = "fcfs"  # local scheduling (local_policy.py): fcfs, srpt-mlfq
+    max_wait_steps: int = 64  # srpt-mlfq: a sequence waiting this many steps goes first
+    mlfq_quantum_tokens: int = 16  # srpt-mlfq: output tokens of the first feedback level
 
     def __post_init__(self) -> None:
         if min(self.block_size, self.num_blocks, self.max_num_seqs) < 1:
@@ -71,13 +76,16 @@ class NativeRunner:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # in admission order
         self._seqs: dict[str, Seq] = {}
+        self.steps = 0
+        config = self.config
+        self.policy = local_policy(config.policy, config.max_wait_steps, config.mlfq_quantum_tokens)
 
     def add(self, seq_id: str, prompt: Sequence[int], sampling: Sampling) -> None:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
         if len(prompt) + sampling.max_tokens > self.config.num_blocks * self.config.block_size:
             raise ValueError(f"sequence {seq_id}: prompt and max_tokens exceed the KV cache")
-        seq = Seq(seq_id, tuple(prompt), sampling)
+        seq = Seq(seq_id, tuple(prompt), sampling, queued_step=self.steps)
         self._seqs[seq_id] = seq
         self.waiting.append(seq)
 
@@ -88,7 +96,14 @@ class NativeRunner:
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} already exists")
         table = self.pool.fork(parent.table)
-        child = Seq(child_id, tuple(parent.tokens), sampling, table, computed=parent.computed)
+        child = Seq(
+            child_id,
+            tuple(parent.tokens),
+            sampling,
+            table,
+            computed=parent.computed,
+            queued_step=self.steps,
+        )
         self._seqs[child_id] = child
         self.waiting.append(child)
 
@@ -113,6 +128,7 @@ class NativeRunner:
     def step(self) -> StepResult:
         """One forward pass over the next pieces; what it sampled."""
         plan, preempted = self._schedule()
+        self.steps += 1
         if not plan:
             return StepResult((), 0, 0, tuple(preempted))
         groups = self._prefix_groups(plan) if self.config.shared_prefix else {}
@@ -174,26 +190,39 @@ class NativeRunner:
         budget = self.config.max_batched_tokens
         plan: list[tuple[Seq, int]] = []
         preempted: list[str] = []
-        for seq in sorted(self.running, key=lambda s: s.pending != 1):  # decodes first
-            if seq not in self.running or budget <= 0:
-                continue
+        running = self.policy.running_order(self.running)
+        for seq in [s for s in running if s.pending == 1]:  # decodes first
+            if seq in self.running and budget > 0 and self._grow_running(seq, 1, preempted):
+                plan.append((seq, 1))
+                budget -= 1
+        prefills = [s for s in running if s.pending > 1 and s in self.running]
+        admitting = True
+        for seq in self.policy.prefill_order(prefills, self.waiting, self.steps):
+            if budget <= 0:
+                break
             count = min(seq.pending, budget)
-            if not self._grow_running(seq, count, preempted):
+            if seq in self.running:
+                if not self._grow_running(seq, count, preempted):
+                    continue
+            elif not admitting or not self._admit(seq, count):
+                admitting = False  # later arrivals do not pass one that does not fit
                 continue
             plan.append((seq, count))
             budget -= count
         plan = [(seq, count) for seq, count in plan if seq in self.running]
-        budget = self.config.max_batched_tokens - sum(count for _, count in plan)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            count = min(seq.pending, budget)
-            if self.pool.extra_blocks(seq.table, count) > self.pool.free_blocks:
-                break
-            self.pool.grow(seq.table, count, self.cache)
-            self.running.append(self.waiting.popleft())
-            plan.append((seq, count))
-            budget -= count
         return plan, preempted
+
+    def _admit(self, seq: Seq, count: int) -> bool:
+        """Admit waiting `seq` with room for `count` tokens; False (nothing changed) when a
+        sequence slot or the KV blocks are lacking."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        if self.pool.extra_blocks(seq.table, count) > self.pool.free_blocks:
+            return False
+        self.pool.grow(seq.table, count, self.cache)
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        return True
 
     def _grow_running(self, seq: Seq, count: int, preempted: list[str]) -> bool:
         """Room for `count` more tokens of running `seq`, preempting the sequences admitted
@@ -203,7 +232,7 @@ class NativeRunner:
                 self.pool.grow(seq.table, count, self.cache)
                 return True
             except OutOfBlocksError:
-                victim = self.running[-1]
+                victim = self.policy.victim(self.running)
                 self._preempt(victim)
                 preempted.append(victim.seq_id)
                 if victim is seq:

@@ -45,7 +45,7 @@ class Sampling:
             raise ValueError("top_p must be in (0, 1]")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: `seq in running` must not compare fields
 class Seq:
     seq_id: str
     prompt: tuple[int, ...]
@@ -54,6 +54,7 @@ class Seq:
     output: list[int] = field(default_factory=list)
     computed: int = 0  # leading tokens whose K and V are in the cache
     finish: Finish | None = None
+    queued_step: int = 0  # the engine step it arrived at (kept through preemptions)
     generator: torch.Generator = field(default_factory=torch.Generator)
 
     def __post_init__(self) -> None:
