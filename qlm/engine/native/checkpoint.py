@@ -107,7 +107,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     for file in files:
         for name, tensor in load_file(str(file)).items():
             weights[name.removeprefix("model.")] = tensor.to(torch.float32)
-    if shape.tie_word_embeddings:
+    if shape.tie_word_embeddings and "embed_tokens.weight" in weights:
         weights.setdefault("lm_head.weight", weights["embed_tokens.weight"])
     missing = [name for name in _required(shape) if name not in weights]
     if missing:

@@ -80,11 +80,21 @@ class NativeRunner:
         config = self.config
         self.policy = local_policy(config.policy, config.max_wait_steps, config.mlfq_quantum_tokens)
 
-    def add(self, seq_id: str, prompt: Sequence[int], sampling: Sampling) -> None:
+    def _check_new(self, seq_id: str, prompt_tokens: int, sampling: Sampling) -> None:
+        """ValueError naming the sequence when it cannot be taken."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
-        if len(prompt) + sampling.max_tokens > self.config.num_blocks * self.config.block_size:
+        total = prompt_tokens + sampling.max_tokens
+        if total > self.config.num_blocks * self.config.block_size:
             raise ValueError(f"sequence {seq_id}: prompt and max_tokens exceed the KV cache")
+        if total > self.model.shape.max_position_embeddings:
+            raise ValueError(
+                f"sequence {seq_id}: prompt and max_tokens exceed the model's "
+                f"{self.model.shape.max_position_embeddings} positions"
+            )
+
+    def add(self, seq_id: str, prompt: Sequence[int], sampling: Sampling) -> None:
+        self._check_new(seq_id, len(prompt), sampling)
         seq = Seq(seq_id, tuple(prompt), sampling, queued_step=self.steps)
         self._seqs[seq_id] = seq
         self.waiting.append(seq)
@@ -92,9 +102,10 @@ class NativeRunner:
     def fork(self, parent_id: str, child_id: str, sampling: Sampling) -> None:
         """A child that continues from the parent's tokens so far (its prompt), holding the
         parent's KV blocks without a copy (copy-on-write when it writes into a shared one)."""
-        parent = self._seqs[parent_id]
-        if child_id in self._seqs:
-            raise ValueError(f"sequence {child_id} already exists")
+        parent = self._seqs.get(parent_id)
+        if parent is None:
+            raise ValueError(f"no sequence {parent_id} to fork (unknown or finished)")
+        self._check_new(child_id, parent.length, sampling)
         table = self.pool.fork(parent.table)
         child = Seq(
             child_id,
@@ -128,6 +139,9 @@ class NativeRunner:
     def step(self) -> StepResult:
         """One forward pass over the next pieces; what it sampled."""
         plan, preempted = self._schedule()
+        if not plan and self.waiting and not self.running:
+            self._reclaim_waiting()  # waiting forks held the blocks the head needs
+            plan, preempted = self._schedule()
         self.steps += 1
         if not plan:
             return StepResult((), 0, 0, tuple(preempted))
@@ -204,13 +218,20 @@ class NativeRunner:
             if seq in self.running:
                 if not self._grow_running(seq, count, preempted):
                     continue
-            elif not admitting or not self._admit(seq, count):
+            elif not admitting or seq.seq_id in preempted or not self._admit(seq, count):
                 admitting = False  # later arrivals do not pass one that does not fit
                 continue
             plan.append((seq, count))
             budget -= count
         plan = [(seq, count) for seq, count in plan if seq in self.running]
         return plan, preempted
+
+    def _reclaim_waiting(self) -> None:
+        """Free the blocks waiting sequences hold (forks waiting with their parent's blocks,
+        partly computed prompts): they are recomputed when admitted."""
+        for seq in self.waiting:
+            self.pool.free(seq.table)
+            seq.computed = 0
 
     def _admit(self, seq: Seq, count: int) -> bool:
         """Admit waiting `seq` with room for `count` tokens; False (nothing changed) when a

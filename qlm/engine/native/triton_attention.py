@@ -11,8 +11,10 @@ log-sum-exp. Keys and values are read straight from the paged cache ([slots, kv 
 through the slot indexes.
 
 Correctness is tested on the CPU with Triton's interpreter (TRITON_INTERPRET=1) against the
-torch path; timing it needs a GPU (benchmarks/shared_prefix.py). Triton is not a dependency
-of qlm: it is imported only when this module is, and the vLLM environment has it.
+torch path; timing it needs a GPU (benchmarks/shared_prefix.py). Products run in IEEE float32
+(`input_precision="ieee"`: no TF32), so GPU results keep the interpreter's tolerance. Triton
+is not a dependency of qlm: it is imported only when this module is; the vLLM environment
+has it.
 """
 
 from __future__ import annotations
@@ -69,13 +71,13 @@ def _attend_slots(
         at = slot[:, None] * stride_ks + head * stride_kh + dim[None, :]
         k = tl.load(k_ptr + at, mask=col_ok[:, None], other=0.0)
         v = tl.load(v_ptr + at, mask=col_ok[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         scores = tl.where(col_ok[None, :], scores, float("-inf"))
         new_top = tl.maximum(top, tl.max(scores, 1))
         p = tl.exp(scores - new_top[:, None])
         keep = tl.exp(top - new_top)
         total = total * keep + tl.sum(p, 1)
-        acc = acc * keep[:, None] + tl.dot(p, v)
+        acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
         top = new_top
     out = acc / total[:, None]
     tl.store(
@@ -93,6 +95,8 @@ def attend_slots(
     dim] over every key at `slots` of the caches [slots, kv heads, dim] (no mask: the keys
     all come before the queries)."""
     kv_heads, rows, dim = q.shape
+    if dim & (dim - 1) or dim < 16:
+        raise ValueError(f"head dim {dim}: the kernel needs a power of two >= 16")
     q = q.contiguous()
     out = torch.empty_like(q)
     lse = torch.empty(kv_heads, rows, dtype=torch.float32, device=q.device)

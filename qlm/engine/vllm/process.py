@@ -94,7 +94,7 @@ class Supervisor:
         env = {**os.environ, **self.config.server_env()}
         with log_path.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
-                *reaped(serve_argv(self.config, model, port), self.config.stop_timeout_s),
+                *reaped(serve_argv(self.config, model, port), self._reaper_grace_s),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
@@ -108,6 +108,12 @@ class Supervisor:
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
         return server
+
+    @property
+    def _reaper_grace_s(self) -> float:
+        """The reaper's SIGTERM grace: short, so a crash is reported within seconds (a stop
+        ends sooner still when the group exits on SIGTERM)."""
+        return min(STRAY_GRACE_S, self.config.stop_timeout_s)
 
     def _next_log_path(self, model: str) -> Path:
         if self._log_dir is None:
@@ -175,8 +181,8 @@ def _in_child(parent_pid: int, cpu_cores: tuple[int, ...] | None) -> None:
 def _die_with_parent(parent_pid: int) -> None:
     """Runs in the server's process between fork and exec: Linux sends it SIGTERM when the
     agent that started it dies, even by SIGKILL, so a server never outlives its agent (it
-    would hold its GPU memory, and a restarted agent would start a second one). The server
-    stops its engine core and workers on SIGTERM. No-op elsewhere."""
+    would hold its GPU memory, and a restarted agent would start a second one). The process
+    is the reaper (reaper.py), which takes the server's whole group down. No-op elsewhere."""
     if sys.platform != "linux":
         return
     pr_set_pdeathsig = 1

@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     while child.poll() is None and not stop:
         time.sleep(POLL_S)
     take_down(child, grace_s)
-    code = child.returncode
+    code = child.wait()  # reaped here if it exited during the take-down
     if code < 0 and not stop:  # the server died of a signal: so does this process
         if -code != signal.SIGKILL:
             signal.signal(-code, signal.SIG_DFL)
