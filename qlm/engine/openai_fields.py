@@ -8,6 +8,8 @@ them and answers with OpenAI's shapes (qlm/output_extras.py).
     vllm:     tools, tool_choice, parallel_tool_calls, response_format, logprobs,
               top_logprobs, presence_penalty, frequency_penalty, logit_bias; chat goes to
               vLLM's /v1/chat/completions with the messages as sent.
+    native:   none; chat messages are flattened to text, tokenised with the checkpoint's
+              tokenizer (qlm/engine/native: no chat template yet).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
-EngineKind = Literal["emulated", "vllm"]  # the fleet file's engine.kind
+EngineKind = Literal["emulated", "vllm", "native"]  # the fleet file's engine.kind
 
 # Every output field QLM knows, in the order errors name them.
 OUTPUT_FIELDS = (
@@ -31,7 +33,7 @@ OUTPUT_FIELDS = (
     "logit_bias",
 )
 ENGINE_FIELDS: Mapping[str, frozenset[str]] = MappingProxyType(
-    {"emulated": frozenset(), "vllm": frozenset(OUTPUT_FIELDS)}
+    {"emulated": frozenset(), "vllm": frozenset(OUTPUT_FIELDS), "native": frozenset()}
 )
 CHAT_TEMPLATE_ENGINES = frozenset({"vllm"})  # chat messages travel as sent
 

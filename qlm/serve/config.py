@@ -145,7 +145,8 @@ class AgentConfig(StrictModel):
 
 
 class LiveEngineConfig(StrictModel):
-    """How instances run: emulated engines (the profile on the wall clock) or vLLM servers."""
+    """How instances run: emulated engines (the profile on the wall clock), vLLM servers, or
+    QLM's own engine (native: torch in the agent's process)."""
 
     kind: EngineKind = "emulated"
     speedup: float = Field(default=1.0, gt=0, le=1000, description="Emulated engines only.")
@@ -157,6 +158,10 @@ class LiveEngineConfig(StrictModel):
     )
     vllm: dict[str, object] = Field(
         default_factory=dict, description="VllmEngineConfig fields (vllm engines only)."
+    )
+    native: dict[str, object] = Field(
+        default_factory=dict,
+        description="NativeEngineConfig fields (native engines only; qlm/engine/native).",
     )
 
 

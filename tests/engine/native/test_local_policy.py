@@ -6,56 +6,19 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-import torch
 
-from qlm.engine.native.checkpoint import Checkpoint, LlamaShape
 from qlm.engine.native.local_policy import local_policy
 from qlm.engine.native.runner import NativeRunner, RunnerConfig
 from qlm.engine.native.sequence import Sampling
+from tests.engine.native.helpers import random_checkpoint
 
-SHAPE = LlamaShape(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
-    eos_token_ids=(),
-)
 LONG_PROMPT = 600
 SHORT_PROMPT = 8
 BUDGET = 32  # tokens a step
 ARRIVAL_STEPS = 40
 OUTPUT_TOKENS = 4
-
-
-def random_checkpoint(seed: int = 0) -> Checkpoint:
-    gen = torch.Generator().manual_seed(seed)
-    s = SHAPE
-    shapes = {
-        "embed_tokens.weight": (s.vocab_size, s.hidden_size),
-        "norm.weight": (s.hidden_size,),
-        "lm_head.weight": (s.vocab_size, s.hidden_size),
-        "layers.0.input_layernorm.weight": (s.hidden_size,),
-        "layers.0.post_attention_layernorm.weight": (s.hidden_size,),
-        "layers.0.self_attn.q_proj.weight": (s.num_heads * s.head_dim, s.hidden_size),
-        "layers.0.self_attn.k_proj.weight": (s.num_kv_heads * s.head_dim, s.hidden_size),
-        "layers.0.self_attn.v_proj.weight": (s.num_kv_heads * s.head_dim, s.hidden_size),
-        "layers.0.self_attn.o_proj.weight": (s.hidden_size, s.num_heads * s.head_dim),
-        "layers.0.mlp.gate_proj.weight": (s.intermediate_size, s.hidden_size),
-        "layers.0.mlp.up_proj.weight": (s.intermediate_size, s.hidden_size),
-        "layers.0.mlp.down_proj.weight": (s.hidden_size, s.intermediate_size),
-    }
-    weights = {name: torch.randn(size, generator=gen) * 0.3 for name, size in shapes.items()}
-    return Checkpoint(Path("random"), SHAPE, weights)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import pytest
 
 from qlm.engine.native.runner import NativeRunner, RunnerConfig
 from qlm.engine.native.sequence import Sampling
-from tests.engine.native.test_local_policy import random_checkpoint
+from tests.engine.native.helpers import random_checkpoint
 
 GREEDY = Sampling(max_tokens=2, temperature=0.0, ignore_eos=True)
 

@@ -1,0 +1,372 @@
+"""NativeEngine: the native runner behind the EngineClient protocol, on the wall clock.
+
+Question answered: how does an agent drive QLM's own engine? Like any engine (client.py): it
+submits, aborts and swaps models; it polls events and observes state. A background asyncio
+task runs `NativeRunner.step` in a worker thread while there is work, and turns what each step
+sampled into events: FirstToken, TokenChunk (text decoded with the checkpoint's tokenizer,
+every `stream_every_steps` steps), RequestFinished. The runner is touched only between steps
+(operations that come during a step wait for its end), and `observe` reads the engine's own
+record of the requests it holds, so no call races with the worker thread.
+
+Sampling settings honoured (Request.sampling): temperature, top_p, seed, ignore_eos, stop
+(strings: the output is cut before the first one). max_tokens is capped by what the KV cache
+and the model's positions hold (as the engine model caps it), and a prompt that does not fit
+alone is refused. A request without text (QLM's tests and
+benchmarks give only a token count) is `filler_token_id` repeated. No KV swapping to CPU
+(`supports_kv_swap` False; swap_out and swap_in are refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from qlm.clock import Clock
+from qlm.engine.client import EventBuffer
+from qlm.engine.native.checkpoint import load_checkpoint
+from qlm.engine.native.config import NativeEngineConfig
+from qlm.engine.native.runner import Emitted, NativeRunner, RunnerConfig
+from qlm.engine.native.sequence import Sampling
+from qlm.engine.types import (
+    Aborted,
+    EngineError,
+    EngineEvent,
+    EngineObservation,
+    EngineRequest,
+    EngineState,
+    FirstToken,
+    ModelLoaded,
+    RequestFinished,
+    TokenChunk,
+)
+from qlm.types import Instance, Request
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request the engine holds, as its clients see it."""
+
+    request: Request
+    prompt_tokens: int
+    stops: tuple[str, ...]
+    output: list[int] = field(default_factory=list)
+    first_token_at_s: float | None = None
+    sent_tokens: int = 0
+    sent_text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    model: str
+    runner: NativeRunner
+    tokenizer: Tokenizer | None
+
+
+class NativeEngine:
+    def __init__(self, instance: Instance, config: NativeEngineConfig, clock: Clock) -> None:
+        self._instance = instance
+        self.config = config
+        self.clock = clock
+        self._events = EventBuffer()
+        self._live: dict[str, _Live] = {}
+        self._loaded: _Loaded | None = None
+        self._loading: str | None = instance.loaded_model  # read at start: no ModelLoaded
+        self._announce = False  # whether the load in progress ends with a ModelLoaded event
+        self._pending: list[Callable[[NativeRunner], None]] = []  # runner calls for after a step
+        self._stepping = False
+        self._steps = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        if config.torch_threads is not None:
+            torch.set_num_threads(config.torch_threads)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._closing = False
+            self._task = asyncio.create_task(self._run(), name=f"native-{self.instance_id}")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            self._closing = True
+            self._wake.set()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> NativeEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Until the model being loaded is served (EngineError past the timeout)."""
+        async with asyncio.timeout(timeout_s):
+            while self._loading is not None:
+                await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------ EngineClient
+
+    @property
+    def instance_id(self) -> str:
+        return self._instance.id
+
+    def observe(self) -> EngineObservation:
+        loaded, config = self._loaded, self.config
+        state = EngineState.LOADING if self._loading else EngineState.READY
+        if loaded is None and self._loading is None:
+            state = EngineState.EMPTY
+        pool = None if loaded is None or self._loading else loaded.runner.pool
+        capacity = 0 if pool is None else pool.num_blocks * pool.block_size
+        used = 0 if pool is None else (pool.num_blocks - pool.free_blocks) * pool.block_size
+        return EngineObservation(
+            instance_id=self.instance_id,
+            state=state,
+            model=self._loading or (None if loaded is None else loaded.model),
+            requests=tuple(self._view(live) for live in self._live.values()),
+            kv_used_tokens=used,
+            kv_capacity_tokens=capacity,
+            max_num_seqs=config.max_num_seqs,
+            at_s=self.clock.now_s(),
+        )
+
+    def submit(self, request: Request) -> None:
+        loaded = self._ready_for(request)
+        prompt = self._prompt_ids(request, loaded.tokenizer)
+        room = _room_tokens(loaded.runner) - len(prompt)
+        if room < 1:
+            raise EngineError(f"request {request.id}: a {len(prompt)}-token prompt does not fit")
+        sampling = _sampling(request, min(request.max_output_tokens, room))
+        stops = _stops(request)
+        self._later(lambda runner: runner.add(request.id, prompt, sampling))
+        self._live[request.id] = _Live(request, len(prompt), stops)
+        self._wake.set()
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            if self._live.pop(request_id, None) is not None:
+                self._later(_abort_call(request_id))
+                self._events.append(Aborted(request_id, self.clock.now_s(), "aborted"))
+        self._wake.set()
+
+    def swap_out(self, request_ids: Sequence[str]) -> None:
+        raise EngineError("the native engine does not swap KV to CPU")
+
+    def swap_in(self, request_ids: Sequence[str]) -> None:
+        raise EngineError("the native engine does not swap KV to CPU")
+
+    def load_model(self, model: str) -> None:
+        if model not in self.config.models:
+            raise EngineError(f"unknown model {model!r}; known: {', '.join(self.config.models)}")
+        now = self.clock.now_s()
+        for request_id in list(self._live):
+            del self._live[request_id]
+            self._events.append(Aborted(request_id, now, f"model swap to {model}"))
+        self._pending.clear()
+        self._loading, self._announce = model, True
+        self._wake.set()
+
+    def poll(self) -> list[EngineEvent]:
+        return self._events.drain()
+
+    async def wait_events(self, timeout_s: float) -> bool:
+        return await self._events.wait(timeout_s)
+
+    # ------------------------------------------------------------------ requests
+
+    def _ready_for(self, request: Request) -> _Loaded:
+        loaded = self._loaded
+        if self._loading is not None or loaded is None:
+            raise EngineError(f"{self.instance_id} is not ready (state {self.observe().state})")
+        if request.model != loaded.model:
+            raise EngineError(f"{self.instance_id} serves {loaded.model}, not {request.model}")
+        if request.id in self._live:
+            raise EngineError(f"request {request.id} is already here")
+        return loaded
+
+    def _prompt_ids(self, request: Request, tokenizer: Tokenizer | None) -> list[int]:
+        if request.prompt is None:
+            return [self.config.filler_token_id] * request.prompt_tokens
+        if tokenizer is None:
+            raise EngineError(f"model {request.model} has no tokenizer.json for text prompts")
+        return list(tokenizer.encode(request.prompt).ids)
+
+    def _later(self, call: Callable[[NativeRunner], None]) -> None:
+        """Apply `call` to the runner now, or after the step in flight."""
+        if self._stepping or self._loaded is None:
+            self._pending.append(call)
+        else:
+            self._apply(call)
+
+    def _apply(self, call: Callable[[NativeRunner], None]) -> None:
+        assert self._loaded is not None
+        call(self._loaded.runner)
+
+    def _view(self, live: _Live) -> EngineRequest:
+        request = live.request
+        return EngineRequest(
+            request.id,
+            request.slo_class,
+            live.prompt_tokens,
+            request.max_output_tokens,
+            len(live.output),
+            live.first_token_at_s is not None,
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        while not self._closing:
+            if self._loading is not None:
+                await self._load(self._loading)
+                continue
+            loaded = self._loaded
+            if loaded is None or not loaded.runner.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._stepping = True
+            try:
+                result = await asyncio.to_thread(loaded.runner.step)
+            finally:
+                self._stepping = False
+            if loaded is self._loaded and self._loading is None:
+                self._steps += 1
+                self._take(result.emitted, loaded)
+                for call in self._pending:
+                    self._apply(call)
+            self._pending.clear()
+
+    async def _load(self, model: str) -> None:
+        started = self.clock.monotonic_s()
+        path = self.config.models[model]
+        self._loaded = None
+        loaded = await asyncio.to_thread(self._build, model, path)
+        if self._loading != model:
+            return  # another load was asked for meanwhile
+        self._loaded, self._loading = loaded, None
+        for call in self._pending:
+            self._apply(call)
+        self._pending.clear()
+        if self._announce:
+            load_s = self.clock.monotonic_s() - started
+            self._events.append(ModelLoaded(model, self.clock.now_s(), load_s))
+
+    def _build(self, model: str, path: Path) -> _Loaded:
+        checkpoint = load_checkpoint(path)
+        config = self.config
+        block_bytes = checkpoint.shape.kv_bytes_per_token * config.block_size
+        runner_config = RunnerConfig(
+            block_size=config.block_size,
+            num_blocks=max(1, config.kv_cache_bytes() // block_bytes),
+            max_num_seqs=config.max_num_seqs,
+            max_batched_tokens=max(config.max_batched_tokens, config.max_num_seqs),
+            shared_prefix=config.shared_prefix,
+            policy=config.policy,
+            max_wait_steps=config.max_wait_steps,
+        )
+        tokenizer_file = path / "tokenizer.json"
+        tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file.exists() else None
+        return _Loaded(model, NativeRunner(checkpoint, runner_config), tokenizer)
+
+    # ------------------------------------------------------------------ events
+
+    def _take(self, emitted: Sequence[Emitted], loaded: _Loaded) -> None:
+        now = self.clock.now_s()
+        for token in emitted:
+            live = self._live.get(token.seq_id)
+            if live is None:
+                continue  # aborted during the step
+            live.output.append(token.token)
+            if live.first_token_at_s is None:
+                live.first_token_at_s = now
+                self._events.append(FirstToken(token.seq_id, now))
+            text = _decode(loaded.tokenizer, live.output)
+            stop_at = min((i for s in live.stops if (i := text.find(s)) >= 0), default=-1)
+            if stop_at >= 0:
+                self._later(_abort_call(token.seq_id))
+                self._finish(live, text[:stop_at], "stop", now)
+            elif token.finish is not None:
+                self._finish(live, text, token.finish.value, now)
+            elif self._steps % self.config.stream_every_steps == 0:
+                self._stream(live, text, now)
+
+    def _stream(self, live: _Live, text: str, now: float) -> None:
+        new = len(live.output) - live.sent_tokens
+        if new <= 0:
+            return
+        delta = text[len(live.sent_text) :] if text.startswith(live.sent_text) else text
+        self._events.append(TokenChunk(live.request.id, now, delta, new))
+        live.sent_tokens, live.sent_text = len(live.output), text
+
+    def _finish(self, live: _Live, text: str, reason: str, now: float) -> None:
+        self._stream(live, text, now)
+        del self._live[live.request.id]
+        assert live.first_token_at_s is not None
+        self._events.append(
+            RequestFinished(
+                live.request.id,
+                now,
+                live.first_token_at_s,
+                len(live.output),
+                reason,
+                text,
+                live.prompt_tokens,
+            )
+        )
+
+
+def _abort_call(request_id: str) -> Callable[[NativeRunner], None]:
+    def call(runner: NativeRunner) -> None:
+        runner.abort(request_id)
+
+    return call
+
+
+def _room_tokens(runner: NativeRunner) -> int:
+    """The longest sequence (prompt and output) the runner takes."""
+    config = runner.config
+    return min(config.num_blocks * config.block_size, runner.model.shape.max_position_embeddings)
+
+
+def _sampling(request: Request, max_tokens: int) -> Sampling:
+    s = request.sampling
+    temperature = s.get("temperature")
+    top_p = s.get("top_p")
+    seed = s.get("seed")
+    try:
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=1.0 if temperature is None else float(str(temperature)),
+            top_p=1.0 if top_p is None else float(str(top_p)),
+            seed=None if seed is None else int(str(seed)),
+            ignore_eos=request.ignores_eos,
+        )
+    except ValueError as exc:
+        raise EngineError(f"request {request.id}: {exc}") from exc
+
+
+def _stops(request: Request) -> tuple[str, ...]:
+    stop = request.sampling.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list):
+        return tuple(str(s) for s in stop)
+    raise EngineError(f"request {request.id}: stop must be a string or a list of strings")
+
+
+def _decode(tokenizer: Tokenizer | None, ids: list[int]) -> str:
+    return "" if tokenizer is None else str(tokenizer.decode(ids, skip_special_tokens=True))
