@@ -5,11 +5,16 @@ prefix? Every layer's cache is one tensor of `num_blocks` blocks of `block_size`
 (`KvCache`). A sequence owns a `BlockTable` (its blocks in order). `BlockPool.fork` gives a
 child the parent's blocks (each one's count goes up: no copy); the first write into a block
 that others still hold copies it first (`writable`: copy-on-write), so shared full blocks are
-never copied. Freeing drops counts; a block with none left returns to the free list.
+never copied. Freeing drops counts; a block with none left returns to the free list, or,
+when it is full and its contents are known (`remember`: a digest of its tokens and all
+before them), waits in the prefix cache, where a sequence starting with the same tokens takes
+it back (`lookup`) instead of computing them again; allocations reuse the least recently
+released cached block when no free one is left.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -37,10 +42,37 @@ class BlockPool:
         self.block_size = block_size
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
         self._refs = [0] * num_blocks
+        # The prefix cache: full blocks by the digest of their tokens and every token before
+        # them; those nobody holds wait in `_idle` (least recently released first) until a
+        # sequence with the same prefix takes them back or an allocation reuses them.
+        self._key_of: dict[int, bytes] = {}
+        self._by_key: dict[bytes, int] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can take: free ones and cached ones nobody holds."""
+        return len(self._free) + len(self._idle)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._key_of)
+
+    def remember(self, block: int, key: bytes) -> None:
+        """Block `block` is full and its contents are those `key` names."""
+        if key not in self._by_key and block not in self._key_of:
+            self._by_key[key] = block
+            self._key_of[block] = key
+
+    def lookup(self, key: bytes) -> int | None:
+        """The cached block with contents `key`, now held once more (None: not cached)."""
+        block = self._by_key.get(key)
+        if block is None:
+            return None
+        if self._refs[block] == 0:
+            del self._idle[block]
+        self._refs[block] += 1
+        return block
 
     def refs(self, block: int) -> int:
         return self._refs[block]
@@ -49,19 +81,28 @@ class BlockPool:
         return -(-num_tokens // self.block_size)
 
     def allocate(self) -> int:
-        if not self._free:
+        if self._free:
+            block = self._free.pop()
+        elif self._idle:
+            block, _ = self._idle.popitem(last=False)  # the least recently released
+            del self._by_key[self._key_of.pop(block)]
+        else:
             raise OutOfBlocksError(f"all {self.num_blocks} KV blocks are in use")
-        block = self._free.pop()
         self._refs[block] = 1
         return block
 
     def release(self, block: int) -> None:
         self._refs[block] -= 1
         if self._refs[block] == 0:
-            self._free.append(block)
+            if block in self._key_of:
+                self._idle[block] = None
+            else:
+                self._free.append(block)
 
     def free(self, table: BlockTable) -> None:
-        for block in table.blocks:
+        """Release the table's blocks, its tail first: the prefix cache then reuses a
+        sequence's last blocks before its first ones, which other prompts share more often."""
+        for block in reversed(table.blocks):
             self.release(block)
         table.blocks.clear()
         table.num_tokens = 0

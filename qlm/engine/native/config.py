@@ -31,6 +31,11 @@ class NativeEngineConfig(StrictModel):
     shared_prefix: bool = Field(
         default=True, description="Read a prefix shared by forks once per step."
     )
+    prefix_caching: bool = Field(
+        default=True,
+        description="Keep full KV blocks after their requests end; a request starting with "
+        "the same tokens takes them back instead of computing them.",
+    )
     torch_threads: int | None = Field(
         default=None, ge=1, description="torch's CPU threads (None: torch's default)."
     )

@@ -273,6 +273,7 @@ class NativeEngine:
             max_num_seqs=config.max_num_seqs,
             max_batched_tokens=max(config.max_batched_tokens, config.max_num_seqs),
             shared_prefix=config.shared_prefix,
+            prefix_caching=config.prefix_caching,
             policy=config.policy,
             max_wait_steps=config.max_wait_steps,
         )

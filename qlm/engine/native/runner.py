@@ -16,6 +16,8 @@ Synchronous and clock-free: the engine client (a later step) runs it in a worker
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +38,9 @@ class RunnerConfig:
     # Sequences of a step whose tables start with the same full blocks (forks of one parent)
     # read that prefix's K and V once (attention.py); False: each reads its whole context.
     shared_prefix: bool = True
+    # Full blocks stay cached (by a digest of their tokens and all before them) after their
+    # sequences end, and a new sequence starting with the same tokens takes them back.
+    prefix_caching: bool = True
     policy: str = "fcfs"  # local scheduling (local_policy.py): fcfs, srpt-mlfq
     max_wait_steps: int = 64  # srpt-mlfq: a sequence waiting this many steps goes first
     mlfq_quantum_tokens: int = 16  # srpt-mlfq: output tokens of the first feedback level
@@ -65,6 +70,7 @@ class StepResult:
     # Prefix tokens whose K and V the step read once for a group instead of once per member
     # (summed over groups: prefix length x (members - 1)).
     shared_prefix_reads_saved: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens admitted from the prefix cache in the step
 
 
 class NativeRunner:
@@ -77,6 +83,7 @@ class NativeRunner:
         self.running: list[Seq] = []  # in admission order
         self._seqs: dict[str, Seq] = {}
         self.steps = 0
+        self._hit_tokens = 0
         config = self.config
         self.policy = local_policy(config.policy, config.max_wait_steps, config.mlfq_quantum_tokens)
 
@@ -138,6 +145,7 @@ class NativeRunner:
 
     def step(self) -> StepResult:
         """One forward pass over the next pieces; what it sampled."""
+        self._hit_tokens = 0
         plan, preempted = self._schedule()
         if not plan and self.waiting and not self.running:
             self._reclaim_waiting()  # waiting forks held the blocks the head needs
@@ -152,6 +160,8 @@ class NativeRunner:
         for (seq, count), piece in zip(plan, pieces, strict=True):
             seq.computed += count
             seq.table.num_tokens = seq.computed
+            if self.config.prefix_caching:
+                self._remember_full(seq)
             decode += count if seq.output and count == 1 else 0
             prefill += 0 if seq.output and count == 1 else count
             if not piece.wants_logits:
@@ -163,7 +173,9 @@ class NativeRunner:
                 self._retire(seq)
         saved = sum(p.prefix_tokens for p in pieces if p.prefix_group >= 0)
         saved -= sum(tokens for _, tokens in set(groups.values()))
-        return StepResult(tuple(emitted), prefill, decode, tuple(preempted), saved)
+        return StepResult(
+            tuple(emitted), prefill, decode, tuple(preempted), saved, self._hit_tokens
+        )
 
     def _piece(self, seq: Seq, count: int, group: tuple[int, int] | None) -> Piece:
         start = seq.computed
@@ -214,13 +226,16 @@ class NativeRunner:
         for seq in self.policy.prefill_order(prefills, self.waiting, self.steps):
             if budget <= 0:
                 break
-            count = min(seq.pending, budget)
             if seq in self.running:
+                count = min(seq.pending, budget)
                 if not self._grow_running(seq, count, preempted):
                     continue
-            elif not admitting or seq.seq_id in preempted or not self._admit(seq, count):
-                admitting = False  # later arrivals do not pass one that does not fit
-                continue
+            else:
+                fits = admitting and seq.seq_id not in preempted
+                count = self._admit(seq, budget) if fits else 0
+                if not count:
+                    admitting = False  # later arrivals do not pass one that does not fit
+                    continue
             plan.append((seq, count))
             budget -= count
         plan = [(seq, count) for seq, count in plan if seq in self.running]
@@ -230,20 +245,54 @@ class NativeRunner:
         """Free the blocks waiting sequences hold (forks waiting with their parent's blocks,
         partly computed prompts): they are recomputed when admitted."""
         for seq in self.waiting:
-            self.pool.free(seq.table)
-            seq.computed = 0
+            self._drop_blocks(seq)
 
-    def _admit(self, seq: Seq, count: int) -> bool:
-        """Admit waiting `seq` with room for `count` tokens; False (nothing changed) when a
-        sequence slot or the KV blocks are lacking."""
+    def _admit(self, seq: Seq, budget: int) -> int:
+        """Admit waiting `seq`, its cached prefix taken from the prefix cache; the tokens it
+        computes in this step (0, nothing changed, when a sequence slot or the KV blocks are
+        lacking)."""
         if len(self.running) >= self.config.max_num_seqs:
-            return False
+            return 0
+        fresh = not seq.table.blocks  # not a fork, nothing computed
+        matched = self._match_prefix(seq) if fresh and self.config.prefix_caching else 0
+        count = min(seq.pending, budget)
         if self.pool.extra_blocks(seq.table, count) > self.pool.free_blocks:
-            return False
+            if matched:
+                self._drop_blocks(seq)
+            return 0
         self.pool.grow(seq.table, count, self.cache)
         self.waiting.remove(seq)
         self.running.append(seq)
-        return True
+        self._hit_tokens += matched
+        return count
+
+    def _match_prefix(self, seq: Seq) -> int:
+        """Take the longest run of `seq`'s leading full blocks the prefix cache holds (at
+        least one token is left to compute, for the logits); the tokens taken."""
+        size, tokens, key = self.config.block_size, seq.tokens, b""
+        for i in range((seq.length - 1) // size):
+            key = block_key(key, tokens[i * size : (i + 1) * size])
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            seq.table.blocks.append(block)
+            seq.hashes.append(key)
+        seq.computed = seq.table.num_tokens = len(seq.table.blocks) * size
+        return seq.computed
+
+    def _remember_full(self, seq: Seq) -> None:
+        """Enter `seq`'s blocks that became full into the prefix cache."""
+        size, tokens = self.config.block_size, seq.tokens
+        key = seq.hashes[-1] if seq.hashes else b""
+        for i in range(len(seq.hashes), seq.computed // size):
+            key = block_key(key, tokens[i * size : (i + 1) * size])
+            self.pool.remember(seq.table.blocks[i], key)
+            seq.hashes.append(key)
+
+    def _drop_blocks(self, seq: Seq) -> None:
+        self.pool.free(seq.table)
+        seq.computed = 0
+        seq.hashes.clear()
 
     def _grow_running(self, seq: Seq, count: int, preempted: list[str]) -> bool:
         """Room for `count` more tokens of running `seq`, preempting the sequences admitted
@@ -261,11 +310,17 @@ class NativeRunner:
 
     def _preempt(self, seq: Seq) -> None:
         self.running.remove(seq)
-        self.pool.free(seq.table)
-        seq.computed = 0
+        self._drop_blocks(seq)
         self.waiting.appendleft(seq)
 
     def _retire(self, seq: Seq) -> None:
         self.running.remove(seq)
         self.pool.free(seq.table)
         del self._seqs[seq.seq_id]
+
+
+def block_key(previous: bytes, tokens: Sequence[int]) -> bytes:
+    """The prefix cache's name for a full block: a digest of the previous block's name and
+    this block's tokens (so of every token up to its end)."""
+    data = previous + array("q", tokens).tobytes()
+    return hashlib.blake2b(data, digest_size=16).digest()

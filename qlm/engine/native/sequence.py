@@ -55,6 +55,7 @@ class Seq:
     computed: int = 0  # leading tokens whose K and V are in the cache
     finish: Finish | None = None
     queued_step: int = 0  # the engine step it arrived at (kept through preemptions)
+    hashes: list[bytes] = field(default_factory=list)  # prefix-cache names of its full blocks
     generator: torch.Generator = field(default_factory=torch.Generator)
 
     def __post_init__(self) -> None:
