@@ -78,6 +78,9 @@ async def test_a_stop_string_cuts_the_output_before_it(client: openai.AsyncOpenA
     cut = (await complete(client, stop=[stop], extra_body={"ignore_eos": True})).choices[0]
     assert cut.finish_reason == "stop"
     assert cut.text == text[: text.find(stop)]
+    stream = await complete(client, stop=[stop], stream=True, extra_body={"ignore_eos": True})
+    pieces = [chunk.choices[0].text async for chunk in stream if chunk.choices]
+    assert "".join(pieces) == cut.text  # nothing past the cut was streamed
 
 
 async def test_a_seeded_sample_repeats_and_another_seed_differs(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,12 +31,14 @@ from qlm.clock import Clock
 from qlm.engine.client import EventBuffer
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.runner import Emitted, NativeRunner, RunnerConfig
+from qlm.engine.native.live import LiveRequest, decode
+from qlm.engine.native.runner import Emitted, NativeRunner, RunnerConfig, StepResult
 from qlm.engine.native.sequence import Sampling
 from qlm.engine.types import (
     Aborted,
     EngineError,
     EngineEvent,
+    EngineFailed,
     EngineObservation,
     EngineRequest,
     EngineState,
@@ -46,19 +48,6 @@ from qlm.engine.types import (
     TokenChunk,
 )
 from qlm.types import Instance, Request
-
-
-@dataclass(slots=True)
-class _Live:
-    """A request the engine holds, as its clients see it."""
-
-    request: Request
-    prompt_tokens: int
-    stops: tuple[str, ...]
-    output: list[int] = field(default_factory=list)
-    first_token_at_s: float | None = None
-    sent_tokens: int = 0
-    sent_text: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +62,13 @@ class NativeEngine:
         self._instance = instance
         self.config = config
         self.clock = clock
+        if instance.loaded_model is not None and instance.loaded_model not in config.models:
+            raise EngineError(f"{instance.id} starts with {instance.loaded_model!r}, not in models")
         self._events = EventBuffer()
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, LiveRequest] = {}
+        self._submissions = 0  # numbers each submission's runner sequence
+        self._failed: str | None = None
+        self._step: asyncio.Future[StepResult] | None = None
         self._loaded: _Loaded | None = None
         self._loading: str | None = instance.loaded_model  # read at start: no ModelLoaded
         self._announce = False  # whether the load in progress ends with a ModelLoaded event
@@ -102,6 +96,8 @@ class NativeEngine:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._step is not None:  # the worker thread's step: let it end before anything else
+            await asyncio.wait([self._step])
 
     async def __aenter__(self) -> NativeEngine:
         await self.start()
@@ -113,8 +109,10 @@ class NativeEngine:
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until the model being loaded is served (EngineError past the timeout)."""
         async with asyncio.timeout(timeout_s):
-            while self._loading is not None:
+            while self._loading is not None and self._failed is None:
                 await asyncio.sleep(0.01)
+        if self._failed is not None:
+            raise EngineError(self._failed)
 
     # ------------------------------------------------------------------ EngineClient
 
@@ -127,6 +125,8 @@ class NativeEngine:
         state = EngineState.LOADING if self._loading else EngineState.READY
         if loaded is None and self._loading is None:
             state = EngineState.EMPTY
+        if self._failed is not None:
+            state = EngineState.FAILED
         pool = None if loaded is None or self._loading else loaded.runner.pool
         capacity = 0 if pool is None else pool.num_blocks * pool.block_size
         used = 0 if pool is None else (pool.num_blocks - pool.free_blocks) * pool.block_size
@@ -145,18 +145,21 @@ class NativeEngine:
         loaded = self._ready_for(request)
         prompt = self._prompt_ids(request, loaded.tokenizer)
         room = _room_tokens(loaded.runner) - len(prompt)
-        if room < 1:
+        if not prompt or room < 1:
             raise EngineError(f"request {request.id}: a {len(prompt)}-token prompt does not fit")
         sampling = _sampling(request, min(request.max_output_tokens, room))
-        stops = _stops(request)
-        self._later(lambda runner: runner.add(request.id, prompt, sampling))
-        self._live[request.id] = _Live(request, len(prompt), stops)
+        self._submissions += 1
+        runner_id = f"{request.id}#{self._submissions}"
+        self._later(lambda runner: runner.add(runner_id, prompt, sampling))
+        live = LiveRequest(request, runner_id, len(prompt), sampling.max_tokens, _stops(request))
+        self._live[request.id] = live
         self._wake.set()
 
     def abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
-            if self._live.pop(request_id, None) is not None:
-                self._later(_abort_call(request_id))
+            live = self._live.pop(request_id, None)
+            if live is not None:
+                self._later(_abort_call(live.runner_id))
                 self._events.append(Aborted(request_id, self.clock.now_s(), "aborted"))
         self._wake.set()
 
@@ -187,6 +190,8 @@ class NativeEngine:
 
     def _ready_for(self, request: Request) -> _Loaded:
         loaded = self._loaded
+        if self._failed is not None:
+            raise EngineError(f"{self.instance_id} failed: {self._failed}")
         if self._loading is not None or loaded is None:
             raise EngineError(f"{self.instance_id} is not ready (state {self.observe().state})")
         if request.model != loaded.model:
@@ -213,13 +218,13 @@ class NativeEngine:
         assert self._loaded is not None
         call(self._loaded.runner)
 
-    def _view(self, live: _Live) -> EngineRequest:
+    def _view(self, live: LiveRequest) -> EngineRequest:
         request = live.request
         return EngineRequest(
             request.id,
             request.slo_class,
             live.prompt_tokens,
-            request.max_output_tokens,
+            live.max_tokens,
             len(live.output),
             live.first_token_at_s is not None,
         )
@@ -227,26 +232,45 @@ class NativeEngine:
     # ------------------------------------------------------------------ the loop
 
     async def _run(self) -> None:
-        while not self._closing:
-            if self._loading is not None:
-                await self._load(self._loading)
-                continue
-            loaded = self._loaded
-            if loaded is None or not loaded.runner.has_work:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            self._stepping = True
-            try:
-                result = await asyncio.to_thread(loaded.runner.step)
-            finally:
-                self._stepping = False
-            if loaded is self._loaded and self._loading is None:
-                self._steps += 1
-                self._take(result.emitted, loaded)
-                for call in self._pending:
-                    self._apply(call)
-            self._pending.clear()
+        try:
+            while not self._closing:
+                await self._turn()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the engine is gone: say so, and fail what it held
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    async def _turn(self) -> None:
+        """Load a model, or run one step, or sleep until there is work."""
+        if self._loading is not None:
+            await self._load(self._loading)
+            return
+        loaded = self._loaded
+        if loaded is None or not loaded.runner.has_work:
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        self._stepping = True
+        try:
+            self._step = asyncio.ensure_future(asyncio.to_thread(loaded.runner.step))
+            result = await asyncio.shield(self._step)
+        finally:
+            self._stepping, self._step = False, None
+        if loaded is self._loaded and self._loading is None:
+            self._steps += 1
+            self._take(result.emitted, loaded)
+            for call in self._pending:
+                self._apply(call)
+        self._pending.clear()
+
+    def _fail(self, reason: str) -> None:
+        now = self.clock.now_s()
+        self._failed = reason
+        self._loaded = None
+        for request_id in list(self._live):
+            del self._live[request_id]
+            self._events.append(Aborted(request_id, now, f"engine failed: {reason}"))
+        self._events.append(EngineFailed(now, reason))
 
     async def _load(self, model: str) -> None:
         started = self.clock.monotonic_s()
@@ -286,33 +310,31 @@ class NativeEngine:
     def _take(self, emitted: Sequence[Emitted], loaded: _Loaded) -> None:
         now = self.clock.now_s()
         for token in emitted:
-            live = self._live.get(token.seq_id)
-            if live is None:
-                continue  # aborted during the step
+            request_id = token.seq_id.rsplit("#", 1)[0]
+            live = self._live.get(request_id)
+            if live is None or live.runner_id != token.seq_id:
+                continue  # aborted during the step (and maybe submitted again since)
             live.output.append(token.token)
             if live.first_token_at_s is None:
                 live.first_token_at_s = now
-                self._events.append(FirstToken(token.seq_id, now))
-            text = _decode(loaded.tokenizer, live.output)
-            stop_at = min((i for s in live.stops if (i := text.find(s)) >= 0), default=-1)
+                self._events.append(FirstToken(request_id, now))
+            text = decode(loaded.tokenizer, live.output)
+            stop_at = live.stop_at(text)
             if stop_at >= 0:
                 self._later(_abort_call(token.seq_id))
                 self._finish(live, text[:stop_at], "stop", now)
             elif token.finish is not None:
                 self._finish(live, text, token.finish.value, now)
             elif self._steps % self.config.stream_every_steps == 0:
-                self._stream(live, text, now)
+                self._stream(live, text, now, final=False)
 
-    def _stream(self, live: _Live, text: str, now: float) -> None:
-        new = len(live.output) - live.sent_tokens
-        if new <= 0:
-            return
-        delta = text[len(live.sent_text) :] if text.startswith(live.sent_text) else text
-        self._events.append(TokenChunk(live.request.id, now, delta, new))
-        live.sent_tokens, live.sent_text = len(live.output), text
+    def _stream(self, live: LiveRequest, text: str, now: float, final: bool) -> None:
+        chunk = live.chunk(text, final)
+        if chunk is not None:
+            self._events.append(TokenChunk(live.request.id, now, chunk[0], chunk[1]))
 
-    def _finish(self, live: _Live, text: str, reason: str, now: float) -> None:
-        self._stream(live, text, now)
+    def _finish(self, live: LiveRequest, text: str, reason: str, now: float) -> None:
+        self._stream(live, text, now, final=True)
         del self._live[live.request.id]
         assert live.first_token_at_s is not None
         self._events.append(
@@ -326,6 +348,13 @@ class NativeEngine:
                 live.prompt_tokens,
             )
         )
+
+
+def _temperature(value: object) -> float:
+    """The request's temperature; below 1e-5 it is greedy (0): dividing logits by less
+    overflows them."""
+    temperature = 1.0 if value is None else float(str(value))
+    return 0.0 if 0 <= temperature < 1e-5 else temperature
 
 
 def _abort_call(request_id: str) -> Callable[[NativeRunner], None]:
@@ -349,7 +378,7 @@ def _sampling(request: Request, max_tokens: int) -> Sampling:
     try:
         return Sampling(
             max_tokens=max_tokens,
-            temperature=1.0 if temperature is None else float(str(temperature)),
+            temperature=_temperature(temperature),
             top_p=1.0 if top_p is None else float(str(top_p)),
             seed=None if seed is None else int(str(seed)),
             ignore_eos=request.ignores_eos,
@@ -367,7 +396,3 @@ def _stops(request: Request) -> tuple[str, ...]:
     if isinstance(stop, list):
         return tuple(str(s) for s in stop)
     raise EngineError(f"request {request.id}: stop must be a string or a list of strings")
-
-
-def _decode(tokenizer: Tokenizer | None, ids: list[int]) -> str:
-    return "" if tokenizer is None else str(tokenizer.decode(ids, skip_special_tokens=True))

@@ -93,17 +93,29 @@ def test_cached_blocks_are_reused_least_recently_released_first() -> None:
 
 
 def test_requests_taking_the_same_cached_prefix_read_it_once_per_step() -> None:
+    """Three requests after a fourth with the same 48-token prefix: they take its three
+    blocks from the cache, decode together reading them once, and generate what they do
+    without the cache and without shared reads."""
     prefix = [(5 * i + 2) % 64 for i in range(48)]
     greedy = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
-    runner = NativeRunner(random_checkpoint(), RunnerConfig())
-    runner.add("system", [*prefix, 1], greedy)
-    run(runner)
-    for i in range(3):
-        runner.add(f"user{i}", [*prefix, 10 + i, 20 + i], greedy)
-    saved = hits = 0
-    while runner.has_work:
-        result = runner.step()
-        saved += result.shared_prefix_reads_saved
-        hits += result.prefix_hit_tokens
-    assert hits == 3 * 48
-    assert saved >= 2 * 48  # the three decode together over the same three blocks
+    results = []
+    for caching in (True, False):
+        config = RunnerConfig(prefix_caching=caching, shared_prefix=caching)
+        runner = NativeRunner(random_checkpoint(), config)
+        runner.add("system", [*prefix, 1], greedy)
+        run(runner)
+        for i in range(3):
+            runner.add(f"user{i}", [*prefix, 10 + i, 20 + i], greedy)
+        saved = hits = 0
+        out: dict[str, list[int]] = {}
+        while runner.has_work:
+            result = runner.step()
+            saved += result.shared_prefix_reads_saved
+            hits += result.prefix_hit_tokens
+            for emitted in result.emitted:
+                out.setdefault(emitted.seq_id, []).append(emitted.token)
+        results.append(out)
+        if caching:
+            assert hits == 3 * 48
+            assert saved >= 2 * 48  # the three decode together over the same three blocks
+    assert results[0] == results[1]
