@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 
 from qlm.clock import Clock
 from qlm.engine.client import EventBuffer
+from qlm.engine.native.blocks import KvCache
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.config import NativeEngineConfig
 from qlm.engine.native.live import LiveRequest, decode
@@ -290,10 +291,11 @@ class NativeEngine:
     def _build(self, model: str, path: Path) -> _Loaded:
         checkpoint = load_checkpoint(path)
         config = self.config
-        block_bytes = checkpoint.shape.kv_bytes_per_token * config.block_size
         runner_config = RunnerConfig(
             block_size=config.block_size,
-            num_blocks=max(1, config.kv_cache_bytes() // block_bytes),
+            num_blocks=KvCache.blocks_fitting(
+                checkpoint.shape, config.kv_cache_bytes(), config.block_size
+            ),
             max_num_seqs=config.max_num_seqs,
             max_batched_tokens=max(config.max_batched_tokens, config.max_num_seqs),
             shared_prefix=config.shared_prefix,

@@ -57,8 +57,10 @@ class Seq:
     queued_step: int = 0  # the engine step it arrived at (kept through preemptions)
     hashes: list[bytes] = field(default_factory=list)  # prefix-cache names of its full blocks
     generator: torch.Generator = field(default_factory=torch.Generator)
+    _tokens: list[int] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
+        self._tokens = [*self.prompt, *self.output]
         if not self.prompt:
             raise ValueError(f"sequence {self.seq_id}: empty prompt")
         if self.sampling.seed is not None:
@@ -68,11 +70,12 @@ class Seq:
 
     @property
     def tokens(self) -> Sequence[int]:
-        return (*self.prompt, *self.output)
+        """Prompt then output (kept as one list: steps slice it, so no copy per step)."""
+        return self._tokens
 
     @property
     def length(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return len(self._tokens)
 
     @property
     def pending(self) -> int:
@@ -93,6 +96,7 @@ class Seq:
     def append(self, token: int, eos_token_ids: Sequence[int]) -> Finish | None:
         """Record a sampled token; the reason the sequence ends with it, if it does."""
         self.output.append(token)
+        self._tokens.append(token)
         s = self.sampling
         if token in s.stop_token_ids or (not s.ignore_eos and token in eos_token_ids):
             self.finish = Finish.STOP

@@ -7,22 +7,7 @@ import pytest
 import torch
 
 from qlm.engine.native.blocks import BlockPool, BlockTable, KvCache, OutOfBlocksError
-from qlm.engine.native.checkpoint import LlamaShape
-
-SHAPE = LlamaShape(
-    vocab_size=10,
-    hidden_size=8,
-    intermediate_size=16,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=4,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    eos_token_ids=(1,),
-)
+from tests.engine.native.helpers import SHAPE
 
 
 def test_blocks_are_counted_and_freed_when_no_holder_is_left() -> None:
