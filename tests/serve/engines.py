@@ -17,6 +17,7 @@ class ScriptedEngine:
         self.refuse = refuse
         self.reason = reason
         self.submitted: list[str] = []
+        self.aborted: list[str] = []
 
     @property
     def instance_id(self) -> str:
@@ -30,7 +31,10 @@ class ScriptedEngine:
         if len(self.submitted) <= self.refuse:
             self.events.append(Aborted(request.id, 1.0, self.reason))
 
-    def abort(self, request_ids: Sequence[str]) -> None: ...
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Like the real engines: an Aborted event at once for each id."""
+        self.aborted.extend(request_ids)
+        self.events.extend(Aborted(rid, 1.0, "aborted") for rid in request_ids)
 
     def swap_out(self, request_ids: Sequence[str]) -> None: ...
 

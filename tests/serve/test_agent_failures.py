@@ -1,5 +1,7 @@
-"""An engine that keeps refusing a request (a 4xx from vLLM, say) must not bounce it between
-queue and engine forever: after agent.max_dispatches attempts it fails, with the reason."""
+"""Requests the agent cannot finish where it is: an engine that keeps refusing one (a 4xx from
+vLLM, say) must not bounce it between queue and engine forever (after agent.max_dispatches
+attempts it fails, with the reason), and one whose lease ran out while the agent was slow to
+renew it runs again from its start, once, not twice side by side."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import asyncio
 
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.engine.types import RequestFinished
 from qlm.queue.memory import MemoryQueue
 from qlm.serve.agent import Agent
 from qlm.serve.config import AgentConfig
@@ -38,3 +41,46 @@ def test_a_request_the_engine_keeps_refusing_fails_after_max_dispatches() -> Non
     assert state is RequestState.FAILED
     assert error is not None
     assert "top_p" in error
+
+
+def test_a_request_whose_lease_ran_out_is_aborted_then_pulled_again() -> None:
+    async def run() -> None:
+        clock = VirtualClock(0.0)
+        queue = MemoryQueue(clock=clock)
+        engine = ScriptedEngine()
+        fleet = Fleet.of([make_instance("i0")], [make_profile("m7b")])
+        agent = Agent(
+            make_instance("i0"), engine, queue, fleet, clock, AgentConfig(lease_s=3.0), {}
+        )
+        await queue.enqueue(make_request(id="r0"))
+        group = PlannedGroup("g", "m7b", "interactive", ("r0",), (500,), (512,))
+        await queue.publish_plan(PublishedPlan(0, 0.0, {"i0": ("g",)}, {"g": group}))
+        await agent.step()
+        assert engine.submitted == ["r0"]
+
+        clock.advance_by(4.0)  # the agent stalled: the controller requeues r0
+        assert await queue.expire_leases(clock.now_s()) == ("r0",)
+        await queue.publish_plan(PublishedPlan(1, 4.0, {"i0": ("g",)}, {"g": group}))
+        await agent.step()  # the engine still runs r0: not pulled again; the renewal finds it lost
+        assert (engine.submitted, engine.aborted) == (["r0"], [])
+        await queue.publish_plan(PublishedPlan(2, 4.0, {"i0": ("g",)}, {"g": group}))
+        await agent.step()  # aborted on the engine, then pulled as a new run
+        assert (engine.submitted, engine.aborted) == (["r0", "r0"], ["r0"])
+        assert agent.counters.leases_lost == 1
+        record = await queue.get("r0")
+        assert record is not None
+        assert (record.state, record.instance_id, record.dispatches) == (
+            RequestState.DISPATCHED,
+            "i0",
+            2,
+        )
+
+        engine.events.append(RequestFinished("r0", clock.now_s(), clock.now_s(), 7, text="x"))
+        await agent.step()
+        record = await queue.get("r0")
+        assert record is not None
+        assert record.state is RequestState.COMPLETED
+        assert record.result is not None
+        assert record.result.attempt == 2
+
+    asyncio.run(run())

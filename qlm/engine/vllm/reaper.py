@@ -25,10 +25,10 @@ from types import FrameType
 POLL_S = 0.1
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of live (not zombie) processes in process group `pgid`, this one left out."""
+def _processes() -> dict[int, tuple[int, int]]:
+    """Every live (not zombie) process but this one: pid -> (parent pid, process group)."""
     me = os.getpid()
-    pids = []
+    found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
@@ -38,28 +38,49 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
-            pids.append(int(name))
-    return pids
+        if len(fields) > 2 and fields[0] != b"Z":
+            found[int(name)] = (int(fields[1]), int(fields[2]))
+    return found
 
 
-def signal_group(pgid: int, sig: signal.Signals) -> None:
-    for pid in group_members(pgid):
+def group_members(pgid: int) -> list[int]:
+    """Pids of live processes in process group `pgid`, this one left out."""
+    return [pid for pid, (_, group) in _processes().items() if group == pgid]
+
+
+def descendants() -> list[int]:
+    """Pids of this process's live descendants, also those that left its group (setsid)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in _processes().items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def signal_all(pids: set[int], sig: signal.Signals) -> None:
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
 
 def take_down(child: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the group, wait up to `grace_s` for it to empty, SIGKILL the rest."""
+    """SIGTERM the group and every descendant (one that left the group included), wait up
+    to `grace_s` for them to end, SIGKILL the rest."""
     pgid = os.getpgid(0)
-    signal_group(pgid, signal.SIGTERM)
+    targets = set(descendants()) | set(group_members(pgid))
+    signal_all(targets, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         child.poll()  # reap the server, so it no longer counts
-        if not group_members(pgid):
+        targets = (targets | set(group_members(pgid))) & set(_processes())
+        if not targets:
             return
         time.sleep(POLL_S)
-    signal_group(pgid, signal.SIGKILL)
+    signal_all(targets | set(group_members(pgid)) | set(descendants()), signal.SIGKILL)
     child.wait()
 
 

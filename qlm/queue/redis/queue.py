@@ -220,10 +220,12 @@ class RedisQueue:
 
     async def renew_leases(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
-    ) -> None:
-        if request_ids:
-            keys = [self._keys.leases, *map(self._keys.record, request_ids)]
-            await self._renew(keys, [instance_id, num(now_s + lease_s), *request_ids])
+    ) -> tuple[str, ...]:
+        if not request_ids:
+            return ()
+        keys = [self._keys.leases, *map(self._keys.record, request_ids)]
+        lost = await self._renew(keys, [instance_id, num(now_s + lease_s), *request_ids])
+        return tuple(as_strs(lost))
 
     async def requeue(
         self, instance_id: str, request_ids: Sequence[str], evicted: bool, now_s: float

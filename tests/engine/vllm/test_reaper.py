@@ -4,6 +4,7 @@ whose shutdown hangs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -81,6 +82,33 @@ def test_the_group_dies_with_its_agent_even_when_a_member_ignores_sigterm() -> N
         assert wait_dead(members, GRACE_S + 10.0) == []
     finally:
         agent.kill()
+
+
+def test_a_descendant_that_left_the_group_dies_with_the_agent_too() -> None:
+    """A server's child in a session of its own (setsid) is not in the group; the reaper
+    finds it by parentage."""
+    server = STUBBORN_SERVER.replace(
+        "stdout=subprocess.PIPE)", "stdout=subprocess.PIPE, start_new_session=True)"
+    )
+    assert server != STUBBORN_SERVER
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, server, str(GRACE_S)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parents[3],
+    )
+    stubborn: int | None = None
+    try:
+        assert agent.stdout is not None
+        stubborn = int(agent.stdout.readline())
+        assert os.getpgid(stubborn) == stubborn  # it leads a group of its own
+        agent.kill()
+        agent.wait()
+        assert wait_dead([stubborn], GRACE_S + 10.0) == []
+    finally:
+        agent.kill()
+        if stubborn is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stubborn, signal.SIGKILL)
 
 
 def test_sigterm_to_the_group_ends_a_stubborn_member_after_the_grace() -> None:

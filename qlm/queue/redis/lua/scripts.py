@@ -113,20 +113,21 @@ return 1
 
 # KEYS: leases, record...
 # ARGV: instance, lease expiry, id...
-# Returns how many leases were renewed.
+# Returns the ids whose lease the instance does not hold (lost: requeued or ended).
 RENEW = (
     _HELPERS
     + """
-local n = 0
+local lost = {}
 for i = 2, #KEYS do
   local f = redis.call('HMGET', KEYS[i], 'state', 'inst')
   if f[2] == ARGV[1] and in_flight(f[1]) then
     redis.call('HSET', KEYS[i], 'lease', ARGV[2])
     redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i + 1])
-    n = n + 1
+  else
+    table.insert(lost, ARGV[i + 1])
   end
 end
-return n
+return lost
 """
 )
 
