@@ -76,7 +76,7 @@ class Agent:
         self._held: dict[str, Held] = {}
         self._evicting: set[str] = set()
         self._taken: set[str] = set()  # planned ids that another instance got first
-        self._lost: set[str] = set()  # held ids whose lease the queue no longer has for us
+        self._lost: dict[str, Held] = {}  # runs whose lease the queue no longer has for us
         self._epoch = -1
         self._last_reconcile_s = float("-inf")
         self._last_renew_s = 0.0
@@ -99,8 +99,7 @@ class Agent:
             await asyncio.gather(keeper, return_exceptions=True)
 
     async def _keep_leases(self, stop: asyncio.Event) -> None:
-        """Renew leases on their own timer: a round that waits on Redis or the engine must
-        not let a lease run out (the request would run twice, from its start)."""
+        """Renew leases on a timer of their own: a slow round must not let one run out."""
         period_s = self.settings.lease_s / 3
         while not stop.is_set():
             try:
@@ -118,15 +117,17 @@ class Agent:
         if not self._held or now_s - self._last_renew_s < self.settings.lease_s / 3:
             return
         self._last_renew_s = now_s  # before the await: the round and the timer both call
-        ids, lease_s = list(self._held), self.settings.lease_s
-        self._lost.update(await self.queue.renew_leases(self.instance.id, ids, lease_s, now_s))
+        held, lease_s = dict(self._held), self.settings.lease_s
+        lost = await self.queue.renew_leases(self.instance.id, list(held), lease_s, now_s)
+        self._lost.update((rid, held[rid]) for rid in lost)  # that run, not a later pull's
 
     def _forget_lost(self) -> None:
         """Abort the requests whose lease was lost, before this round polls the engine: their
         Aborted events then find nothing held, and a later pull of the same id is a new run."""
-        dropped = [rid for rid in self._lost if self._held.pop(rid, None) is not None]
+        dropped = [rid for rid, run in self._lost.items() if self._held.get(rid) is run]
         self._lost.clear()
         if dropped:
+            self._held = {rid: run for rid, run in self._held.items() if rid not in dropped}
             what = f"{len(dropped)} requests ({', '.join(dropped[:5])})"
             log.warning("agent %s: lost the lease of %s; aborting them", self.instance.id, what)
             self._evicting.difference_update(dropped)
