@@ -35,6 +35,7 @@ from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.serve.config import AgentConfig
+from qlm.serve.leases import LeaseKeeper
 from qlm.serve.rounds import Batch, Chunks, Held
 from qlm.types import Fleet, Instance, RequestState
 
@@ -49,7 +50,6 @@ class AgentCounters:
     evictions: int = 0
     swaps: int = 0
     requeued: int = 0
-    leases_lost: int = 0
 
 
 class Agent:
@@ -76,10 +76,10 @@ class Agent:
         self._held: dict[str, Held] = {}
         self._evicting: set[str] = set()
         self._taken: set[str] = set()  # planned ids that another instance got first
-        self._lost: dict[str, Held] = {}  # runs whose lease the queue no longer has for us
         self._epoch = -1
         self._last_reconcile_s = float("-inf")
-        self._last_renew_s = 0.0
+        self.leases = LeaseKeeper(instance.id, queue, clock, settings.lease_s)
+        self._last_round_s = float("-inf")  # monotonic; when a round last completed
         self._last_status_s = -1e18
         self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
         self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
@@ -91,6 +91,7 @@ class Agent:
                 settled = False
                 try:
                     settled = await self.step() is not None
+                    self._last_round_s = self.clock.monotonic_s()
                 except Exception:  # a failed round must not kill the agent
                     log.exception("agent %s: round failed", self.instance.id)
                 await self._idle(stop, wake_on_plan=settled)
@@ -99,39 +100,27 @@ class Agent:
             await asyncio.gather(keeper, return_exceptions=True)
 
     async def _keep_leases(self, stop: asyncio.Event) -> None:
-        """Renew leases on a timer of their own: a slow round must not let one run out."""
-        period_s = self.settings.lease_s / 3
+        """Renew leases on a timer of their own, so that a slow round cannot let one run out;
+        but only while rounds complete: an agent whose rounds hang or fail lets its leases
+        run out, and other instances take the requests."""
         while not stop.is_set():
-            try:
-                await self.renew_leases()
-            except Exception:
-                log.exception("agent %s: lease renewal failed", self.instance.id)
+            if self.clock.monotonic_s() - self._last_round_s <= self.settings.lease_s:
+                try:
+                    await self.leases.renew(self._held, force=True)
+                except Exception:
+                    log.exception("agent %s: lease renewal failed", self.instance.id)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), period_s)
-
-    async def renew_leases(self) -> None:
-        """Renew what this agent holds when a third of the lease has passed. Requests whose
-        lease it lost (requeued after it ran out, or ended) are noted; the next round aborts
-        them on the engine and forgets them, and whoever pulls them next runs them."""
-        now_s = self.clock.now_s()
-        if not self._held or now_s - self._last_renew_s < self.settings.lease_s / 3:
-            return
-        self._last_renew_s = now_s  # before the await: the round and the timer both call
-        held, lease_s = dict(self._held), self.settings.lease_s
-        lost = await self.queue.renew_leases(self.instance.id, list(held), lease_s, now_s)
-        self._lost.update((rid, held[rid]) for rid in lost)  # that run, not a later pull's
+                await asyncio.wait_for(stop.wait(), self.leases.period_s)
 
     def _forget_lost(self) -> None:
-        """Abort the requests whose lease was lost, before this round polls the engine: their
+        """Abort the runs whose lease was lost, before this round polls the engine: their
         Aborted events then find nothing held, and a later pull of the same id is a new run."""
-        dropped = [rid for rid, run in self._lost.items() if self._held.get(rid) is run]
-        self._lost.clear()
+        dropped = self.leases.take_lost(self._held)
         if dropped:
             self._held = {rid: run for rid, run in self._held.items() if rid not in dropped}
             what = f"{len(dropped)} requests ({', '.join(dropped[:5])})"
             log.warning("agent %s: lost the lease of %s; aborting them", self.instance.id, what)
             self._evicting.difference_update(dropped)
-            self.counters.leases_lost += len(dropped)
             self.engine.abort(dropped)
 
     async def _idle(self, stop: asyncio.Event, *, wake_on_plan: bool) -> None:
@@ -374,7 +363,7 @@ class Agent:
             self.metrics.evicted(self.instance.id, [held[r] for r in moved if r in held])
 
     async def _housekeeping(self) -> None:
-        await self.renew_leases()
+        await self.leases.renew(self._held)
         now_s = self.clock.now_s()
         if now_s - self._last_status_s >= self.settings.status_every_s:
             status = self.status(now_s)

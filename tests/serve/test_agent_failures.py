@@ -66,7 +66,7 @@ def test_a_request_whose_lease_ran_out_is_aborted_then_pulled_again() -> None:
         await queue.publish_plan(PublishedPlan(2, 4.0, {"i0": ("g",)}, {"g": group}))
         await agent.step()  # aborted on the engine, then pulled as a new run
         assert (engine.submitted, engine.aborted) == (["r0", "r0"], ["r0"])
-        assert agent.counters.leases_lost == 1
+        assert agent.leases.lost_total == 1
         record = await queue.get("r0")
         assert record is not None
         assert (record.state, record.instance_id, record.dispatches) == (

@@ -15,6 +15,7 @@ Standard library only: it is run by path (`python reaper.py GRACE_S ARGV...`), n
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -23,10 +24,16 @@ import time
 from types import FrameType
 
 POLL_S = 0.1
+REAP_EVERY = 50  # polls between collecting orphans that ended (5 s)
+PR_SET_CHILD_SUBREAPER = 36
+
+# A process as pid and start time (clock ticks after boot): a pid the kernel hands out again
+# to another process during the take-down is not that process.
+Proc = tuple[int, int]
 
 
-def _processes() -> dict[int, tuple[int, int]]:
-    """Every live (not zombie) process but this one: pid -> (parent pid, process group)."""
+def _processes() -> dict[int, tuple[int, int, int, bool]]:
+    """Every process but this one: pid -> (parent pid, process group, start time, zombie)."""
     me = os.getpid()
     found = {}
     for name in os.listdir("/proc"):
@@ -38,31 +45,42 @@ def _processes() -> dict[int, tuple[int, int]]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[0] != b"Z":
-            found[int(name)] = (int(fields[1]), int(fields[2]))
+        if len(fields) > 19:
+            zombie = fields[0] == b"Z"
+            found[int(name)] = (int(fields[1]), int(fields[2]), int(fields[19]), zombie)
     return found
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of live processes in process group `pgid`, this one left out."""
-    return [pid for pid, (_, group) in _processes().items() if group == pgid]
+def live() -> dict[Proc, tuple[int, int]]:
+    """Live (not zombie) processes but this one: (pid, start) -> (parent pid, group)."""
+    return {
+        (pid, start): (ppid, pgid) for pid, (ppid, pgid, start, z) in _processes().items() if not z
+    }
 
 
-def descendants() -> list[int]:
-    """Pids of this process's live descendants, also those that left its group (setsid)."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in _processes().items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(children.get(os.getpid(), []))
+def group_members(pgid: int) -> set[Proc]:
+    """Live processes in process group `pgid`, this one left out."""
+    return {proc for proc, (_, group) in live().items() if group == pgid}
+
+
+def descendants() -> set[Proc]:
+    """This process's live descendants, also those that left its group (setsid); orphans
+    among them stay its children (it is their subreaper)."""
+    procs = live()
+    children: dict[int, list[Proc]] = {}
+    for proc, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(proc)
+    found: set[Proc] = set()
+    todo = list(children.get(os.getpid(), []))
     while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
+        proc = todo.pop()
+        found.add(proc)
+        todo.extend(children.get(proc[0], []))
     return found
 
 
-def signal_all(pids: set[int], sig: signal.Signals) -> None:
-    for pid in pids:
+def signal_all(procs: set[Proc], sig: signal.Signals) -> None:
+    for pid, _ in procs & set(live()):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
@@ -71,17 +89,34 @@ def take_down(child: subprocess.Popen[bytes], grace_s: float) -> None:
     """SIGTERM the group and every descendant (one that left the group included), wait up
     to `grace_s` for them to end, SIGKILL the rest."""
     pgid = os.getpgid(0)
-    targets = set(descendants()) | set(group_members(pgid))
+    targets = descendants() | group_members(pgid)
     signal_all(targets, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         child.poll()  # reap the server, so it no longer counts
-        targets = (targets | set(group_members(pgid))) & set(_processes())
+        reap_orphans(child.pid)
+        targets = (targets | group_members(pgid)) & set(live())
         if not targets:
             return
         time.sleep(POLL_S)
-    signal_all(targets | set(group_members(pgid)) | set(descendants()), signal.SIGKILL)
+    signal_all(targets | group_members(pgid) | descendants(), signal.SIGKILL)
     child.wait()
+
+
+def reap_orphans(server_pid: int) -> None:
+    """Collect this process's ended children other than the server (orphans it adopted)."""
+    me = os.getpid()
+    for pid, (ppid, _, _, zombie) in _processes().items():
+        if zombie and ppid == me and pid != server_pid:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def become_subreaper() -> None:
+    """Orphans among the server's descendants become this process's children, not init's,
+    so they are still found (and taken down) after their parent ended. Linux only."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def main(argv: list[str]) -> int:
@@ -98,9 +133,14 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _request_stop)
     if os.getpgid(0) != os.getpid():  # lead a group of its own: never signal the caller's
         os.setpgid(0, 0)
+    become_subreaper()
     child = subprocess.Popen(command)  # same group, same output, same CPU affinity
+    polls = 0
     while child.poll() is None and not stop:
         time.sleep(POLL_S)
+        polls += 1
+        if polls % REAP_EVERY == 0:
+            reap_orphans(child.pid)
     take_down(child, grace_s)
     code = child.wait()  # reaped here if it exited during the take-down
     if code < 0 and not stop:  # the server died of a signal: so does this process

@@ -127,12 +127,32 @@ def test_sigterm_to_the_group_ends_a_stubborn_member_after_the_grace() -> None:
 
 
 def test_a_server_that_exits_takes_its_children_along_and_its_code_is_kept() -> None:
-    server = STUBBORN_SERVER.replace("flush=True); time.sleep(600)", "flush=True); sys.exit(3)")
+    server = STUBBORN_SERVER.replace(
+        "strip(), flush=True); time.sleep(600)", "strip(), flush=True); sys.exit(3)"
+    )
     proc = subprocess.Popen(reaped([sys.executable, "-c", server], GRACE_S), stdout=subprocess.PIPE)
     assert proc.stdout is not None
     stubborn = int(proc.stdout.readline())
     assert proc.wait(timeout=GRACE_S + 10.0) == 3
     assert wait_dead([stubborn], 5.0) == []
+
+
+def test_an_orphan_in_a_session_of_its_own_dies_when_the_server_exits() -> None:
+    """The server exits and leaves a setsid child behind: an orphan, adopted by the reaper
+    (its subreaper) rather than init, so the take-down still finds it."""
+    server = STUBBORN_SERVER.replace(
+        "stdout=subprocess.PIPE)", "stdout=subprocess.PIPE, start_new_session=True)"
+    ).replace("strip(), flush=True); time.sleep(600)", "strip(), flush=True); sys.exit(3)")
+    proc = subprocess.Popen(reaped([sys.executable, "-c", server], GRACE_S), stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    stubborn = int(proc.stdout.readline())
+    try:
+        assert os.getpgid(stubborn) == stubborn
+        assert proc.wait(timeout=GRACE_S + 10.0) == 3
+        assert wait_dead([stubborn], 5.0) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stubborn, signal.SIGKILL)
 
 
 def test_a_server_killed_by_a_signal_shows_as_killed_by_it() -> None:
