@@ -19,6 +19,7 @@ import pytest
 
 from qlm.types import RequestState
 from tests.faults.harness import (
+    KEY_PREFIX,
     FaultPlane,
     FaultRedis,
     StreamResult,
@@ -98,18 +99,36 @@ async def submit(http: httpx.AsyncClient, count: int) -> list[str]:
     return ids
 
 
-async def mid_stream(plane: FaultPlane, streams: list[StreamResult]) -> str:
-    """The instance running a stream whose client has some text but not all of it."""
+async def generated_tokens(plane: FaultPlane, request_id: str) -> int | None:
+    """Tokens the server has generated for the request's current attempt, from its output
+    stream in Redis (None when its last event is not a token chunk)."""
+    entries = await plane.raw.xrevrange(f"{KEY_PREFIX}s:{request_id}", count=1)
+    if not entries:
+        return 0
+    fields = entries[0][1]
+    if fields.get("k") != "tokens":
+        return None
+    return int(fields["o"]) + int(fields["n"])
+
+
+async def mid_stream(plane: FaultPlane, streams: list[StreamResult]) -> tuple[str, list[str]]:
+    """The instance running a stream whose client has some text and whose server has not yet
+    generated half of it, and every request that instance holds, read together: a stream
+    nearly done when picked could end before the kill, leaving the victim nothing (a fast
+    machine did that)."""
     deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
+        flights = {r.id: r for r in await plane.queue.in_flight()}
         for stream in streams:
             if stream.request_id is None or not stream.text or stream.finish_reason:
                 continue
-            record = await plane.queue.get(stream.request_id)
-            # Held by the server now: a client reading buffered chunks can lag behind a
-            # generation that has already ended (a fast machine ended 1,200 tokens so).
-            if record is not None and record.state in HELD and record.instance_id is not None:
-                return record.instance_id
+            record = flights.get(stream.request_id)
+            if record is None or record.state not in HELD or record.instance_id is None:
+                continue
+            tokens = await generated_tokens(plane, stream.request_id)
+            if tokens is not None and tokens < STREAM_TOKENS // 2:
+                victim = record.instance_id
+                return victim, [r.id for r in flights.values() if r.instance_id == victim]
         await asyncio.sleep(0.05)
     raise AssertionError("no stream mid-generation")
 
@@ -156,8 +175,7 @@ async def test_killed_vllm_agent_and_its_server_die_and_the_other_agent_finishes
                 )
                 for s in streams
             ]
-            victim = await mid_stream(plane, streams)
-            held = [r.id for r in await plane.queue.in_flight() if r.instance_id == victim]
+            victim, held = await mid_stream(plane, streams)
             server = agents[victim].descendants()
             assert server, "the victim agent runs no vLLM server"
             agents[victim].kill9()
