@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
+from benchmarks.common.stats import percentile_or_nan
 from benchmarks.common.tables import markdown_table
 from benchmarks.report import (
     RESULTS_DIR,
@@ -112,12 +113,10 @@ async def serve(engine: NativeEngine, arrivals: list[Arrival], run: str) -> dict
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {
-        "p50": round(statistics.median(ordered), 3),
-        "p99": round(p99, 3),
-        "max": round(ordered[-1], 3),
+        "p50": round(statistics.median(values), 3),
+        "p99": round(percentile_or_nan(values, 0.99), 3),
+        "max": round(max(values), 3),
     }
 
 

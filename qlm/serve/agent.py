@@ -117,7 +117,8 @@ class Agent:
         Aborted events then find nothing held, and a later pull of the same id is a new run."""
         dropped = self.leases.take_lost(self._held)
         if dropped:
-            self._held = {rid: run for rid, run in self._held.items() if rid not in dropped}
+            for rid in dropped:
+                del self._held[rid]
             what = f"{len(dropped)} requests ({', '.join(dropped[:5])})"
             log.warning("agent %s: lost the lease of %s; aborting them", self.instance.id, what)
             self._evicting.difference_update(dropped)

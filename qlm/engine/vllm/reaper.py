@@ -3,11 +3,12 @@
 Question answered: how does nothing of a server outlive its agent, when the agent dies by
 SIGKILL and the server's own shutdown hangs? The agent starts this script as the session
 leader of the server's process group, with the parent-death signal set (process.py): when the
-agent dies, Linux sends this script SIGTERM. It then sends SIGTERM to every other process in
-its group (API server, engine core, workers), waits up to the grace period, and SIGKILLs
-what is left. It does the same when the server exits on its own (a crash can leave the
-engine core behind), and ends as the server did (its exit code, or the signal that killed
-it), so the agent's watcher reports the server's end.
+agent dies, Linux sends this script SIGTERM. It then sends SIGTERM to every process under
+it (API server, engine core, workers; it is their subreaper, so orphans and those that left
+the group count too), waits up to the grace period, and SIGKILLs what is left. It does the
+same when the server exits on its own (a crash can leave the engine core behind), and ends
+as the server did (its exit code, or the signal that killed it), so the agent's watcher
+reports the server's end.
 
 Standard library only: it is run by path (`python reaper.py GRACE_S ARGV...`), not imported.
 """
@@ -32,8 +33,8 @@ PR_SET_CHILD_SUBREAPER = 36
 Proc = tuple[int, int]
 
 
-def _processes() -> dict[int, tuple[int, int, int, bool]]:
-    """Every process but this one: pid -> (parent pid, process group, start time, zombie)."""
+def _processes() -> dict[int, tuple[int, int, bool]]:
+    """Every process but this one: pid -> (parent pid, start time, zombie)."""
     me = os.getpid()
     found = {}
     for name in os.listdir("/proc"):
@@ -47,28 +48,21 @@ def _processes() -> dict[int, tuple[int, int, int, bool]]:
         fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 19:
             zombie = fields[0] == b"Z"
-            found[int(name)] = (int(fields[1]), int(fields[2]), int(fields[19]), zombie)
+            found[int(name)] = (int(fields[1]), int(fields[19]), zombie)
     return found
 
 
-def live() -> dict[Proc, tuple[int, int]]:
-    """Live (not zombie) processes but this one: (pid, start) -> (parent pid, group)."""
-    return {
-        (pid, start): (ppid, pgid) for pid, (ppid, pgid, start, z) in _processes().items() if not z
-    }
-
-
-def group_members(pgid: int) -> set[Proc]:
-    """Live processes in process group `pgid`, this one left out."""
-    return {proc for proc, (_, group) in live().items() if group == pgid}
+def live() -> dict[Proc, int]:
+    """Live (not zombie) processes but this one: (pid, start) -> parent pid."""
+    return {(pid, start): ppid for pid, (ppid, start, z) in _processes().items() if not z}
 
 
 def descendants() -> set[Proc]:
-    """This process's live descendants, also those that left its group (setsid); orphans
-    among them stay its children (it is their subreaper)."""
+    """This process's live descendants: its whole process group, and also those that left
+    it (setsid); orphans among them stay its children (it is their subreaper)."""
     procs = live()
     children: dict[int, list[Proc]] = {}
-    for proc, (ppid, _) in procs.items():
+    for proc, ppid in procs.items():
         children.setdefault(ppid, []).append(proc)
     found: set[Proc] = set()
     todo = list(children.get(os.getpid(), []))
@@ -86,27 +80,26 @@ def signal_all(procs: set[Proc], sig: signal.Signals) -> None:
 
 
 def take_down(child: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the group and every descendant (one that left the group included), wait up
-    to `grace_s` for them to end, SIGKILL the rest."""
-    pgid = os.getpgid(0)
-    targets = descendants() | group_members(pgid)
+    """SIGTERM every descendant (the process group, and those that left it), wait up to
+    `grace_s` for them to end, SIGKILL the rest."""
+    targets = descendants()
     signal_all(targets, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         child.poll()  # reap the server, so it no longer counts
         reap_orphans(child.pid)
-        targets = (targets | group_members(pgid)) & set(live())
+        targets = (targets | descendants()) & set(live())
         if not targets:
             return
         time.sleep(POLL_S)
-    signal_all(targets | group_members(pgid) | descendants(), signal.SIGKILL)
+    signal_all(targets | descendants(), signal.SIGKILL)
     child.wait()
 
 
 def reap_orphans(server_pid: int) -> None:
     """Collect this process's ended children other than the server (orphans it adopted)."""
     me = os.getpid()
-    for pid, (ppid, _, _, zombie) in _processes().items():
+    for pid, (ppid, _, zombie) in _processes().items():
         if zombie and ppid == me and pid != server_pid:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
