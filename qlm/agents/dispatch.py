@@ -67,6 +67,23 @@ class PoolRate:
     """The instances on one model, seen as one machine (their speeds add up)."""
 
     members: tuple[PoolMember, ...]
+    # The distinct members (alike instances price a request alike) and each member's index
+    # among them: a request is priced once per kind, then summed over the members in order.
+    _kinds: tuple[PoolMember, ...] = field(init=False, repr=False, compare=False)
+    _kind_of: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index: dict[tuple[int, int, int], int] = {}
+        kinds: list[PoolMember] = []
+        kind_of = []
+        for member in self.members:
+            key = (id(member.profile), member.kv_capacity_tokens, member.max_num_seqs)
+            if key not in index:
+                index[key] = len(kinds)
+                kinds.append(member)
+            kind_of.append(index[key])
+        object.__setattr__(self, "_kinds", tuple(kinds))
+        object.__setattr__(self, "_kind_of", tuple(kind_of))
 
     @classmethod
     def of(cls, fleet: Fleet, instance_ids: Iterable[str], model: str) -> PoolRate:
@@ -83,11 +100,13 @@ class PoolRate:
 
     def cost_s(self, item: QueuedItem) -> tuple[float, float]:
         """(seconds of the whole pool the request takes, its mean prefill seconds)."""
-        costs = [m.cost_s(item.prompt_tokens, item.max_output_tokens) for m in self.members]
-        if not costs:
+        kind_of = self._kind_of
+        if not kind_of:
             return math.inf, math.inf
-        pool_s = 1.0 / sum(1.0 / max(c, 1e-9) for c, _ in costs)
-        return pool_s, sum(p for _, p in costs) / len(costs)
+        costs = [k.cost_s(item.prompt_tokens, item.max_output_tokens) for k in self._kinds]
+        speeds = [1.0 / max(c, 1e-9) for c, _ in costs]
+        pool_s = 1.0 / sum(speeds[k] for k in kind_of)
+        return pool_s, sum(costs[k][1] for k in kind_of) / len(kind_of)
 
 
 @dataclass(frozen=True, slots=True)

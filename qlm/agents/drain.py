@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from qlm.agents.reconcile import EngineTiming
-from qlm.engine.types import EngineObservation, EngineState
+from qlm.engine.types import EngineObservation, EngineRequest, EngineState
 from qlm.perf.profile import Profile
 
 # Tokens per engine iteration (vLLM's default max_num_batched_tokens; the simulated engine's
@@ -16,15 +18,38 @@ def drain_estimate_s(obs: EngineObservation, profile: Profile | None) -> float:
     batch size, plus their outstanding prefill; a loading engine adds its load time."""
     if profile is None:
         return 0.0
+    return drains_by_rank(obs, profile, lambda _: 0, (0,))[0]
+
+
+def drains_by_rank(
+    obs: EngineObservation,
+    profile: Profile,
+    rank_of: Callable[[EngineRequest], int],
+    ranks: Iterable[int],
+) -> dict[int, float]:
+    """For each of `ranks`, `drain_estimate_s` over the active requests of that rank or
+    above (`rank_of`), from one pass over them."""
+    totals: dict[int, list[int]] = {}  # rank -> [requests, tokens left to decode, prefill]
+    for r in obs.active:
+        total = totals.get(rank_of(r))
+        if total is None:
+            total = totals[rank_of(r)] = [0, 0, 0]
+        total[0] += 1
+        total[1] += max(0, r.max_output_tokens - r.output_tokens)
+        if not r.started:
+            total[2] += r.prompt_tokens
     load_s = profile.load_s if obs.state is EngineState.LOADING else 0.0
-    active = obs.active
-    if not active:
-        return load_s
-    remaining_tokens = sum(max(0, r.max_output_tokens - r.output_tokens) for r in active)
-    prefill_tokens = sum(r.prompt_tokens for r in active if not r.started)
-    batch = min(len(active), profile.max_batch_size)
-    decode_s = remaining_tokens / profile.token_throughput_per_s(batch)
-    return load_s + decode_s + profile.prefill_s(prefill_tokens)
+    drains = {}
+    for rank in ranks:
+        above = [t for k, t in totals.items() if k >= rank]
+        count = sum(t[0] for t in above)
+        if not count:
+            drains[rank] = load_s
+            continue
+        batch = min(count, profile.max_batch_size)
+        decode_s = sum(t[1] for t in above) / profile.token_throughput_per_s(batch)
+        drains[rank] = load_s + decode_s + profile.prefill_s(sum(t[2] for t in above))
+    return drains
 
 
 def engine_timing(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qlm.engine.types import EngineObservation
 
@@ -30,6 +30,17 @@ class QueuedGroup:
     slo_class: str
     items: tuple[QueuedItem, ...]
     in_order: bool = False  # items are in serving order already (dispatch queues)
+    # The distinct classes of the items, found on first use (`classes`).
+    _classes: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def classes(self) -> frozenset[str]:
+        """The SLO classes among the members."""
+        if self._classes is None:
+            found = frozenset(it.slo_class or self.slo_class for it in self.items)
+            object.__setattr__(self, "_classes", found)
+            return found
+        return self._classes
 
     def class_of(self, item: QueuedItem) -> str:
         return item.slo_class or self.slo_class
@@ -42,7 +53,7 @@ class QueuedGroup:
         return tuple(sorted(self.items, key=lambda it: -rank_of(priority, self.class_of(it))))
 
     def top_rank(self, priority: Mapping[str, int]) -> int:
-        return max((rank_of(priority, self.class_of(it)) for it in self.items), default=0)
+        return max((rank_of(priority, name) for name in self.classes), default=0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,8 @@ __all__ = [
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv
 from qlm.agents.queued import (
@@ -86,6 +87,38 @@ def _change_model(
     return ()  # let the running requests drain first
 
 
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """What Budget reads of the engine's active requests, from one pass over them."""
+
+    floor_rank: int | None  # the least urgent class's rank; None for none
+    held_tokens: int  # KV held now, or at the output cap (`Budget.held`)
+    pending_tokens: int  # prompts not prefilled yet
+    urgent_tokens: int  # of those, the most urgent class's
+
+    @classmethod
+    def of(
+        cls,
+        active: Iterable[EngineRequest],
+        priority: Mapping[str, int],
+        full: bool,
+        top_rank: int,
+    ) -> _Tally:
+        floor: int | None = None
+        held = pending = urgent = 0
+        for r in active:
+            rank = priority.get(r.slo_class, 0)
+            if floor is None or rank < floor:
+                floor = rank
+            context = r.prompt_tokens + r.output_tokens
+            held += max(context, r.prompt_tokens + r.max_output_tokens) if full else context
+            if not r.started:
+                pending += r.prompt_tokens
+                if rank >= top_rank:
+                    urgent += r.prompt_tokens
+        return cls(floor, held, pending, urgent)
+
+
 class Budget:
     """Free sequence slots, KV tokens and prefill backlog, spent as requests are admitted."""
 
@@ -103,23 +136,17 @@ class Budget:
         self.slots = min(obs.max_num_seqs - len(obs.active), opts.max_pull)
         waiting = max(0, -self.slots)
         self.backlog = max(0, min(opts.engine_backlog - waiting, opts.max_pull - self.slots))
-        ranks = [rank_of(priority, r.slo_class) for r in obs.active]
-        self.floor_rank = min(ranks) if ranks else None  # least urgent in the engine
-        held = sum(self.held(r) for r in obs.active)
-        self.kv_tokens = obs.kv_capacity_tokens - max(obs.kv_used_tokens, held)
+        self.top_rank = max(priority.values(), default=0)
+        tally = _Tally.of(obs.active, priority, self.full, self.top_rank)
+        self.floor_rank = tally.floor_rank  # least urgent in the engine
+        self.kv_tokens = obs.kv_capacity_tokens - max(obs.kv_used_tokens, tally.held_tokens)
         self.empty = not obs.active
         limit = opts.prefill_backlog_s
         rate = None if timing is None or limit is None else timing.prefill_tokens_per_s
         self.prefill_rate = rate  # None: no prefill bound
-        pending = sum(r.prompt_tokens for r in obs.active if not r.started)
+        pending, urgent = tally.pending_tokens, tally.urgent_tokens
         self.prefill_pending = pending > 0
         self.prefill_left_s = 0.0 if rate is None or limit is None else limit - pending / rate
-        self.top_rank = max(priority.values(), default=0)
-        urgent = sum(
-            r.prompt_tokens
-            for r in obs.active
-            if not r.started and rank_of(priority, r.slo_class) >= self.top_rank
-        )
         # The bound again, over the most urgent class's own queued prompts only.
         self.urgent_left_s = 0.0 if rate is None or limit is None else limit - urgent / rate
         beside = None if timing is None else timing.prefill_beside_tokens_per_s
@@ -222,7 +249,7 @@ def _serve(
     actions: list[Action] = list(preempt)
     if pulled:
         actions.append(Pull(obs.instance_id, pulled))
-    if not preempt and not pulled:
+    if not preempt and not pulled and obs.swapped:
         top = max((g.top_rank(priority) for g in queue), default=None)
         actions.extend(_swap_in(obs, priority, top))
     return tuple(actions)
@@ -277,12 +304,17 @@ def _preempt_for(
     requests, if they are blocked and room would not free on its own before their deadline.
     Victims go lowest priority first, least progress first, until those members fit."""
     head_rank = head.top_rank(priority)
-    urgent = tuple(it for it in head.items if rank_of(priority, head.class_of(it)) == head_rank)
-    if not opts.allow_evict or budget.admits(urgent[0]) or not budget.within_bound(urgent[0]):
+
+    def is_urgent(item: QueuedItem) -> bool:
+        return rank_of(priority, head.class_of(item)) == head_rank
+
+    first = next(it for it in head.items if is_urgent(it))
+    if not opts.allow_evict or budget.admits(first) or not budget.within_bound(first):
         # Room enough; or queued prefill past the bound, which preempting cannot cut: the
         # head would wait behind it anyway (another instance may take it sooner), and the
         # victims' work would be lost for nothing.
         return ()
+    urgent = tuple(it for it in head.items if is_urgent(it))
     if timing is not None and _room_in_time(obs, budget, urgent, timing):
         return ()
     victims = sorted(

@@ -37,7 +37,6 @@ from qlm.engine.types import (
     EngineError,
     EngineEvent,
     EngineObservation,
-    EngineRequest,
     EngineState,
     ModelLoaded,
 )
@@ -67,6 +66,7 @@ class EngineModel:
         self._events: list[EngineEvent] = []
         self._counters = EngineCounters()
         self._order = 0
+        self._observed: EngineObservation | None = None  # the last, while nothing changed
         self._reset_queues()
         self._state = EngineState.EMPTY
         self._model: str | None = None
@@ -124,19 +124,22 @@ class EngineModel:
         """The engine at now_s (advancing to it first; events stay buffered for
         advance_to), counting the decode steps done inside the run in flight."""
         self._advance(now_s)
+        if self._observed is not None and self._observed.at_s == now_s:
+            return self._observed  # nothing changed since (operations and _advance reset it)
         done = self._decode_steps_in_flight(now_s)
         queues = self._queues
-        return EngineObservation(
+        self._observed = EngineObservation(
             instance_id=self.instance.id,
             state=self._state,
             model=self._model,
-            requests=tuple(self._view(seq, done) for seq in queues.seqs.values()),
+            requests=queues.views(done),
             kv_used_tokens=queues.kv.used_tokens + done * queues.decode.num_seqs,
             kv_capacity_tokens=queues.kv.capacity_tokens,
             max_num_seqs=self._max_num_seqs,
             supports_kv_swap=self.config.supports_kv_swap,
             at_s=now_s,
         )
+        return self._observed
 
     # ------------------------------------------------------------------ time
 
@@ -152,7 +155,7 @@ class EngineModel:
         """Admit a request into the engine's waiting queue. It generates output_tokens tokens
         (default: request.max_output_tokens), capped by max_output_tokens and by the KV
         capacity (a sequence never outgrows the cache, like vLLM's max_model_len)."""
-        self._advance(now_s)
+        self._begin(now_s)
         self._check_can_add(request)
         capacity = self._queues.kv.capacity_tokens
         if request.prompt_tokens + 1 > capacity:
@@ -169,7 +172,7 @@ class EngineModel:
     def abort(self, request_ids: Sequence[str], now_s: float, reason: str = "aborted") -> None:
         """Drop requests at once (Aborted events at now_s) and free their KV. Unknown or
         already ended ids are ignored."""
-        self._advance(now_s)
+        self._begin(now_s)
         seqs = self._known(request_ids)
         if not seqs:
             return
@@ -183,7 +186,7 @@ class EngineModel:
     def swap_out(self, request_ids: Sequence[str], now_s: float) -> None:
         """Move requests' KV to CPU; they pause until swap_in. A waiting request pauses with
         no KV. EngineError without swap support or when the CPU space is short."""
-        self._advance(now_s)
+        self._begin(now_s)
         if not self.config.supports_kv_swap:
             raise EngineError(f"engine {self.instance.id}: KV swapping is off")
         seqs = self._known(request_ids)
@@ -202,7 +205,7 @@ class EngineModel:
     def swap_in(self, request_ids: Sequence[str], now_s: float) -> None:
         """Let swapped requests resume: their KV returns when there is room (before any
         waiting request is admitted). Requests that are not swapped are ignored."""
-        self._advance(now_s)
+        self._begin(now_s)
         seqs = self._known(request_ids)
         plan_s = self._interrupt(now_s)
         self._queues.resume(seqs)
@@ -211,7 +214,7 @@ class EngineModel:
     def load(self, model: str, now_s: float) -> None:
         """Switch models: abort every request at once, serve nothing for the profile's
         load_s, then emit ModelLoaded. EngineError for a model this instance cannot serve."""
-        self._advance(now_s)
+        self._begin(now_s)
         if model not in self._profiles:
             raise EngineError(
                 f"engine {self.instance.id} cannot load {model!r}; "
@@ -230,6 +233,11 @@ class EngineModel:
 
     # ------------------------------------------------------------------ time, inside
 
+    def _begin(self, now_s: float) -> None:
+        """Before an operation at now_s: advance to it; the last observation goes stale."""
+        self._advance(now_s)
+        self._observed = None
+
     def _advance(self, t_s: float) -> None:
         if t_s < self._now_s - TIME_EPS_S:
             raise ValueError(f"engine {self.instance.id}: time went back ({t_s} < {self._now_s})")
@@ -245,6 +253,7 @@ class EngineModel:
             if seg is None or seg.end_s > t_s:
                 break
             self._segment = None
+            self._observed = None
             complete(self._queues, seg, seg.steps, self._events)
             self._now_s = max(self._now_s, seg.end_s)
             self._schedule(seg.end_s)
@@ -254,6 +263,7 @@ class EngineModel:
         assert self._model is not None
         assert self._profile is not None
         self._state = EngineState.READY
+        self._observed = None
         self._load_done_at_s = None
         self._events.append(ModelLoaded(self._model, at_s, self._profile.load_s))
         self._now_s = max(self._now_s, at_s)
@@ -355,17 +365,6 @@ class EngineModel:
     def _known(self, request_ids: Sequence[str]) -> list[Seq]:
         seqs = self._queues.seqs
         return [seqs[i] for i in request_ids if i in seqs]
-
-    def _view(self, seq: Seq, decode_steps_in_flight: int) -> EngineRequest:
-        return EngineRequest(
-            request_id=seq.id,
-            slo_class=seq.request.slo_class,
-            prompt_tokens=seq.prompt_tokens,
-            max_output_tokens=seq.request.max_output_tokens,
-            output_tokens=self._queues.decode.output_tokens(seq, decode_steps_in_flight),
-            started=seq.first_token_at_s is not None,
-            kv_on_cpu=seq.phase is SeqPhase.SWAPPED,
-        )
 
 
 def _profiles_for(instance: Instance, profiles: Fleet | Iterable[Profile]) -> dict[str, Profile]:

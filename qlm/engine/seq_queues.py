@@ -20,6 +20,7 @@ from qlm.engine.decode_batch import DecodeBatch
 from qlm.engine.kv_cache import KvCache
 from qlm.engine.sequence import Seq, SeqPhase
 from qlm.engine.stats import EngineCounters
+from qlm.engine.types import EngineRequest
 
 
 class SeqQueues:
@@ -36,6 +37,31 @@ class SeqQueues:
         self.resumable: dict[str, Seq] = {}  # swapped and not paused
         self.decode = DecodeBatch()
         self.kv = KvCache(self.decode, cpu_capacity_tokens=config.cpu_swap_tokens)
+
+    def views(self, decode_steps_in_flight: int) -> tuple[EngineRequest, ...]:
+        """Every live sequence as the engine's observation lists it (its output counts the
+        decode steps in flight; DecodeBatch.output_tokens, inlined: this runs per sequence
+        at every observation)."""
+        step = self.decode.step + decode_steps_in_flight
+        decode, swapped = SeqPhase.DECODE, SeqPhase.SWAPPED
+        views = []
+        for seq in self.seqs.values():
+            request, phase, output = seq.request, seq.phase, seq.output_tokens
+            if phase is decode:
+                output += step - seq.joined_at_step
+            started = seq.first_token_at_s is not None
+            views.append(
+                EngineRequest(
+                    request.id,
+                    request.slo_class,
+                    request.prompt_tokens,
+                    request.max_output_tokens,
+                    output,
+                    started,
+                    phase is swapped,
+                )
+            )
+        return tuple(views)
 
     def enqueue(self, seq: Seq, front: bool) -> None:
         seq.set_phase(SeqPhase.WAITING)

@@ -8,7 +8,7 @@ EventBuffer for live engines) is in client.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -51,15 +51,17 @@ class EngineObservation:
     max_num_seqs: int
     supports_kv_swap: bool = False
     at_s: float = 0.0
+    # Requests on the GPU (running or waiting in the engine), not swapped out; and those
+    # swapped to CPU. Derived from `requests` once, as every reader walks them.
+    active: tuple[EngineRequest, ...] = field(init=False, repr=False, compare=False)
+    swapped: tuple[EngineRequest, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def active(self) -> tuple[EngineRequest, ...]:
-        """Requests on the GPU (running or waiting in the engine), not swapped out."""
-        return tuple(r for r in self.requests if not r.kv_on_cpu)
-
-    @property
-    def swapped(self) -> tuple[EngineRequest, ...]:
-        return tuple(r for r in self.requests if r.kv_on_cpu)
+    def __post_init__(self) -> None:
+        requests = self.requests
+        swapped = tuple(r for r in requests if r.kv_on_cpu)
+        active = tuple(r for r in requests if not r.kv_on_cpu) if swapped else requests
+        object.__setattr__(self, "active", active)
+        object.__setattr__(self, "swapped", swapped)
 
     @property
     def free_slots(self) -> int:

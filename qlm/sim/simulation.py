@@ -148,6 +148,9 @@ class Simulation:
     def loading(self, instance_id: str) -> bool:
         return self._slots[instance_id].loading
 
+    def serving(self, model: str) -> tuple[str, ...]:
+        return self._ledger.serving(model)
+
     def max_num_seqs(self, instance_id: str) -> int:
         return self._slots[instance_id].max_num_seqs
 

@@ -50,6 +50,7 @@ class WaitLedger:
         self._clock = clock
         self._models: dict[str, _Model] = {}
         self._held: dict[str, tuple[str | None, bool]] = {}  # slot id -> (model, loading)
+        self._serving: dict[str, tuple[str, ...]] = {}  # model -> `serving`, while it stands
         for slot in slots:
             self.slot_changed(slot)
 
@@ -63,6 +64,15 @@ class WaitLedger:
         model = self._models.get(name)
         return (now_s, 0.0) if model is None else model.readings(now_s)
 
+    def serving(self, model: str) -> tuple[str, ...]:
+        """The instances with `model` loaded (not loading), in fleet order."""
+        pool = self._serving.get(model)
+        if pool is None:
+            held = self._held.items()
+            pool = tuple(i for i, (m, loading) in held if m == model and not loading)
+            self._serving[model] = pool
+        return pool
+
     def slot_changed(self, slot: Slot) -> None:
         """Record the slot's model and loading flag as they are now."""
         now_s = self._clock.now_s()
@@ -71,6 +81,7 @@ class WaitLedger:
         if new == old:
             return
         self._held[slot.id] = new
+        self._serving.clear()
         for name, loading, step in ((old[0], old[1], -1), (new[0], new[1], 1)):
             if name is None:
                 continue

@@ -146,6 +146,9 @@ class Context:
     def loading(self, instance_id: str) -> bool:
         return False
 
+    def serving(self, model: str) -> tuple[str, ...]:
+        return tuple(i.id for i in self.fleet.instances)
+
     def max_num_seqs(self, instance_id: str) -> int:
         return 0
 

@@ -65,6 +65,10 @@ class SimContext(Protocol):
 
     def loading(self, instance_id: str) -> bool: ...
 
+    def serving(self, model: str) -> tuple[str, ...]:
+        """The instances with `model` loaded and not loading, in fleet order."""
+        ...
+
     def max_num_seqs(self, instance_id: str) -> int:
         """Sequences the instance's engine runs at once with its current model."""
         ...

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 
 from qlm.agents.dispatch import PoolRate, Schedule, dispatch_groups, follows_swap
-from qlm.agents.drain import drain_estimate_s
+from qlm.agents.drain import drains_by_rank
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
@@ -31,6 +30,7 @@ class SimDispatch:
         self._queues = ModelQueues()
         self._rates: dict[tuple[str, ...], PoolRate] = {}
         self._drains: dict[str, dict[str, float]] = {}  # instance -> class -> drain_s
+        self._blocked: dict[tuple[str, ...], dict[str, float]] = {}  # pool -> _blocked_s
         self._room: dict[str, Room] = {}  # instance -> its room when last reconciled, untouched
 
     def queue(self, request: Request) -> None:
@@ -54,17 +54,15 @@ class SimDispatch:
         first = self._first_in_line(model)
         new = None if arrival is None else _item(arrival)
         free: list[tuple[int, int, str]] = []
-        for k, instance in enumerate(ctx.fleet.instances):
-            if ctx.model_of(instance.id) != model or ctx.loading(instance.id):
-                continue
-            room = self._room.get(instance.id)
+        for k, instance_id in enumerate(ctx.serving(model)):
+            room = self._room.get(instance_id)
             if room is not None and first is not None and room.stops(first):
                 continue
             if room is not None and new is not None and not room.takes(new):
                 continue
-            held = ctx.held(instance.id)
-            if held < ctx.max_num_seqs(instance.id):
-                free.append((held, k, instance.id))
+            held = ctx.held(instance_id)
+            if held < ctx.max_num_seqs(instance_id):
+                free.append((held, k, instance_id))
         return [instance_id for _, _, instance_id in sorted(free)]
 
     def _first_in_line(self, model: str) -> QueuedItem | None:
@@ -158,12 +156,7 @@ class SimDispatch:
 
     def _pool(self, model: str) -> tuple[str, ...]:
         """The instances serving `model` now (loaded, not loading)."""
-        ctx = self.ctx
-        return tuple(
-            i.id
-            for i in ctx.fleet.instances
-            if ctx.model_of(i.id) == model and not ctx.loading(i.id)
-        )
+        return self.ctx.serving(model)
 
     def _rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
         rate = self._rates.get((model, *pool))
@@ -188,10 +181,18 @@ class SimDispatch:
         """The instance's engine changed (events, or an action applied): observe it anew."""
         self._drains.pop(instance_id, None)
         self._room.pop(instance_id, None)
+        self._blocked.clear()
 
     def _blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
         """Per SLO class, how long the pool (as one machine) stays busy with admitted work
-        a request of that class may not preempt (of its class or a more urgent one)."""
+        a request of that class may not preempt (of its class or a more urgent one); kept
+        until an engine is touched."""
+        blocked = self._blocked.get(pool)
+        if blocked is None:
+            blocked = self._blocked[pool] = self._pool_blocked_s(pool)
+        return blocked
+
+    def _pool_blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
         speeds = dict.fromkeys(self.priority, 0.0)
         for instance_id in pool:
             for name, drain_s in self._drain_by_class(instance_id).items():
@@ -207,11 +208,15 @@ class SimDispatch:
             model = ctx.model_of(instance_id)
             assert model is not None
             profile = ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
-            obs = ctx.observe(instance_id)
-            drains = {}
-            for name, rank in self.priority.items():
-                keep = tuple(r for r in obs.requests if self.priority.get(r.slo_class, 0) >= rank)
-                drains[name] = drain_estimate_s(replace(obs, requests=keep), profile)
+            assert profile is not None
+            priority = self.priority
+            by_rank = drains_by_rank(
+                ctx.observe(instance_id),
+                profile,
+                lambda r: priority.get(r.slo_class, 0),
+                priority.values(),
+            )
+            drains = {name: by_rank[rank] for name, rank in priority.items()}
             self._drains[instance_id] = drains
         return drains
 
