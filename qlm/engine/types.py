@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class EngineState(StrEnum):
@@ -20,9 +20,10 @@ class EngineState(StrEnum):
     FAILED = "failed"  # the engine died; the agent restarts it or gives up
 
 
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    """A request the engine holds, as the agent's reconcile step needs to see it."""
+class EngineRequest(NamedTuple):
+    """A request the engine holds, as the agent's reconcile step needs to see it. A named
+    tuple, not a frozen dataclass: every observation makes one per request it lists, and a
+    tuple is made several times faster."""
 
     request_id: str
     slo_class: str
