@@ -84,8 +84,11 @@ class SimDispatch:
         model = ctx.model_of(instance_id)
         until = None if whole else _until_model(model)
         queued = ctx.queued().__contains__
+        stays = not whole and _head_model(plan, instance_id, queued) == model
         planned = (
-            () if plan is None else virtual_queue(plan, instance_id, queued, self.members, until)
+            ()
+            if plan is None or stays  # the plan keeps it on its model: it serves the model
+            else virtual_queue(plan, instance_id, queued, self.members, until)
         )
         count = 0 if model is None else self._queues.count(model)
         if follows_swap(model, planned, count, lambda: self.swap_pays(planned[0], instance_id)):
@@ -229,6 +232,20 @@ def _item(request: Request) -> QueuedItem:
         request.slo_class,
         request.ttft_deadline_at_s,
     )
+
+
+def _head_model(
+    plan: PublishedPlan | None, instance_id: str, queued: Callable[[str], bool]
+) -> str | None:
+    """The model of the instance's first planned group with a member still queued (the
+    head of its virtual queue: `follows_swap` keeps the instance on its model when it is
+    that model's); None when there is none."""
+    if plan is None:
+        return None
+    for group in plan.queue_of(instance_id):
+        if any(queued(rid) for rid in group.request_ids):
+            return group.model
+    return None
 
 
 def _until_model(model: str | None) -> Callable[[QueuedGroup], bool]:
