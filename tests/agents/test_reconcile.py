@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -74,7 +73,7 @@ def test_an_engine_backlog_admits_beyond_the_sequence_slots() -> None:
     assert run(tight, group("g1", 5), engine_backlog=2) == ()  # KV still bounds admission
     # An urgent request does not wait behind batch work inside the engine: it preempts, and
     # what waits in the engine goes first, then enough running work to free a sequence.
-    parked = [running(f"x{i}") for i in range(4)] + [replace(running("w", out=0), started=False)]
+    parked = [running(f"x{i}") for i in range(4)] + [running("w", out=0)._replace(started=False)]
     urgent = run(obs(running=parked), group("g1", 1, slo="interactive"), engine_backlog=2)
     assert urgent[0] == Evict("i0", ("w", "x0"), urgent[0].reason)  # type: ignore[union-attr]
     assert urgent[1] == Pull("i0", ("g1.0",))
