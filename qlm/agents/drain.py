@@ -31,9 +31,7 @@ def drains_by_rank(
     above (`rank_of`), from one pass over them."""
     totals: dict[int, list[int]] = {}  # rank -> [requests, tokens left to decode, prefill]
     for r in obs.active:
-        total = totals.get(rank_of(r))
-        if total is None:
-            total = totals[rank_of(r)] = [0, 0, 0]
+        total = totals.setdefault(rank_of(r), [0, 0, 0])
         total[0] += 1
         total[1] += max(0, r.max_output_tokens - r.output_tokens)
         if not r.started:

@@ -30,7 +30,6 @@ class SimDispatch:
         self._queues = ModelQueues()
         self._rates: dict[tuple[str, ...], PoolRate] = {}
         self._drains: dict[str, dict[str, float]] = {}  # instance -> class -> drain_s
-        self._blocked: dict[tuple[str, ...], dict[str, float]] = {}  # pool -> _blocked_s
         self._room: dict[str, Room] = {}  # instance -> its room when last reconciled, untouched
 
     def queue(self, request: Request) -> None:
@@ -184,18 +183,10 @@ class SimDispatch:
         """The instance's engine changed (events, or an action applied): observe it anew."""
         self._drains.pop(instance_id, None)
         self._room.pop(instance_id, None)
-        self._blocked.clear()
 
     def _blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
         """Per SLO class, how long the pool (as one machine) stays busy with admitted work
-        a request of that class may not preempt (of its class or a more urgent one); kept
-        until an engine is touched."""
-        blocked = self._blocked.get(pool)
-        if blocked is None:
-            blocked = self._blocked[pool] = self._pool_blocked_s(pool)
-        return blocked
-
-    def _pool_blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
+        a request of that class may not preempt (of its class or a more urgent one)."""
         speeds = dict.fromkeys(self.priority, 0.0)
         for instance_id in pool:
             for name, drain_s in self._drain_by_class(instance_id).items():
