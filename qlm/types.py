@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
+from typing import NamedTuple
 
 from qlm.perf.profile import GIB, Profile
 
@@ -96,6 +97,15 @@ DEFAULT_SLO_CLASSES: tuple[SloClass, ...] = (
 )
 
 
+class PrefixBlock(NamedTuple):
+    """A run of a prompt's leading tokens that other prompts may share. `key` names the
+    prompt from its start up to the end of this block (equal keys: equal text so far, so a
+    block is only ever reused behind the same blocks); `tokens` is the block's length."""
+
+    key: int
+    tokens: int
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One generation request. Times are absolute seconds on the control plane's clock."""
@@ -127,6 +137,10 @@ class Request:
     # Seconds from arrival to the predicted end of the output; None where nothing is known
     # (a "no-plan" estimate, or an "idle" one for a model no live instance can serve).
     estimated_completion_s: float | None = field(default=None, hash=False, compare=False)
+    # The prompt's leading blocks that other prompts may share, in prompt order (their tokens
+    # add up to at most prompt_tokens; the rest of the prompt is its own). Engines with a
+    # prefix cache compute only what they do not hold (qlm/engine/prefix_cache.py).
+    prefix: tuple[PrefixBlock, ...] = field(default=(), hash=False, compare=False)
 
     @property
     def ignores_eos(self) -> bool:
@@ -145,6 +159,14 @@ class Request:
             and self.completion_deadline_at_s < self.ttft_deadline_at_s
         ):
             raise ValueError(f"request {self.id}: completion deadline before ttft deadline")
+        if self.prefix and (
+            any(block.tokens < 1 for block in self.prefix)
+            or sum(block.tokens for block in self.prefix) > self.prompt_tokens
+        ):
+            raise ValueError(
+                f"request {self.id}: prefix blocks must hold >= 1 token each and at most "
+                "prompt_tokens in all"
+            )
 
     @classmethod
     def create(

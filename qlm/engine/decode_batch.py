@@ -24,6 +24,7 @@ class DecodeBatch:
     step: int = 0  # decode steps taken; every decoding sequence advances with it
     num_seqs: int = 0
     context_tokens: int = 0  # prompt + output over the decoding sequences
+    shared_tokens: int = 0  # of that context, held by prefix-cache blocks (kv_cache.py)
     # (finish at step, order, version when pushed, seq); stale entries are skipped
     _finish_heap: list[tuple[int, int, int, Seq]] = field(default_factory=list)
 
@@ -33,6 +34,7 @@ class DecodeBatch:
         seq.joined_at_step = self.step
         self.num_seqs += 1
         self.context_tokens += seq.prompt_tokens + seq.output_tokens
+        self.shared_tokens += seq.shared_tokens
         finish_step = self.step + seq.target_tokens - seq.output_tokens
         heapq.heappush(self._finish_heap, (finish_step, seq.order, seq.version, seq))
 
@@ -42,6 +44,7 @@ class DecodeBatch:
         seq.output_tokens += self.step - seq.joined_at_step
         self.num_seqs -= 1
         self.context_tokens -= seq.prompt_tokens + seq.output_tokens
+        self.shared_tokens -= seq.shared_tokens
 
     def advance(self, steps: int) -> None:
         """`steps` decode steps completed: every sequence gained that many tokens."""

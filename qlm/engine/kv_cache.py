@@ -5,7 +5,10 @@ between GPU and CPU since the last iteration was planned? Token granularity, no 
 holds the decode batch's context (prompt + output of every decoding sequence, which grows a
 token per sequence per step without passing through here) plus a reservation for every
 admitted prefill: its whole prefill + 1 token (vLLM v0 style), so prefill chunks never run out
-of room. Swap traffic is charged to the next iteration (segment.py).
+of room, and the prefix cache's blocks (prefix_cache.py), once each however many sequences
+share them (the decode batch's `shared_tokens` are the part of its context those blocks hold).
+Cached blocks no sequence references count as used here; they are evicted before anything is
+preempted (scheduler.py). Swap traffic is charged to the next iteration (segment.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qlm.engine.decode_batch import DecodeBatch
+from qlm.engine.prefix_cache import PrefixCache
 
 
 @dataclass(slots=True)
@@ -20,6 +24,7 @@ class KvCache:
     """KV tokens of one engine: GPU capacity and use, CPU swap space and use."""
 
     decode: DecodeBatch  # whose context is the KV the decoding sequences hold
+    prefix: PrefixCache  # whose blocks hold the shared part of that context, and more
     capacity_tokens: int = 0
     cpu_capacity_tokens: int = 0
     reserved_tokens: int = 0  # reserved for admitted prefills (+1 each)
@@ -28,11 +33,12 @@ class KvCache:
 
     @property
     def used_tokens(self) -> int:
-        return self.decode.context_tokens + self.reserved_tokens
+        own = self.decode.context_tokens - self.decode.shared_tokens
+        return own + self.reserved_tokens + self.prefix.tokens
 
     @property
     def free_tokens(self) -> int:
-        return self.capacity_tokens - self.decode.context_tokens - self.reserved_tokens
+        return self.capacity_tokens - self.used_tokens
 
     @property
     def decode_slots_short(self) -> bool:

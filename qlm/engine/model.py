@@ -133,7 +133,10 @@ class EngineModel:
             state=self._state,
             model=self._model,
             requests=queues.views(done),
-            kv_used_tokens=queues.kv.used_tokens + done * queues.decode.num_seqs,
+            # cached prefix blocks no sequence references are room, not use
+            kv_used_tokens=queues.kv.used_tokens
+            - queues.prefix.idle_tokens
+            + done * queues.decode.num_seqs,
             kv_capacity_tokens=queues.kv.capacity_tokens,
             max_num_seqs=self._max_num_seqs,
             supports_kv_swap=self.config.supports_kv_swap,

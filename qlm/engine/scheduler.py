@@ -6,12 +6,15 @@ Question answered: what runs in the next iteration, and what does a completed on
 max_num_batched_tokens) and the free sequence slots (`max_num_seqs`):
 
 1. decodes first: every running sequence past its prompt decodes one token; while the KV cache
-   has no room for those tokens the most recently admitted running sequence is preempted
+   has no room for those tokens, cached prefix blocks no sequence references are evicted
+   (least recently used first), then the most recently admitted running sequence is preempted
    (recompute: back to the front of the waiting queue, its KV dropped; swap: KV to CPU);
 2. running sequences still in prefill get chunks from what is left of the budget;
 3. if nothing was preempted, swapped sequences come back, then waiting ones are admitted in
    FCFS order (the head blocks the rest) while there are slots, budget and KV room for the
    whole prefill after this iteration's decodes (KV is reserved at admission, as vLLM v0 does).
+   A sequence whose leading prefix blocks are cached (prefix_cache.py) needs KV for, and
+   computes, only the rest; unreferenced cached blocks are evicted to make room.
 
 `complete` applies completed iterations: decode steps add a token to every decoding sequence
 and end those that reach their length (RequestFinished); prefill chunks advance their
@@ -62,7 +65,10 @@ def schedule(
 def _make_decode_room(queues: SeqQueues) -> bool:
     """Preempt the latest admitted running sequences until every decode has a KV slot."""
     preempted = False
-    while queues.kv.decode_slots_short:
+    kv = queues.kv
+    if kv.decode_slots_short and queues.prefix.idle_tokens:
+        queues.prefix.evict(kv.decode.num_seqs - kv.free_tokens)
+    while kv.decode_slots_short:
         victim = queues.running[next(reversed(queues.running))]
         queues.preempt(victim)
         preempted = True
@@ -80,8 +86,11 @@ def _plan_swap_ins(queues: SeqQueues, plan: IterationPlan) -> None:
     for seq in list(queues.resumable.values()):
         if plan.seqs_left <= 0 or plan.tokens_left <= 0:
             return
-        kv_tokens = seq.cpu_tokens if seq.resume_phase is SeqPhase.DECODE else seq.prefill_target
-        if kv_tokens + 1 > queues.kv.room_after_decodes:
+        if seq.resume_phase is SeqPhase.DECODE:
+            kv_tokens = seq.cpu_tokens
+        else:
+            kv_tokens = seq.prefill_target - seq.shared_tokens
+        if not queues.make_room(kv_tokens + 1):
             return
         queues.swap_to_gpu(seq)
         plan.seqs_left -= 1
@@ -98,13 +107,13 @@ def _plan_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
         if seq.version != version or seq.phase is not SeqPhase.WAITING:
             waiting.popleft()
             continue
-        need = seq.prompt_tokens + seq.output_tokens + 1
-        if need > queues.kv.room_after_decodes:
+        blocks, hit_tokens = queues.cached_blocks(seq)
+        if not queues.fits(seq, blocks, hit_tokens):
             return
         waiting.popleft()
-        queues.admit(seq)
+        queues.admit(seq, blocks)
         plan.seqs_left -= 1
-        plan.add_chunk(seq, min(seq.prefill_target, plan.tokens_left))
+        plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
 
 
 def complete(queues: SeqQueues, segment: Segment, steps: int, events: list[EngineEvent]) -> None:
@@ -133,6 +142,7 @@ def complete(queues: SeqQueues, segment: Segment, steps: int, events: list[Engin
 def _complete_prefill(queues: SeqQueues, seq: Seq, at_s: float, events: list[EngineEvent]) -> None:
     """The iteration that computes a prompt's last chunk samples its next token."""
     queues.end_prefill(seq)
+    queues.cache_prompt(seq)
     seq.output_tokens += 1
     if seq.first_token_at_s is None:
         seq.first_token_at_s = at_s

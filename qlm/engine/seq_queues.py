@@ -7,7 +7,9 @@ from its end), the prefilling subset, the swapped sequences and the resumable su
 (swapped by preemption, not paused by swap_out: they come back on their own). Each move keeps
 the queues, the decode batch (decode_batch.py), the KV accounting (kv_cache.py) and the
 counters consistent; which move to make, and when, is the scheduler's (scheduler.py) or the
-caller's.
+caller's. A sequence references its cached prefix blocks (prefix_cache.py) from admission until
+it finishes, is aborted or is preempted to recompute; swapped out, it keeps them on the GPU and
+moves only its own KV.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 from qlm.engine.config import EngineConfig
 from qlm.engine.decode_batch import DecodeBatch
 from qlm.engine.kv_cache import KvCache
+from qlm.engine.prefix_cache import PrefixCache
 from qlm.engine.sequence import Seq, SeqPhase
 from qlm.engine.stats import EngineCounters
 from qlm.engine.types import EngineRequest
@@ -36,7 +39,8 @@ class SeqQueues:
         self.swapped: dict[str, Seq] = {}
         self.resumable: dict[str, Seq] = {}  # swapped and not paused
         self.decode = DecodeBatch()
-        self.kv = KvCache(self.decode, cpu_capacity_tokens=config.cpu_swap_tokens)
+        self.prefix = PrefixCache(counters.prefix)
+        self.kv = KvCache(self.decode, self.prefix, cpu_capacity_tokens=config.cpu_swap_tokens)
 
     def views(self, decode_steps_in_flight: int) -> tuple[EngineRequest, ...]:
         """Every live sequence as the engine's observation lists it (its output counts the
@@ -71,20 +75,74 @@ class SeqQueues:
         else:
             self.waiting.append(entry)
 
-    def admit(self, seq: Seq) -> None:
-        """Waiting -> running: reserve KV for the whole prefill of prompt + output so far."""
+    def cached_blocks(self, seq: Seq) -> tuple[int, int]:
+        """(its leading prefix blocks the cache holds, their tokens)."""
+        prefix = seq.request.prefix
+        if not prefix:
+            return 0, 0
+        blocks = self.prefix.match(prefix)
+        return blocks, sum(block.tokens for block in prefix[:blocks])
+
+    def fits(self, seq: Seq, blocks: int, hit_tokens: int) -> bool:
+        """Whether admitting it with `blocks` cached leaves KV for its whole prefill after
+        this iteration's decodes, counting cached blocks no one references as room."""
+        need = seq.prompt_tokens + seq.output_tokens + 1 - hit_tokens
+        room = self.kv.room_after_decodes
+        if need <= room:
+            return True
+        prefix = self.prefix
+        evictable = prefix.idle_tokens - prefix.idle_within(seq.request.prefix, blocks)
+        return need <= room + evictable
+
+    def admit(self, seq: Seq, blocks: int = 0) -> None:
+        """Waiting -> running: reference its first `blocks` cached prefix blocks and reserve
+        KV for the rest of the prefill of prompt + output so far (evicting unreferenced
+        cached blocks when `fits` counted on them)."""
         seq.set_phase(SeqPhase.PREFILL)
-        seq.prefill_target = seq.prompt_tokens + seq.output_tokens
-        seq.computed_tokens = 0
-        self.kv.reserve_prefill(seq.prefill_target)
+        seq.prefill_target = target = seq.prompt_tokens + seq.output_tokens
+        prefix = seq.request.prefix
+        if prefix:
+            seq.held_blocks = blocks
+            seq.shared_tokens = self.prefix.acquire(prefix, blocks)
+            self.counters.prefix.prompt_tokens += seq.prompt_tokens
+            self.counters.prefix.hit_tokens += seq.shared_tokens
+        short = target - seq.shared_tokens + 1 - self.kv.room_after_decodes
+        if short > 0:
+            self.prefix.evict(short)
+        seq.computed_tokens = min(seq.shared_tokens, target - 1)
+        self.kv.reserve_prefill(target - seq.shared_tokens)
         self.running[seq.id] = seq
         self.prefilling[seq.id] = seq
 
     def end_prefill(self, seq: Seq) -> None:
-        """Its last prompt chunk is computed: the reservation ends (the caller lets it
-        decode or finish)."""
+        """Its last prompt chunk is computed, or it leaves the GPU: the reservation ends (the
+        caller lets it decode or finish)."""
         del self.prefilling[seq.id]
-        self.kv.release_prefill(seq.prefill_target)
+        self.kv.release_prefill(seq.prefill_target - seq.shared_tokens)
+
+    def cache_prompt(self, seq: Seq) -> None:
+        """Its prefill is complete: its prefix blocks not yet referenced join the cache."""
+        prefix = seq.request.prefix
+        if prefix:
+            seq.shared_tokens += self.prefix.insert(prefix, seq.held_blocks)
+            seq.held_blocks = len(prefix)
+
+    def release_prefix(self, seq: Seq) -> None:
+        """It no longer needs its cached blocks (finished, aborted, or recomputes)."""
+        if seq.held_blocks:
+            self.prefix.release(seq.request.prefix, seq.held_blocks)
+        seq.held_blocks = seq.shared_tokens = 0
+
+    def make_room(self, tokens: int) -> bool:
+        """Evict unreferenced cached blocks until `tokens` are free after this iteration's
+        decodes; False (nothing evicted) when even all of them would not do."""
+        room = self.kv.room_after_decodes
+        if tokens <= room:
+            return True
+        if tokens > room + self.prefix.idle_tokens:
+            return False
+        self.prefix.evict(tokens - room)
+        return True
 
     def preempt(self, seq: Seq) -> None:
         """Take a running sequence off the GPU for KV room: to CPU in swap mode when it fits
@@ -97,6 +155,7 @@ class SeqQueues:
             return
         self.counters.preemptions_recompute += 1
         self.release_gpu(seq)
+        self.release_prefix(seq)
         seq.computed_tokens = 0
         self.enqueue(seq, front=True)
 
@@ -125,7 +184,7 @@ class SeqQueues:
             self.decode.join(seq)
         else:
             seq.set_phase(SeqPhase.PREFILL)
-            self.kv.reserve_prefill(seq.prefill_target)
+            self.kv.reserve_prefill(seq.prefill_target - seq.shared_tokens)
             self.prefilling[seq.id] = seq
 
     def pause(self, seqs: Iterable[Seq]) -> None:
@@ -152,7 +211,8 @@ class SeqQueues:
                 self.resumable[seq.id] = seq
 
     def release_gpu(self, seq: Seq) -> int:
-        """Take a running sequence off the GPU; returns the KV tokens it had computed."""
+        """Take a running sequence off the GPU; returns the KV tokens of its own it had
+        computed (its cached prefix blocks stay referenced)."""
         self.running.pop(seq.id, None)
         if seq.phase is SeqPhase.DECODE:
             self.decode.leave(seq)
@@ -161,11 +221,12 @@ class SeqQueues:
             self.end_prefill(seq)
             held = seq.computed_tokens
         seq.set_phase(SeqPhase.WAITING)
-        return held
+        return max(0, held - seq.shared_tokens)
 
     def finish(self, seq: Seq) -> None:
         """It generated its last token (out of the decode batch already)."""
         self.running.pop(seq.id, None)
+        self.release_prefix(seq)
         self.retire(seq)
         self.counters.finished += 1
 
@@ -177,6 +238,7 @@ class SeqQueues:
             self.kv.free_cpu(seq.cpu_tokens)
             del self.swapped[seq.id]
             self.resumable.pop(seq.id, None)
+        self.release_prefix(seq)
         self.retire(seq)
 
     def retire(self, seq: Seq) -> None:
@@ -186,7 +248,7 @@ class SeqQueues:
     def gpu_tokens(self, seq: Seq) -> int:
         """KV tokens a sequence has computed on the GPU (what a swap moves)."""
         if seq.phase is SeqPhase.DECODE:
-            return seq.prompt_tokens + self.decode.output_tokens(seq)
+            return seq.prompt_tokens + self.decode.output_tokens(seq) - seq.shared_tokens
         if seq.phase is SeqPhase.PREFILL:
-            return seq.computed_tokens
+            return max(0, seq.computed_tokens - seq.shared_tokens)
         return 0

@@ -53,6 +53,8 @@ class Seq:
     prefill_target: int = 0  # tokens to (re)compute at admission: prompt + output so far
     computed_tokens: int = 0  # prefill progress
     cpu_tokens: int = 0  # KV on CPU while SWAPPED
+    held_blocks: int = 0  # leading prefix blocks it references in the prefix cache
+    shared_tokens: int = 0  # their tokens (in its context, held by the cache)
     resume_phase: SeqPhase = SeqPhase.WAITING  # phase to return to from SWAPPED
     paused: bool = False  # swapped out by an operation; waits for swap_in
     first_token_at_s: float | None = None

@@ -6,7 +6,9 @@ engine's parts add to; `EngineStats` is the frozen snapshot that `EngineModel.st
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from qlm.engine.prefix_cache import PrefixCounters
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,17 @@ class EngineStats:
     finished: int
     aborted: int
     segments: int  # runs of iterations the model computed in one go (<= iterations)
+    # The prefix cache (prefix_cache.py): prompt tokens admitted with a prefix, those of them
+    # found cached (not computed), and cached tokens evicted for room.
+    prefix_prompt_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_evicted_tokens: int = 0
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        """Share of prefixed prompt tokens served from the cache (0.0 when none)."""
+        prompt_tokens = self.prefix_prompt_tokens
+        return self.prefix_hit_tokens / prompt_tokens if prompt_tokens else 0.0
 
     @property
     def preemptions(self) -> int:
@@ -43,6 +56,7 @@ class EngineCounters:
     finished: int = 0
     aborted: int = 0
     segments: int = 0
+    prefix: PrefixCounters = field(default_factory=PrefixCounters)
 
     def snapshot(self) -> EngineStats:
         return EngineStats(
@@ -56,4 +70,7 @@ class EngineCounters:
             finished=self.finished,
             aborted=self.aborted,
             segments=self.segments,
+            prefix_prompt_tokens=self.prefix.prompt_tokens,
+            prefix_hit_tokens=self.prefix.hit_tokens,
+            prefix_evicted_tokens=self.prefix.evicted_tokens,
         )
