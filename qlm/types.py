@@ -179,6 +179,7 @@ class Request:
         arrival_at_s: float,
         tenant: str = "default",
         prompt: str | None = None,
+        prefix: tuple[PrefixBlock, ...] = (),
     ) -> Request:
         """A queued request whose deadlines follow from its SLO class."""
         completion_at_s = None if slo.completion_s is None else arrival_at_s + slo.completion_s
@@ -193,6 +194,7 @@ class Request:
             completion_deadline_at_s=completion_at_s,
             tenant=tenant,
             prompt=prompt,
+            prefix=prefix,
         )
 
     @property

@@ -24,6 +24,11 @@ F2. A request's first token comes from the iteration that computes the last chun
     other members' terms, >= 0). Hence the first token takes at least
     k * base_s + per_prefill_token_s * P + per_context_token_s * S after its start: the
     isolation time (`prefill_lower_bound_s`). A prompt of P + 1 > KV capacity tokens is aborted.
+F2'. With a prefix cache (prefix_cache.py) a request computes its prompt less the leading
+    blocks its engine holds, and an engine holds a block only once a prefill computed it: so
+    it computes at least P - H tokens (and at least 1), H the tokens of its leading blocks that
+    an earlier request of its model carried (`oracle_hits`: one infinite cache). F2 and the
+    prefill work below are priced on those tokens; everything else on the whole prompt.
 F3. The attempt that completes a request (an evicted request is submitted again in full)
     generates all its O tokens itself, O = min(max_output_tokens, KV capacity - P) on its
     instance: its first no earlier than the request's first token, then one per iteration
@@ -72,6 +77,12 @@ from numpy.typing import NDArray
 from qlm.config import QlmConfig
 from qlm.engine.config import EngineConfig
 from qlm.perf.profile import Profile
+from qlm.sim.bound_pricing import (
+    prefill_lower_bound_s,
+    prefill_work_s,
+    token_step_lower_bound_s,
+)
+from qlm.sim.workload.prefixes import oracle_hits
 from qlm.types import Fleet, Request
 
 if TYPE_CHECKING:
@@ -126,59 +137,6 @@ class RequestLimits:
     decode_work_s: Floats
 
 
-def prefill_lower_bound_s(profile: Profile, prompt_tokens: Floats, chunk_tokens: int) -> Floats:
-    """Least time from the start of a prompt's prefill to its first token (F2)."""
-    chunks = np.ceil(prompt_tokens / chunk_tokens)
-    step = profile.step_time
-    if step is None:
-        return chunks * profile.decode_step_s[0] + prompt_tokens / profile.prefill_tokens_per_s
-    return (
-        chunks * step.base_s
-        + step.per_prefill_token_s * prompt_tokens
-        + step.per_context_token_s * _context_sum(prompt_tokens, chunks, chunk_tokens)
-    )
-
-
-def prefill_work_s(profile: Profile, prompt_tokens: Floats, chunk_tokens: int) -> Floats:
-    """A prompt's own share of iteration time (F1, F2, F4): the terms no other request pays,
-    and its tokens' share of the base time."""
-    base_per_token_s = _base_s(profile) / chunk_tokens
-    step = profile.step_time
-    if step is None:
-        return prompt_tokens * (1.0 / profile.prefill_tokens_per_s + base_per_token_s)
-    chunks = np.ceil(prompt_tokens / chunk_tokens)
-    context = _context_sum(prompt_tokens, chunks, chunk_tokens)
-    per_token_s = step.per_prefill_token_s + base_per_token_s
-    return per_token_s * prompt_tokens + step.per_context_token_s * context
-
-
-def token_step_lower_bound_s(
-    profile: Profile, prompt_tokens: Floats, chunk_tokens: int
-) -> tuple[Floats, Floats]:
-    """(least time, own share) of an iteration that gives a request a token after its first
-    (F3, F4): a decode step or the last chunk of a recompute, with >= P + 1 tokens of
-    context."""
-    base_s = _base_s(profile)
-    step = profile.step_time
-    if step is None:
-        zeros = np.zeros_like(prompt_tokens)
-        return zeros + base_s, zeros + base_s / chunk_tokens
-    own = min(step.per_decode_seq_s, step.per_prefill_token_s) + base_s / chunk_tokens
-    own_s = own + step.per_context_token_s * (prompt_tokens + 1)
-    return base_s + own_s - base_s / chunk_tokens, own_s
-
-
-def _base_s(profile: Profile) -> float:
-    """The least time of any iteration (F1): the step model's base, or the table's first row."""
-    step = profile.step_time
-    return profile.decode_step_s[0] if step is None else step.base_s
-
-
-def _context_sum(prompt_tokens: Floats, chunks: Floats, chunk_tokens: int) -> Floats:
-    """sum_{j < chunks} (P - j * chunk): the least total of a prompt's own context terms."""
-    return chunks * prompt_tokens - chunk_tokens * chunks * (chunks - 1) / 2.0
-
-
 def request_limits(
     fleet: Fleet,
     requests: Sequence[Request],
@@ -199,7 +157,10 @@ def request_limits(
         prompt = np.asarray([r.prompt_tokens for r in chosen], dtype=np.float64)
         output = np.asarray([r.max_output_tokens for r in chosen], dtype=np.float64)
         arrival = np.asarray([r.arrival_at_s for r in chosen], dtype=np.float64)
-        limits = _model_limits(_servers(fleet, model, start_s), prompt, output, arrival, chunk)
+        hits = np.asarray(oracle_hits(r.prefix for r in chosen), dtype=np.float64)
+        computed = np.maximum(1.0, prompt - hits)  # F2': what no prefix cache can hold
+        servers = _servers(fleet, model, start_s)
+        limits = _model_limits(servers, prompt, computed, output, arrival, chunk)
         first[idx], finish[idx], prefill_work[idx], decode_work[idx] = limits
     ttft_deadline = np.asarray([r.ttft_deadline_at_s for r in requests], dtype=np.float64)
     end = np.asarray([_finish_by(r, horizon_s) for r in requests], dtype=np.float64)
@@ -227,22 +188,28 @@ def _servers(fleet: Fleet, model: str, start_s: float) -> list[_Server]:
 
 
 def _model_limits(
-    servers: Sequence[_Server], prompt: Floats, output: Floats, arrival: Floats, chunk: int
+    servers: Sequence[_Server],
+    prompt: Floats,
+    computed: Floats,
+    output: Floats,
+    arrival: Floats,
+    chunk: int,
 ) -> tuple[Floats, Floats, Floats, Floats]:
     """(earliest first token, earliest finish, prefill work, decode work) of one model's
-    requests over the instance kinds that serve it; inf where none can take the prompt."""
+    requests over the instance kinds that serve it, `computed` the prompt tokens they must
+    compute at least (F2'); inf where none can take the prompt."""
     inf = np.full(len(prompt), math.inf)
     first, tokens, step_s, prefill_work, token_work = inf, inf, inf, inf, inf
     for server in servers:
         fits = prompt + 1 <= server.kv_capacity_tokens
         start = np.maximum(arrival, server.ready_s)
-        here = start + prefill_lower_bound_s(server.profile, prompt, chunk)
+        here = start + prefill_lower_bound_s(server.profile, computed, chunk)
         first = np.minimum(first, np.where(fits, here, math.inf))
         out = np.minimum(output, server.kv_capacity_tokens - prompt)
         tokens = np.minimum(tokens, np.where(fits, out, math.inf))
         least_s, own_s = token_step_lower_bound_s(server.profile, prompt, chunk)
         step_s = np.minimum(step_s, np.where(fits, least_s, math.inf))
-        work = prefill_work_s(server.profile, prompt, chunk)
+        work = prefill_work_s(server.profile, computed, chunk)
         prefill_work = np.minimum(prefill_work, np.where(fits, work, math.inf))
         token_work = np.minimum(token_work, np.where(fits, own_s, math.inf))
     later = np.where(np.isfinite(tokens), tokens - 1, 0.0)

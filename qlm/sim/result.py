@@ -132,12 +132,30 @@ class SimResult:
     planner_wall_s: float = 0.0  # wall time spent inside the policy's planner, if any
     # Per request, the TTFT the policy predicted at arrival (None: predicted to miss).
     ttft_predictions: Mapping[str, TtftPrediction] = field(default_factory=dict)
+    # Per instance, (prompt tokens admitted with a prefix, of them found in its prefix cache).
+    prefix_tokens: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "swaps", MappingProxyType(dict(self.swaps)))
         object.__setattr__(self, "policy_stats", MappingProxyType(dict(self.policy_stats)))
         predictions = MappingProxyType(dict(self.ttft_predictions))
         object.__setattr__(self, "ttft_predictions", predictions)
+        object.__setattr__(self, "prefix_tokens", MappingProxyType(dict(self.prefix_tokens)))
+
+    def prefix_reuse(self) -> dict[str, Any] | None:
+        """Prompt tokens served from the engines' prefix caches over the prompt tokens of
+        prefixed admissions (a recomputed request counts again), overall and per instance;
+        None when no request carried a prefix."""
+        prompt = sum(p for p, _ in self.prefix_tokens.values())
+        if not prompt:
+            return None
+        hit = sum(h for _, h in self.prefix_tokens.values())
+        return {
+            "prompt_tokens": prompt,
+            "hit_tokens": hit,
+            "reuse": hit / prompt,
+            "by_instance": {i: h / p if p else 0.0 for i, (p, h) in self.prefix_tokens.items()},
+        }
 
     @property
     def num_requests(self) -> int:

@@ -377,4 +377,11 @@ class Simulation:
             policy_stats=self._policy.stats(),
             planner_wall_s=self._policy.wall_s(),
             ttft_predictions=self._policy.ttft_predictions(),
+            prefix_tokens={
+                slot.id: (
+                    slot.engine.stats.prefix_prompt_tokens,
+                    slot.engine.stats.prefix_hit_tokens,
+                )
+                for slot in self._slots.values()
+            },
         )

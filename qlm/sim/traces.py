@@ -5,7 +5,8 @@ Formats, registered by name in TRACE_FORMATS:
 * ``azure``: the Azure LLM inference trace 2023 (CSV: TIMESTAMP, ContextTokens,
   GeneratedTokens), e.g. ``AzureLLMInferenceTrace_conv.csv``;
 * ``mooncake``: the Mooncake (Kimi) trace (JSON lines: timestamp in ms, input_length,
-  output_length, hash_ids); hash ids are not kept;
+  output_length, hash_ids: one id per 512-token block of the prompt, equal ids for equal
+  blocks), the ids kept per row (`Trace.blocks`);
 * ``vidur``: Vidur's processed length traces (CSV: num_prefill_tokens, num_decode_tokens);
   lengths only, every arrival at 0.
 
@@ -26,6 +27,7 @@ import numpy.typing as npt
 
 from qlm.registry import Registry
 
+MOONCAKE_BLOCK_TOKENS = 512  # the Mooncake traces' hash_ids name blocks of this many tokens
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -43,11 +45,17 @@ class Trace:
     prompt_tokens: IntArray
     output_tokens: IntArray
     has_timestamps: bool = True
+    # Per row, the ids of its prompt's blocks (`block_tokens` each, the last one partial), for
+    # traces that carry them (Mooncake); None otherwise.
+    blocks: tuple[tuple[int, ...], ...] | None = None
+    block_tokens: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         if not (len(self.prompt_tokens) == len(self.output_tokens) == n):
             raise TraceError(f"{self.name}: columns differ in length")
+        if self.blocks is not None and len(self.blocks) != n:
+            raise TraceError(f"{self.name}: block ids differ in length from the rows")
         for column in (self.arrival_s, self.prompt_tokens, self.output_tokens):
             column.setflags(write=False)
 
@@ -69,12 +77,17 @@ class Trace:
             raise TraceError(
                 f"{self.name}: no row has a prompt in [{min_tokens}, {max_tokens}] tokens"
             )
+        blocks = None
+        if self.blocks is not None:
+            blocks = tuple(b for b, kept in zip(self.blocks, keep.tolist(), strict=True) if kept)
         return Trace(
             self.name,
             self.arrival_s[keep],
             self.prompt_tokens[keep],
             self.output_tokens[keep],
             self.has_timestamps,
+            blocks,
+            self.block_tokens,
         )
 
 
@@ -107,7 +120,13 @@ def _load_cached(path: str, mtime_ns: int, fmt: str) -> Trace:
 
 
 def _columns(
-    name: str, times_s: list[float], prompts: list[int], outputs: list[int], stamped: bool
+    name: str,
+    times_s: list[float],
+    prompts: list[int],
+    outputs: list[int],
+    stamped: bool,
+    blocks: list[tuple[int, ...]] | None = None,
+    block_tokens: int = 0,
 ) -> Trace:
     arrival = np.asarray(times_s, dtype=np.float64)
     order = np.argsort(arrival, kind="stable")
@@ -120,6 +139,8 @@ def _columns(
         np.maximum(1, np.asarray(prompts, dtype=np.int64)[order]),
         np.maximum(1, np.asarray(outputs, dtype=np.int64)[order]),
         stamped,
+        None if blocks is None else tuple(blocks[i] for i in order.tolist()),
+        block_tokens,
     )
 
 
@@ -143,10 +164,11 @@ def read_azure_csv(path: Path) -> Trace:
 @TRACE_FORMATS.register("mooncake")
 def read_mooncake_jsonl(path: Path) -> Trace:
     """Mooncake trace: one JSON object per line with timestamp (ms), input_length,
-    output_length (hash_ids are ignored)."""
+    output_length and hash_ids (one per 512-token block; optional)."""
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
+    blocks: list[tuple[int, ...]] = []
     with path.open(encoding="utf-8") as f:
         for line in f:
             if not line.strip():
@@ -155,7 +177,8 @@ def read_mooncake_jsonl(path: Path) -> Trace:
             times.append(float(row["timestamp"]) / 1000.0)
             prompts.append(int(row["input_length"]))
             outputs.append(int(row["output_length"]))
-    return _columns(path.name, times, prompts, outputs, stamped=True)
+            blocks.append(tuple(int(i) for i in row.get("hash_ids", ())))
+    return _columns(path.name, times, prompts, outputs, True, blocks, MOONCAKE_BLOCK_TOKENS)
 
 
 @TRACE_FORMATS.register("vidur")

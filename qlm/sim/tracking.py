@@ -9,6 +9,7 @@ from typing import Protocol
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.engine.client import EngineClient
+from qlm.engine.stats import EngineStats
 from qlm.engine.types import EngineState
 from qlm.sim.events import EventKey
 from qlm.sim.result import OutcomeState, RequestOutcome
@@ -20,6 +21,11 @@ class SimEngine(EngineClient, Protocol):
 
     def next_event_at_s(self) -> float | None:
         """When the engine next has something to report (None: idle)."""
+        ...
+
+    @property
+    def stats(self) -> EngineStats:
+        """What the engine did since it was built."""
         ...
 
     def advance_to(self, at_s: float) -> None:

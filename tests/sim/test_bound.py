@@ -3,6 +3,8 @@ cannot be met alone or together, and never below what a policy attains."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from qlm.config import PlannerConfig, QlmConfig, SloClassConfig
 from qlm.engine.profiling.library import profile_named
 from qlm.sim.bound import AttainmentBound, attainment_bound, request_limits
 from qlm.sim.runner import simulate
-from qlm.types import Fleet, Request, SloClass
+from qlm.types import Fleet, PrefixBlock, Request, SloClass
 from tests.factories import make_instance, make_request
 from tests.sim.cases import two_model_fleet
 
@@ -168,3 +170,37 @@ def test_a_models_requests_get_only_the_instances_that_can_serve_it() -> None:
     assert bound.by_class == {"tight": pytest.approx(0.2), "loose": 1.0}
     assert bound.overall == pytest.approx(3 / 11)
     check_policies_within(fleet, requests, CONFIG, bound)
+
+
+def with_shared_prefixes(requests: list[Request], seed: int) -> list[Request]:
+    """Each request opens with one of three chains of shared blocks (or none), as long as its
+    prompt allows: the cache lets policies compute less, and the bound must know it."""
+    rng = np.random.default_rng(seed + 1000)
+    chains = (((1, 1500), (2, 1000)), ((1, 1500), (3, 500)), ((4, 2000),), ())
+    out = []
+    for request in requests:
+        blocks = chains[int(rng.integers(len(chains)))]
+        prompt = request.prompt_tokens + sum(tokens for _, tokens in blocks)
+        prefix = tuple(PrefixBlock(key, tokens) for key, tokens in blocks)
+        out.append(replace(request, prompt_tokens=prompt, prefix=prefix))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_policy_beats_the_bound_when_prompts_share_prefixes(seed: int) -> None:
+    fleet, requests = random_case(seed)
+    requests = with_shared_prefixes(requests, seed)
+    bound = attainment_bound(fleet, requests, CONFIG)
+    check_policies_within(fleet, requests, CONFIG, bound)
+
+
+def test_a_prefix_seen_before_shortens_the_earliest_first_token() -> None:
+    fleet = mistral_fleet()
+    first = make_request(model="mistral-7b", prompt_tokens=4096)
+    second = make_request(model="mistral-7b", prompt_tokens=4096, arrival_at_s=10.0)
+    plain = request_limits(fleet, [first, second]).first_token_s
+    prefix = (PrefixBlock(7, 4000),)
+    shared = [replace(first, prefix=prefix), replace(second, id="r2", prefix=prefix)]
+    limits = request_limits(fleet, shared).first_token_s
+    assert limits[0] == plain[0]  # nothing was cached before the first
+    assert limits[1] - 10.0 < (plain[1] - 10.0) / 10  # the second computes 96 tokens

@@ -59,6 +59,9 @@ def policy_summary(result: SimResult) -> dict[str, Any]:
     accuracy = prediction_accuracy(result)
     if accuracy is not None:
         entry["ttft_prediction"] = accuracy
+    reuse = result.prefix_reuse()
+    if reuse is not None:
+        entry["prefix"] = reuse
     return entry
 
 
@@ -67,9 +70,12 @@ def summary_document(
     seed: int,
     results: Sequence[SimResult],
     bound: Mapping[str, float] | None = None,
+    oracle_reuse: float | None = None,
 ) -> dict[str, Any]:
-    """summary.json: {"scenario", "seed", "policies": {name: policy_summary}}, and "bound"
-    (overall and per class, qlm/sim/bound.py) when given."""
+    """summary.json: {"scenario", "seed", "policies": {name: policy_summary}}, "bound"
+    (overall and per class, qlm/sim/bound.py) when given, and "prefix_oracle_reuse" (the
+    share of prompt tokens one infinite cache would hold, qlm/sim/workload/prefixes.py) when
+    the requests carry prefixes."""
     doc: dict[str, Any] = {
         "scenario": scenario,
         "seed": seed,
@@ -77,6 +83,8 @@ def summary_document(
     }
     if bound is not None:
         doc["bound"] = dict(bound)
+    if oracle_reuse is not None:
+        doc["prefix_oracle_reuse"] = oracle_reuse
     return doc
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from qlm.sim.workload.arrivals import TraceArrivals, arrival_times
 from qlm.sim.workload.lengths import IntArray, LengthSampler, ReplayLengths
+from qlm.sim.workload.prefixes import Blocks, PrefixSampler
 from qlm.sim.workload.rates import FloatArray
 from qlm.sim.workload.stream import StreamConfig
 from qlm.types import Request, SloClass
@@ -41,6 +42,7 @@ class StreamChunk:
     output_tokens: IntArray
     model_index: IntArray
     class_index: IntArray
+    prefixes: list[Blocks] | None = None  # per request, when the stream has prefixes
 
 
 def _categorical(rng: np.random.Generator, weights: Mapping[str, float], n: int) -> IntArray:
@@ -58,6 +60,11 @@ def stream_chunks(spec: StreamConfig, seed: int) -> Iterator[StreamChunk]:
         component_rng(seed, f"{spec.name}/lengths"),
         replayed,
     )
+    prefixes = None
+    if spec.prefixes is not None:
+        prefixes = PrefixSampler(
+            spec.prefixes, spec.name, component_rng(seed, f"{spec.name}/prefixes")
+        )
     models_rng = component_rng(seed, f"{spec.name}/models")
     classes_rng = component_rng(seed, f"{spec.name}/classes")
     times_s = arrival_times(
@@ -71,6 +78,9 @@ def stream_chunks(spec: StreamConfig, seed: int) -> Iterator[StreamChunk]:
     for times in times_s:
         n = len(times)
         prompts, outputs = lengths.draw(n)
+        blocks = None
+        if prefixes is not None:
+            prompts, blocks = prefixes.draw(prompts, lengths.rows, lengths.last_rows)
         yield StreamChunk(
             index,
             times + spec.start_s,
@@ -78,6 +88,7 @@ def stream_chunks(spec: StreamConfig, seed: int) -> Iterator[StreamChunk]:
             outputs,
             _categorical(models_rng, spec.models, n),
             _categorical(classes_rng, spec.classes, n),
+            blocks,
         )
         index += n
 
@@ -99,8 +110,15 @@ def stream_requests(
                 strict=True,
             )
         ):
+            prefix = () if chunk.prefixes is None else chunk.prefixes[k]
             yield Request.create(
-                f"{spec.name}-{chunk.first_index + k}", models[m], p, o, classes[c], t
+                f"{spec.name}-{chunk.first_index + k}",
+                models[m],
+                p,
+                o,
+                classes[c],
+                t,
+                prefix=prefix,
             )
 
 

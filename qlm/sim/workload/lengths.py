@@ -63,6 +63,7 @@ class LengthSampler:
         self.rng = rng
         self.next_row = 0
         self.rows: Trace | None = None
+        self.last_rows: IntArray | None = None  # the rows the last draw took (trace sources)
         if isinstance(lengths, TraceLengths):
             trace = load_trace(lengths.path, lengths.format)
             self.rows = trace.where_prompt(lengths.min_prompt_tokens, lengths.max_prompt_tokens)
@@ -81,8 +82,10 @@ class LengthSampler:
         if isinstance(lengths, ReplayLengths):
             idx = np.arange(self.next_row, self.next_row + n)
             self.next_row += n
+            self.last_rows = idx
         else:
             idx = self.rng.integers(0, len(self.rows), n)
+        self.last_rows = idx.astype(np.int64)
         prompts, outputs = self.rows.prompt_tokens[idx], self.rows.output_tokens[idx]
         cap = lengths.max_output_tokens
         return prompts, (np.minimum(outputs, cap) if cap is not None else outputs)

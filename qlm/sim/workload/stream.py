@@ -18,7 +18,8 @@ from qlm.sim.workload.arrivals import (
     RampConfig,
     TraceArrivals,
 )
-from qlm.sim.workload.lengths import Lengths, ReplayLengths
+from qlm.sim.workload.lengths import FixedLengths, Lengths, ReplayLengths, TraceLengths
+from qlm.sim.workload.prefixes import Prefixes, TracePrefixes
 from qlm.sim.workload.rates import RateProfile
 
 Weights = Annotated[dict[str, Annotated[float, Field(gt=0)]], Field(min_length=1)]
@@ -38,6 +39,9 @@ class StreamConfig(StrictModel):
     models: Weights = Field(description="Model name -> weight.")
     classes: Weights = Field(description="SLO class name -> weight.")
     lengths: Lengths | None = Field(default=None, description="Default: replay (traces only).")
+    prefixes: Prefixes | None = Field(
+        default=None, description="Shared prompt prefixes (qlm/sim/workload/prefixes.py)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamConfig:
@@ -61,7 +65,20 @@ class StreamConfig(StrictModel):
             raise ValueError("lengths is required unless arrivals replay a trace")
         if isinstance(self.lengths, ReplayLengths) and not isinstance(arrivals, TraceArrivals):
             raise ValueError("lengths source 'replay' needs trace arrivals")
+        if isinstance(self.prefixes, TracePrefixes) and self._length_format() != "mooncake":
+            raise ValueError(
+                "prefixes source 'trace' needs lengths from a trace with block ids "
+                "(format mooncake)"
+            )
         return self
+
+    def _length_format(self) -> str | None:
+        """The trace format the lengths come from (None: fixed lengths)."""
+        if isinstance(self.lengths, TraceLengths):
+            return self.lengths.format
+        if isinstance(self.arrivals, TraceArrivals) and not isinstance(self.lengths, FixedLengths):
+            return self.arrivals.format
+        return None
 
     def _ramp_end_s(self) -> float:
         assert self.ramp is not None
