@@ -49,6 +49,8 @@ def test_every_policy_and_ablation_is_registered() -> None:
         "edf",
         "shepherd",
         "llmd",
+        "llmd-prefix",
+        "preble",
         "qlm",
         "qlm-no-evict",
         "qlm-no-swap",

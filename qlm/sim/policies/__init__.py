@@ -1,6 +1,6 @@
 """Scheduling policies for the simulator, registered by name in SIM_POLICIES (README.md)."""
 
-from qlm.sim.policies import edf, fcfs, llmd, qlm, shepherd
+from qlm.sim.policies import edf, fcfs, llmd, llmd_prefix, preble, qlm, shepherd
 from qlm.sim.policies.base import SIM_POLICIES, BasePolicy, SimContext, SimPolicy, make_policy
 
 __all__ = [
@@ -11,7 +11,9 @@ __all__ = [
     "edf",
     "fcfs",
     "llmd",
+    "llmd_prefix",
     "make_policy",
+    "preble",
     "qlm",
     "shepherd",
 ]

@@ -90,17 +90,25 @@ class LlmdPolicy(BasePolicy):
         pool = self._pools.get(model, [])
         actions: list[Action] = []
         while heap:
-            target = self._pick(pool)
+            target = self._pick(pool, heap[0][3])
             if target is None:
                 break
             request = heapq.heappop(heap)[3]
+            self._routed(target, request)
             metrics = self._metrics_of(target)
             metrics.waiting += 1
             metrics.kv_used_tokens += request.prompt_tokens
             actions.append(Pull(target, (request.id,)))
         return tuple(actions)
 
-    def _pick(self, pool: Sequence[str]) -> str | None:
+    def _routed(self, instance_id: str, request: Request) -> None:
+        """A request is sent to the instance (subclasses keep state on it)."""
+
+    def _bonus(self, instance_id: str, request: Request) -> float:
+        """Added to the instance's score for this request (scorers of subclasses)."""
+        return 0.0
+
+    def _pick(self, pool: Sequence[str], request: Request) -> str | None:
         best: tuple[float, str] | None = None
         for instance_id in pool:
             m = self._metrics_of(instance_id)
@@ -110,6 +118,7 @@ class LlmdPolicy(BasePolicy):
             score = self.queue_weight * (1 - m.waiting / self.queue_threshold) + self.kv_weight * (
                 1 - kv_util
             )
+            score += self._bonus(instance_id, request)
             if best is None or score > best[0]:
                 best = (score, instance_id)
         return None if best is None else best[1]

@@ -1,0 +1,86 @@
+"""Prefix-aware routing: the router's prefix index, and the `llmd-prefix` and `preble`
+baselines' rules on cases built to show them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from qlm.agents.prefix_index import PrefixIndex
+from qlm.config import QlmConfig
+from qlm.sim.result import SimResult
+from qlm.sim.runner import simulate
+from qlm.sim.scenario import load_scenario
+from qlm.types import PrefixBlock, Request
+from tests.sim.cases import two_model_fleet
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = (PrefixBlock(11, 900), PrefixBlock(12, 50))
+OTHER = (PrefixBlock(21, 900),)
+
+
+def req(id: str, at_s: float, prefix: tuple[PrefixBlock, ...], prompt: int = 1000) -> Request:
+    request = Request(id, "m7b", prompt, 20, "batch-2", at_s, at_s + 3600.0)
+    return replace(request, prefix=prefix)
+
+
+def instance_of(result: SimResult, request_id: str) -> str | None:
+    return next(o.instance_id for o in result.outcomes if o.request_id == request_id)
+
+
+def test_the_index_matches_leading_blocks_and_forgets_the_oldest_trailing_ones() -> None:
+    index = PrefixIndex([("a", 1000)])
+    index.record("a", SHARED)
+    assert index.matched_tokens("a", SHARED) == 950
+    assert index.matched_tokens("a", (PrefixBlock(12, 50),)) == 50  # keys name whole texts
+    assert index.matched_tokens("b", SHARED) == 0
+    assert index.evicted_by("a", 40) == []
+    assert index.evicted_by("a", 60) == [(12, 50)]  # the trailing block first
+    assert index.evicted_by("a", 101) == [(12, 50), (11, 900)]
+    index.record("a", (PrefixBlock(31, 100),))
+    assert index.matched_tokens("a", SHARED) == 900  # the trailing block went to make room
+    index.forget("a")
+    assert index.matched_tokens("a", SHARED) == 0
+
+
+def test_llmd_prefix_sends_a_shared_prefix_where_it_went_and_llmd_does_not() -> None:
+    fleet = two_model_fleet(num_7b=2, num_13b=0)
+    requests = [req("r1", 0.0, SHARED), req("r2", 0.001, SHARED)]
+    plain = simulate(fleet, requests, "llmd", QlmConfig(), 0)
+    aware = simulate(fleet, requests, "llmd-prefix", QlmConfig(), 0)
+    assert instance_of(plain, "r1") != instance_of(plain, "r2")  # the queue scorer spreads
+    assert instance_of(aware, "r1") == instance_of(aware, "r2")
+    assert aware.prefix_tokens[instance_of(aware, "r2") or ""][1] == 950
+
+
+def test_preble_exploits_a_long_cached_prefix_and_explores_for_a_new_one() -> None:
+    fleet = two_model_fleet(num_7b=2, num_13b=0)
+    requests = [req("r1", 0.0, SHARED), req("r2", 0.001, SHARED), req("r3", 0.002, OTHER)]
+    result = simulate(fleet, requests, "preble", QlmConfig(), 0)
+    first = instance_of(result, "r1")
+    assert instance_of(result, "r2") == first  # 950 cached > 50 missed: exploit
+    assert instance_of(result, "r3") != first  # nothing cached: the lighter instance
+
+
+def test_preble_rebalances_an_exploit_away_from_an_overloaded_instance() -> None:
+    fleet = two_model_fleet(num_7b=2, num_13b=0)
+    # 950 of 1,800 tokens cached: each exploit still adds 850 tokens of prefill to one instance
+    requests = [req(f"r{k}", k * 0.001, SHARED, prompt=1800) for k in range(6)]
+    result = simulate(fleet, requests, "preble", QlmConfig(), 0)
+    assert len({instance_of(result, f"r{k}") for k in range(6)}) == 2
+    never = simulate(
+        fleet, requests, "preble", QlmConfig(), 0, policy_options={"balance_ratio": 1e9}
+    )
+    assert len({instance_of(never, f"r{k}") for k in range(6)}) == 1
+
+
+def test_prefix_aware_routers_reuse_more_than_a_least_loaded_one() -> None:
+    scenario = load_scenario(ROOT / "sims" / "prefix-quick.yaml")
+    scenario = scenario.model_copy(update={"horizon_s": 20.0})
+    requests = [r for r in scenario.requests(0) if r.arrival_at_s < 20.0]
+    reuse = {
+        name: simulate(scenario.fleet(), requests, name, scenario.config, 0).prefix_reuse()
+        for name in ("fcfs", "preble")
+    }
+    assert reuse["fcfs"] is not None and reuse["preble"] is not None
+    assert reuse["preble"]["reuse"] > reuse["fcfs"]["reuse"] + 0.05
