@@ -82,5 +82,6 @@ def test_prefix_aware_routers_reuse_more_than_a_least_loaded_one() -> None:
         name: simulate(scenario.fleet(), requests, name, scenario.config, 0).prefix_reuse()
         for name in ("fcfs", "preble")
     }
-    assert reuse["fcfs"] is not None and reuse["preble"] is not None
+    assert reuse["fcfs"] is not None
+    assert reuse["preble"] is not None
     assert reuse["preble"]["reuse"] > reuse["fcfs"]["reuse"] + 0.05
