@@ -51,6 +51,7 @@ def test_every_policy_and_ablation_is_registered() -> None:
         "llmd",
         "llmd-prefix",
         "preble",
+        "round-robin",
         "qlm",
         "qlm-no-evict",
         "qlm-no-swap",
@@ -72,6 +73,13 @@ def test_fcfs_routes_to_the_least_loaded_instance_of_the_model_and_never_swaps()
     other = next(o for o in result.outcomes if o.request_id == "other")
     assert other.state is OutcomeState.UNFINISHED
     assert result.total_swaps == 0
+
+
+def test_round_robin_takes_the_instances_in_turn_whatever_they_hold() -> None:
+    requests = [req("long", 0.0, output=2000)] + [req(f"r{i}", 0.001 * (i + 1)) for i in range(5)]
+    result = simulate(one_slot_fleet(instances=3), requests, "round-robin", CONFIG, 1)
+    placed = [outcome(result, r.id)[1] for r in requests]
+    assert placed == ["i0", "i1", "i2", "i0", "i1", "i2"]
 
 
 def test_fcfs_serves_in_arrival_order_even_when_a_later_deadline_is_earlier() -> None:

@@ -1,6 +1,6 @@
 """Scheduling policies for the simulator, registered by name in SIM_POLICIES (README.md)."""
 
-from qlm.sim.policies import edf, fcfs, llmd, llmd_prefix, preble, qlm, shepherd
+from qlm.sim.policies import edf, fcfs, llmd, llmd_prefix, preble, qlm, round_robin, shepherd
 from qlm.sim.policies.base import SIM_POLICIES, BasePolicy, SimContext, SimPolicy, make_policy
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "make_policy",
     "preble",
     "qlm",
+    "round_robin",
     "shepherd",
 ]
