@@ -193,10 +193,12 @@ def dispatch_groups(
     now_s: float,
     limit: int,
     is_queued: Callable[[str], bool] = lambda _: True,
+    affinity: Callable[[QueuedItem], int] | None = None,
 ) -> tuple[QueuedGroup, ...]:
     """The instance's dispatch queue for its model: the kept requests still queued and not
     yet past their deadline, in order, then the rest (dropped or late) as the lowest class.
-    At most `limit` requests in all (what one reconcile round can pull)."""
+    At most `limit` requests in all (what one reconcile round can pull). With `affinity`
+    (prefix locality, `by_affinity`) the on-time requests are reordered for this instance."""
     on_time: list[QueuedItem] = []
     late: list[QueuedItem] = []
     for item in plan.kept:
@@ -210,6 +212,8 @@ def dispatch_groups(
             break
         if is_queued(item.request_id):
             late.append(item)
+    if affinity is not None:
+        on_time = by_affinity(on_time, affinity, plan.start_at_s, now_s)
     groups = []
     if on_time:
         groups.append(QueuedGroup(f"dispatch:{model}", model, "", tuple(on_time), True))
@@ -218,6 +222,29 @@ def dispatch_groups(
     if late_items:
         groups.append(QueuedGroup(f"dispatch:{model}:{LATE_CLASS}", model, "", late_items, True))
     return tuple(groups)
+
+
+def by_affinity(
+    items: Sequence[QueuedItem],
+    affinity: Callable[[QueuedItem], int],
+    start_at_s: Mapping[str, float],
+    now_s: float,
+) -> list[QueuedItem]:
+    """Prefix locality within the schedule (after Preble's exploit rule), for one instance:
+    `affinity` is +1 for a request whose prompt this instance holds more of than it would
+    compute (it is cheapest here), -1 for one another instance holds so (cheapest there),
+    0 otherwise. Requests the schedule says are due to start now keep their place; of the
+    others, this instance's own go first and another's last, each in schedule order, so an
+    instance serves what it holds before it and leaves another's to it, unless it has
+    nothing else on time (work-conserving: a hot prefix spills over)."""
+    first: list[QueuedItem] = []
+    middle: list[QueuedItem] = []
+    last: list[QueuedItem] = []
+    for item in items:
+        due = start_at_s.get(item.request_id, math.inf) <= now_s
+        side = affinity(item)
+        (first if due or side > 0 else last if side < 0 else middle).append(item)
+    return first + middle + last
 
 
 def _as_late(item: QueuedItem) -> QueuedItem:

@@ -85,3 +85,27 @@ def test_prefix_aware_routers_reuse_more_than_a_least_loaded_one() -> None:
     assert reuse["fcfs"] is not None
     assert reuse["preble"] is not None
     assert reuse["preble"]["reuse"] > reuse["fcfs"]["reuse"] + 0.05
+
+
+def test_by_affinity_serves_its_own_prefixes_first_and_leaves_others_last() -> None:
+    from qlm.agents.dispatch import by_affinity
+    from qlm.agents.queued import QueuedItem
+
+    items = [QueuedItem(name, 1000, 10) for name in ("due", "theirs", "mine", "plain", "late")]
+    sides = {"due": -1, "theirs": -1, "mine": 1, "plain": 0, "late": -1}
+    start_at_s = {"due": 5.0, "theirs": 6.0, "mine": 7.0, "plain": 8.0, "late": 4.0}
+    ordered = by_affinity(items, lambda item: sides[item.request_id], start_at_s, now_s=5.0)
+    # due now by the schedule (due, late) keep their order, ahead; mine joins them; plain
+    # next; theirs last
+    assert [item.request_id for item in ordered] == ["due", "mine", "late", "plain", "theirs"]
+
+
+def test_qlm_keeps_shared_prefixes_together_more_than_a_prefix_blind_gateway() -> None:
+    scenario = load_scenario(ROOT / "sims" / "prefix-quick.yaml")
+    requests = [r for r in scenario.requests(0) if r.arrival_at_s < 20.0]
+    reuse = {}
+    for name in ("llmd", "qlm"):
+        found = simulate(scenario.fleet(), requests, name, scenario.config, 0).prefix_reuse()
+        assert found is not None
+        reuse[name] = found["reuse"]
+    assert reuse["qlm"] > reuse["llmd"] + 0.03  # 0.65 against 0.60 (0.61 without affinity)

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from qlm.agents.actions import Action, Pull
+from qlm.agents.actions import Action, LoadModel, Pull
 from qlm.agents.drain import drain_estimate_s, engine_timing
 from qlm.agents.reconcile import (
     EngineTiming,
@@ -281,7 +281,9 @@ class QlmPolicy(BasePolicy):
         for action in actions:
             self._counts[f"lso_{type(action).__name__.lower()}"] += 1
             if isinstance(action, Pull):
-                self.dispatch.pulled(action.request_ids)
+                self.dispatch.pulled(action.request_ids, action.instance_id)
+            elif isinstance(action, LoadModel):
+                self.dispatch.forget(action.instance_id)
         return actions
 
     def _timing(self, obs: EngineObservation) -> EngineTiming | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from qlm.agents.dispatch import PoolRate, Schedule, dispatch_groups, follows_swap
 from qlm.agents.drain import drains_by_rank
 from qlm.agents.model_queues import ModelQueues
+from qlm.agents.prefix_index import PrefixIndex
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
 from qlm.agents.virtual_queue import virtual_queue
@@ -31,13 +32,37 @@ class SimDispatch:
         self._rates: dict[tuple[str, ...], PoolRate] = {}
         self._drains: dict[str, dict[str, float]] = {}  # instance -> class -> drain_s
         self._room: dict[str, Room] = {}  # instance -> its room when last reconciled, untouched
+        # Where prompt prefixes went (from pulls), once a request with a prefix has arrived:
+        # dispatch then orders each instance's queue by prefix locality (`by_affinity`).
+        self._prefixes: PrefixIndex | None = None
+        # request -> (instance -> prefix tokens held), until the index next changes
+        self._held: dict[str, dict[str, int]] = {}
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
         self._queues.add(_item(request), request.model)
+        if request.prefix and self._prefixes is None:
+            ctx = self.ctx
+            self._prefixes = PrefixIndex(
+                (i.id, ctx.observe(i.id).kv_capacity_tokens) for i in ctx.fleet.instances
+            )
 
-    def pulled(self, request_ids: Iterable[str]) -> None:
+    def pulled(self, request_ids: Iterable[str], instance_id: str | None = None) -> None:
+        """Requests left the queue (into `instance_id`'s engine, where given)."""
+        if self._prefixes is not None and instance_id is not None:
+            queued = self.ctx.queued()
+            for request_id in request_ids:
+                request = queued.get(request_id)
+                if request is not None:
+                    self._prefixes.record(instance_id, request.prefix)
+            self._held.clear()
         self._queues.remove(request_ids)
+
+    def forget(self, instance_id: str) -> None:
+        """The instance loads another model: its prefix cache is gone."""
+        if self._prefixes is not None:
+            self._prefixes.forget(instance_id)
+            self._held.clear()
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._queues
@@ -50,8 +75,9 @@ class SimDispatch:
         (`Room.stops`), or does not take the `arrival`, the one request new since then (the
         rest were there when it did nothing; time only tightens deadlines)."""
         ctx = self.ctx
-        first = self._first_in_line(model)
-        new = None if arrival is None else _item(arrival)
+        # With prefix locality each instance has its own first in line: no shortcut then.
+        first = None if self._prefixes is not None else self._first_in_line(model)
+        new = None if arrival is None or self._prefixes is not None else _item(arrival)
         free: list[tuple[int, int, str]] = []
         for k, instance_id in enumerate(ctx.serving(model)):
             room = self._room.get(instance_id)
@@ -94,9 +120,39 @@ class SimDispatch:
             return planned
         if model is None:
             return ()
-        kept = self._schedule(model, self._pool(model))
+        pool = self._pool(model)
+        kept = self._schedule(model, pool)
         limit = ctx.max_num_seqs(instance_id)
-        return dispatch_groups(model, kept, ctx.clock.now_s(), limit, self._queues.queued(model))
+        still = self._queues.queued(model)
+        affinity = self._affinity(instance_id, pool)
+        return dispatch_groups(model, kept, ctx.clock.now_s(), limit, still, affinity)
+
+    def _affinity(
+        self, instance_id: str, pool: tuple[str, ...]
+    ) -> Callable[[QueuedItem], int] | None:
+        """Prefix locality for `by_affinity` (None until a request with a prefix arrives):
+        +1 where this instance holds the longest part of the request's prompt that some
+        instance of the pool holds and that part outweighs the rest (Preble's exploit
+        rule), -1 where another instance holds more, 0 otherwise."""
+        index = self._prefixes
+        if index is None or len(pool) < 2:
+            return None
+        queued = self.ctx.queued()
+        cache = self._held
+
+        def side(item: QueuedItem) -> int:
+            request = queued.get(item.request_id)
+            if request is None or not request.prefix:
+                return 0
+            held = cache.get(item.request_id)
+            if held is None:
+                held = cache[item.request_id] = index.best(pool, request.prefix)
+            most = max(held.values())
+            if most <= request.prompt_tokens - most:
+                return 0
+            return 1 if held.get(instance_id, 0) == most else -1
+
+        return side
 
     def predict(self, request: Request) -> TtftPrediction | None:
         """The schedule's time to first token for a request just queued, from its arrival:
