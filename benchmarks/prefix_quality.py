@@ -69,7 +69,7 @@ def policy_row(policy: str, result: SimResult) -> dict[str, Any]:
     return {
         "policy": policy,
         "overall": result.attainment(),
-        **{name: value for name, value in result.attainment_by_class().items()},
+        **result.attainment_by_class(),
         "reuse": None if reuse is None else reuse["reuse"],
         "latency_mean_s": sum(latencies) / len(latencies) if latencies else None,
         "latency_p99_s": percentile(latencies, 0.99),
