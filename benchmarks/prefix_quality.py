@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     header = run_header("prefix_quality.py", sys.argv[1:] if argv is None else argv, "shared")
     seeds = [int(s) for s in args.seeds.split(",")]
     points = [run_point(name, seed) for name in SCENARIOS for seed in seeds]
+    finish_header(header)
     report: dict[str, Any] = {"header": header, "points": points}
-    finish_header(report)
     write_results(RESULTS_PATH, report)
     block = render(report)
     print(block)

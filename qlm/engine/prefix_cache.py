@@ -75,15 +75,8 @@ class PrefixCache:
 
     def acquire(self, prefix: Sequence[PrefixBlock], blocks: int) -> int:
         """Reference the first `blocks` blocks (all cached); returns their tokens."""
-        tokens = 0
-        for block in prefix[:blocks]:
-            entry = self._entries[block.key]
-            if entry.refs == 0:
-                del self._idle[block.key]
-                self.idle_tokens -= entry.tokens
-            entry.refs += 1
-            tokens += entry.tokens
-        return tokens
+        entries = self._entries
+        return sum(self._take(block.key, entries[block.key]) for block in prefix[:blocks])
 
     def insert(self, prefix: Sequence[PrefixBlock], held: int) -> int:
         """A sequence holding references to its first `held` blocks computed the rest:
@@ -95,12 +88,16 @@ class PrefixCache:
             if entry is None:
                 entry = self._entries[block.key] = _Entry(block.tokens)
                 self.tokens += block.tokens
-            elif entry.refs == 0:
-                del self._idle[block.key]
-                self.idle_tokens -= entry.tokens
-            entry.refs += 1
-            added += entry.tokens
+            added += self._take(block.key, entry)
         return added
+
+    def _take(self, key: int, entry: _Entry) -> int:
+        """One more reference to the entry (out of the evictable pool if it was there);
+        returns its tokens."""
+        if entry.refs == 0 and self._idle.pop(key, None) is not None:
+            self.idle_tokens -= entry.tokens
+        entry.refs += 1
+        return entry.tokens
 
     def release(self, prefix: Sequence[PrefixBlock], blocks: int) -> None:
         """Drop one reference to each of the first `blocks` blocks, the last block first."""

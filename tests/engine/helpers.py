@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
+from dataclasses import replace
 
 from qlm.engine.config import EngineConfig
 from qlm.engine.model import EngineModel
-from qlm.engine.types import Aborted, EngineEvent, FirstToken, RequestFinished
+from qlm.engine.types import Aborted, EngineError, EngineEvent, FirstToken, RequestFinished
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.types import Instance, Request
@@ -95,3 +97,42 @@ def finishes(events: Iterable[EngineEvent]) -> dict[str, RequestFinished]:
 
 def aborted(events: Iterable[EngineEvent]) -> dict[str, Aborted]:
     return {e.request_id: e for e in events if isinstance(e, Aborted)}
+
+
+# ---------------------------------------------------------------- random operations
+
+OPERATIONS = ("add", "add", "add", "abort", "swap_out", "swap_in", "load", "wait")
+
+
+def conservation_engine(mode: str) -> EngineModel:
+    """The engine the random-operation tests drive: 1,000 KV tokens, 800 of CPU swap space,
+    8 slots, two models it can switch between."""
+    config = EngineConfig(
+        chunk_tokens=256, preemption_mode=mode, cpu_swap_tokens=800, max_num_seqs=8
+    )
+    return EngineModel(
+        exact_instance(1000),
+        [exact_profile("m", load_s=0.5), exact_profile("n", load_s=0.2)],
+        config,
+    )
+
+
+def apply_operation(
+    model: EngineModel, op: str, request: Request, at_s: float, added: set[str]
+) -> None:
+    """One of OPERATIONS on the request at at_s (added once, for the model loaded or being
+    loaded; swap_out may refuse)."""
+    current = model.model or "m"
+    request_id = request.id
+    if op == "add" and request_id not in added:
+        model.add(replace(request, model=current), at_s)
+        added.add(request_id)
+    elif op == "abort":
+        model.abort([request_id], at_s)
+    elif op == "swap_out":
+        with contextlib.suppress(EngineError):
+            model.swap_out([request_id], at_s)
+    elif op == "swap_in":
+        model.swap_in([request_id], at_s)
+    elif op == "load":
+        model.load("n" if current == "m" else "m", at_s)

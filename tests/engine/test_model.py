@@ -7,7 +7,6 @@ t = 10 ms + 0.1 ms x prefill tokens + 1 ms x decoding sequences + 1 us x context
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import Counter
 from dataclasses import replace
@@ -29,8 +28,11 @@ from qlm.engine.types import (
 )
 from qlm.perf.step import StepTime
 from tests.engine.helpers import (
+    OPERATIONS,
     STEP,
     aborted,
+    apply_operation,
+    conservation_engine,
     engine,
     exact_instance,
     exact_profile,
@@ -393,7 +395,7 @@ def test_fast_forward_matches_a_step_by_step_reference(
 
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["add", "add", "add", "abort", "swap_out", "swap_in", "load", "wait"]),
+        st.sampled_from(OPERATIONS),
         st.floats(0.0, 0.3),  # time since the previous operation
         st.integers(0, 30),  # which request
         st.integers(1, 400),  # prompt tokens
@@ -408,34 +410,14 @@ operations = st.lists(
 def test_every_request_ends_exactly_once(
     ops: list[tuple[str, float, int, int, int]], mode: str
 ) -> None:
-    config = EngineConfig(
-        chunk_tokens=256, preemption_mode=mode, cpu_swap_tokens=800, max_num_seqs=8
-    )
-    model = EngineModel(
-        exact_instance(1000),
-        [exact_profile("m", load_s=0.5), exact_profile("n", load_s=0.2)],
-        config,
-    )
+    model = conservation_engine(mode)
     events: list[EngineEvent] = []
     added: set[str] = set()
     t = 0.0
     for op, gap, k, prompt, output in ops:
         t += gap
         events += model.advance_to(t)
-        rid = f"r{k}"
-        current = model.model or "m"
-        if op == "add" and rid not in added:
-            model.add(req(rid, prompt=prompt, output=output, model=current), t)
-            added.add(rid)
-        elif op == "abort":
-            model.abort([rid], t)
-        elif op == "swap_out":
-            with contextlib.suppress(EngineError):
-                model.swap_out([rid], t)
-        elif op == "swap_in":
-            model.swap_in([rid], t)
-        elif op == "load":
-            model.load("n" if current == "m" else "m", t)
+        apply_operation(model, op, req(f"r{k}", prompt=prompt, output=output), t, added)
         obs = model.observe(t)
         assert 0 <= obs.kv_used_tokens <= obs.kv_capacity_tokens
         assert {r.request_id for r in obs.requests} <= added

@@ -3,23 +3,21 @@ recently used unreferenced blocks go first, and the KV accounting stays exact th
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qlm.engine.config import EngineConfig
 from qlm.engine.model import EngineModel
 from qlm.engine.prefix_cache import PrefixCache, PrefixCounters
 from qlm.engine.sequence import SeqPhase
-from qlm.engine.types import EngineError, EngineEvent
 from qlm.types import PrefixBlock, Request
 from tests.engine.helpers import (
+    OPERATIONS,
+    apply_operation,
+    conservation_engine,
     engine,
-    exact_instance,
-    exact_profile,
     finishes,
     first_tokens,
     req,
@@ -154,7 +152,7 @@ CHAINS = (_blocks((1, 64), (2, 64)), _blocks((1, 64), (3, 32)), _blocks((4, 128)
 
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["add", "add", "add", "abort", "swap_out", "swap_in", "load", "wait"]),
+        st.sampled_from(OPERATIONS),
         st.floats(0.0, 0.3),
         st.integers(0, 30),
         st.integers(1, 400),
@@ -182,43 +180,22 @@ def _kv_by_hand(model: EngineModel) -> int:
 def test_kv_books_balance_under_any_operations(
     ops: list[tuple[str, float, int, int, int, int]], mode: str
 ) -> None:
-    config = EngineConfig(
-        chunk_tokens=256, preemption_mode=mode, cpu_swap_tokens=800, max_num_seqs=8
-    )
-    model = EngineModel(
-        exact_instance(1000),
-        [exact_profile("m", load_s=0.5), exact_profile("n", load_s=0.2)],
-        config,
-    )
-    events: list[EngineEvent] = []
+    model = conservation_engine(mode)
     added: set[str] = set()
     t = 0.0
     for op, gap, k, prompt, output, chain in ops:
         t += gap
-        events += model.advance_to(t)
-        rid = f"r{k}"
-        current = model.model or "m"
-        if op == "add" and rid not in added:
-            blocks = CHAINS[chain]
-            prompt = max(prompt, sum(b.tokens for b in blocks))
-            request = req(rid, prompt=prompt, output=output, model=current)
-            model.add(replace(request, prefix=blocks), t)
-            added.add(rid)
-        elif op == "abort":
-            model.abort([rid], t)
-        elif op == "swap_out":
-            with contextlib.suppress(EngineError):
-                model.swap_out([rid], t)
-        elif op == "swap_in":
-            model.swap_in([rid], t)
-        elif op == "load":
-            model.load("n" if current == "m" else "m", t)
+        model.advance_to(t)
+        blocks = CHAINS[chain]
+        tokens = max(prompt, sum(b.tokens for b in blocks))
+        request = replace(req(f"r{k}", prompt=tokens, output=output), prefix=blocks)
+        apply_operation(model, op, request, t, added)
         model.observe(t)
         assert model._queues.kv.used_tokens == _kv_by_hand(model)
         obs = model.observe(t)
         assert 0 <= obs.kv_used_tokens <= obs.kv_capacity_tokens
     model.swap_in(list(added), t)
-    events += model.advance_to(t + 1e6)
+    model.advance_to(t + 1e6)
     queues = model._queues
     assert not queues.seqs
     assert queues.prefix.idle_tokens == queues.prefix.tokens == queues.kv.used_tokens
