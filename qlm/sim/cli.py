@@ -175,18 +175,6 @@ class _Bar:
         self.bar.close()
 
 
-def _oracle_reuse(scenario: Scenario, seed: int) -> float | None:
-    """The share of prefixed prompt tokens one infinite cache would hold (None: no stream
-    has prefixes)."""
-    from qlm.sim.workload.prefixes import oracle_reuse
-
-    if all(stream.prefixes is None for stream in scenario.workload):
-        return None
-    rows = [(r.prompt_tokens, r.prefix) for r in scenario.requests(seed) if r.prefix]
-    prompt_tokens, hit_tokens = oracle_reuse(rows)
-    return hit_tokens / prompt_tokens if prompt_tokens else None
-
-
 def write_outputs(
     out: Path, info: RunInfo, results: Sequence[SimResult], bound: AttainmentBound | None = None
 ) -> None:
@@ -201,15 +189,17 @@ def write_outputs(
         write_requests_csv,
     )
     from qlm.sim.report.bound_rows import add_bound_to_report, terminal_bound_row
+    from qlm.sim.report.prefix import add_prefix_to_report, scenario_oracle_reuse
 
     name, seed = info.scenario.name, info.seed
     values = None if bound is None else bound.as_dict()
     out.mkdir(parents=True, exist_ok=True)
     write_requests_csv(out / "requests.csv", results)
-    oracle = _oracle_reuse(info.scenario, seed)
+    oracle = scenario_oracle_reuse(info.scenario, seed)
     write_json(out / "summary.json", summary_document(name, seed, results, values, oracle))
     write_json(out / "timings.json", timings_document(name, seed, results))
     report = write_report(out, info, results)
+    add_prefix_to_report(report, results, oracle)
     table = summary_table(results)
     if bound is not None:
         add_bound_to_report(report, bound)

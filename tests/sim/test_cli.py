@@ -126,6 +126,7 @@ def test_simulate_writes_csv_summary_and_report(
     report = (out / "report.md").read_text()
     assert "## Why requests missed" in report
     assert "\n| bound | " in report
+    assert "## Prefix reuse" not in report  # no stream carries prefixes
     timings = json.loads((out / "timings.json").read_text())
     assert list(timings["policies"]) == policies
     assert all(t["sim_wall_s"] > 0 for t in timings["policies"].values())

@@ -133,6 +133,10 @@ def test_a_run_reports_prefix_reuse_beside_the_oracle(tmp_path: Path) -> None:
         "a100-mistral-7b-1",
         "a100-mistral-7b-2",
     }
+    report = (out / "report.md").read_text()
+    section = report.split("## Prefix reuse", 1)[1]
+    assert f"Oracle: {100 * oracle:.1f}%" in section
+    assert f"| fcfs | {reuse['prompt_tokens']} | {reuse['hit_tokens']} |" in section
 
 
 def test_a_run_without_prefixes_reports_no_reuse() -> None:
