@@ -157,7 +157,9 @@ def request_limits(
         prompt = np.asarray([r.prompt_tokens for r in chosen], dtype=np.float64)
         output = np.asarray([r.max_output_tokens for r in chosen], dtype=np.float64)
         arrival = np.asarray([r.arrival_at_s for r in chosen], dtype=np.float64)
-        hits = np.asarray(oracle_hits(r.prefix for r in chosen), dtype=np.float64)
+        order = np.argsort(arrival, kind="stable")  # the oracle sees requests as they arrive
+        hits = np.empty(len(chosen))
+        hits[order] = oracle_hits(chosen[k].prefix for k in order.tolist())
         computed = np.maximum(1.0, prompt - hits)  # F2': what no prefix cache can hold
         servers = _servers(fleet, model, start_s)
         limits = _model_limits(servers, prompt, computed, output, arrival, chunk)

@@ -204,3 +204,5 @@ def test_a_prefix_seen_before_shortens_the_earliest_first_token() -> None:
     limits = request_limits(fleet, shared).first_token_s
     assert limits[0] == plain[0]  # nothing was cached before the first
     assert limits[1] - 10.0 < (plain[1] - 10.0) / 10  # the second computes 96 tokens
+    # given out of arrival order, the later request is still the one that finds it cached
+    assert list(request_limits(fleet, shared[::-1]).first_token_s) == list(limits[::-1])
