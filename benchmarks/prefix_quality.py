@@ -36,7 +36,7 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import simulate
+from qlm.sim.runner import SimulatedEngines, simulate
 from qlm.sim.scenario import load_scenario
 from qlm.sim.workload.prefixes import oracle_reuse
 
@@ -53,7 +53,10 @@ def run_point(scenario_name: str, seed: int) -> dict[str, Any]:
     prompt, hit = oracle_reuse([(r.prompt_tokens, r.prefix) for r in requests if r.prefix])
     rows = []
     for policy in POLICIES:
-        result = simulate(scenario.fleet(), requests, policy, scenario.config, seed)
+        engines = SimulatedEngines(scenario.engine)
+        result = simulate(
+            scenario.fleet(), requests, policy, scenario.config, seed, engine_factory=engines
+        )
         rows.append(policy_row(policy, result))
         print(f"{scenario_name} seed {seed} {policy}: {rows[-1]['overall']:.3f}", flush=True)
     return {"scenario": scenario_name, "seed": seed, "oracle_reuse": hit / prompt, "rows": rows}

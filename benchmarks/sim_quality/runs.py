@@ -14,7 +14,7 @@ from typing import Any
 
 from benchmarks.report import ROOT
 from qlm.sim.report import policy_summary
-from qlm.sim.runner import simulate
+from qlm.sim.runner import SimulatedEngines, simulate
 from qlm.sim.scenario import Scenario, load_scenario
 
 SIMS = ROOT / "sims"
@@ -44,7 +44,16 @@ def run_one(
         scenario = scenario.model_copy(update={"rate_scale": rate_scale})
     seed = scenario.seed if seed is None else seed
     requests = scenario.requests(seed)
-    result = simulate(scenario.fleet(), requests, policy, scenario.config, seed, progress=progress)
+    engines = SimulatedEngines(scenario.engine)
+    result = simulate(
+        scenario.fleet(),
+        requests,
+        policy,
+        scenario.config,
+        seed,
+        progress=progress,
+        engine_factory=engines,
+    )
     return {
         **policy_summary(result),
         "sim_wall_s": result.sim_wall_s,  # no longer in policy_summary (summary.json)

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from qlm.config import StrictModel
 
 PreemptionMode = Literal["recompute", "swap"]
+WaitingOrder = Literal["fcfs", "prefix-groups"]
 
 
 class EngineConfig(StrictModel):
@@ -43,6 +44,16 @@ class EngineConfig(StrictModel):
         gt=0,
         description="GPU<->CPU bandwidth for KV swaps; transfers lengthen the next iteration.",
     )
+    waiting_order: WaitingOrder = Field(
+        default="fcfs",
+        description="Order in which waiting requests are admitted: 'fcfs' (vLLM's default); "
+        "'prefix-groups' (Preble's local scheduler: priority groups by the share of the prompt "
+        "the prefix cache holds, each admitted in proportion to its priority, so requests "
+        "that hit much go first yet those that hit little are not starved).",
+    )
+    prefix_groups: int = Field(
+        default=10, ge=1, le=100, description="Priority groups of 'prefix-groups' (Preble's P)."
+    )
 
     @model_validator(mode="after")
     def _swap_needs_space(self) -> EngineConfig:
@@ -55,4 +66,4 @@ class EngineConfig(StrictModel):
         return self.cpu_swap_tokens > 0
 
 
-__all__ = ["EngineConfig", "PreemptionMode"]
+__all__ = ["EngineConfig", "PreemptionMode", "WaitingOrder"]

@@ -14,7 +14,9 @@ max_num_batched_tokens) and the free sequence slots (`max_num_seqs`):
    FCFS order (the head blocks the rest) while there are slots, budget and KV room for the
    whole prefill after this iteration's decodes (KV is reserved at admission, as vLLM v0 does).
    A sequence whose leading prefix blocks are cached (prefix_cache.py) needs KV for, and
-   computes, only the rest; unreferenced cached blocks are evicted to make room.
+   computes, only the rest; unreferenced cached blocks are evicted to make room. With
+   `waiting_order: prefix-groups` the order is Preble's priority groups instead
+   (`prefix_order`).
 
 `complete` applies completed iterations: decode steps add a token to every decoding sequence
 and end those that reach their length (RequestFinished); prefill chunks advance their
@@ -101,6 +103,9 @@ def _plan_swap_ins(queues: SeqQueues, plan: IterationPlan) -> None:
 
 
 def _plan_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
+    if queues.config.waiting_order == "prefix-groups":
+        _plan_grouped_admissions(queues, plan)
+        return
     waiting = queues.waiting
     while waiting and plan.seqs_left > 0 and plan.tokens_left > 0:
         seq, version = waiting[0]
@@ -114,6 +119,50 @@ def _plan_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
         queues.admit(seq, blocks)
         plan.seqs_left -= 1
         plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
+
+
+def _plan_grouped_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
+    """Admit in `prefix_order` over the first waiting sequences (four per free slot: the
+    candidates of this iteration), the first that does not fit blocking the rest."""
+    waiting = queues.waiting
+    while waiting and (
+        waiting[0][0].version != waiting[0][1] or waiting[0][0].phase is not SeqPhase.WAITING
+    ):
+        waiting.popleft()  # admitted or moved since it was queued
+    candidates: list[Seq] = []
+    for seq, version in waiting:
+        if len(candidates) >= 4 * plan.seqs_left:
+            break
+        if seq.version == version and seq.phase is SeqPhase.WAITING:
+            candidates.append(seq)
+    for seq in prefix_order(queues, candidates):
+        if plan.seqs_left <= 0 or plan.tokens_left <= 0:
+            return
+        blocks, hit_tokens = queues.cached_blocks(seq)
+        if not queues.fits(seq, blocks, hit_tokens):
+            return
+        queues.admit(seq, blocks)  # its queue entry goes stale and is skipped later
+        plan.seqs_left -= 1
+        plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
+
+
+def prefix_order(queues: SeqQueues, seqs: list[Seq]) -> list[Seq]:
+    """Preble's local order: each sequence in priority group floor(P x hit share) of P + 1
+    (hit share: the part of its prompt the prefix cache holds now); in each round, group g
+    gives up to g + 1 sequences, highest group first, each group in FCFS order."""
+    groups_count = queues.config.prefix_groups
+    groups: list[list[Seq]] = [[] for _ in range(groups_count + 1)]
+    for seq in seqs:
+        hit_tokens = queues.cached_blocks(seq)[1]
+        groups[groups_count * hit_tokens // seq.prompt_tokens].append(seq)
+    order: list[Seq] = []
+    taken = [0] * len(groups)
+    while len(order) < len(seqs):
+        for g in range(groups_count, -1, -1):
+            share = groups[g][taken[g] : taken[g] + g + 1]
+            taken[g] += len(share)
+            order.extend(share)
+    return order
 
 
 def complete(queues: SeqQueues, segment: Segment, steps: int, events: list[EngineEvent]) -> None:

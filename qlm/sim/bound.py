@@ -288,6 +288,7 @@ def scenario_bound(scenario: Scenario, seed: int) -> AttainmentBound:
         scenario.fleet(),
         scenario.requests(seed),
         scenario.config,
+        engine=scenario.engine,
         horizon_s=scenario.horizon_s or math.inf,
     )
 

@@ -134,19 +134,28 @@ def run_policies(
     scenario: Scenario, policies: Sequence[str], seed: int, progress: bool = True
 ) -> list[SimResult]:
     """Each policy on the same requests (the scenario's, drawn once with `seed`)."""
-    from qlm.sim.runner import SimConfig, simulate
+    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
 
     requests = scenario.requests(seed)
     fleet = scenario.fleet()
     config = scenario.config
     options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
+    engines = SimulatedEngines(scenario.engine)
     results = []
     bar = progress and _is_terminal(sys.stderr)  # a bar in a log or CI output is noise
     for name in policies:
         with _Bar(name, len(requests), bar) as report:
-            results.append(
-                simulate(fleet, requests, name, config, seed, progress=report, options=options)
+            result = simulate(
+                fleet,
+                requests,
+                name,
+                config,
+                seed,
+                progress=report,
+                options=options,
+                engine_factory=engines,
             )
+            results.append(result)
     return results
 
 
@@ -309,7 +318,7 @@ def plan_capacity(
 ) -> CapacityResult:
     """Simulate fleets chosen by the capacity search; the requests are drawn once."""
     from qlm.sim.capacity import Evaluation, SearchSpace, cheapest_fleet
-    from qlm.sim.runner import SimConfig, simulate
+    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
 
     scenario = question.scenario
     requests = scenario.requests(question.seed)
@@ -328,7 +337,15 @@ def plan_capacity(
 
     def attainment(counts: Mapping[str, int]) -> float:
         fleet = sized(counts).fleet()
-        result = simulate(fleet, requests, question.policy, config, question.seed, options=options)
+        result = simulate(
+            fleet,
+            requests,
+            question.policy,
+            config,
+            question.seed,
+            options=options,
+            engine_factory=SimulatedEngines(scenario.engine),
+        )
         value = result.attainment(question.slo_class)
         if on_evaluation is not None:
             on_evaluation(Evaluation(counts, cost(counts), value, value >= question.target))

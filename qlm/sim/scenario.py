@@ -22,6 +22,7 @@ from qlm.config import (
     fail_at,
     load_yaml_model,
 )
+from qlm.engine.config import EngineConfig
 from qlm.fleet_config import FleetConfig
 from qlm.sim.fuzz import draw_scenario, parse_random_name
 from qlm.sim.workload import StreamConfig, iter_requests
@@ -63,6 +64,11 @@ class Scenario(StrictModel):
     )
     horizon_s: float | None = Field(
         default=None, gt=0, description="The run stops here; later arrivals are dropped."
+    )
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="The simulated engines' scheduler settings (qlm/engine/config.py): token "
+        "budget, preemption, swap space, waiting order. Every policy runs on them.",
     )
 
     @model_validator(mode="after")

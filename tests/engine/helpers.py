@@ -104,11 +104,17 @@ def aborted(events: Iterable[EngineEvent]) -> dict[str, Aborted]:
 OPERATIONS = ("add", "add", "add", "abort", "swap_out", "swap_in", "load", "wait")
 
 
-def conservation_engine(mode: str) -> EngineModel:
+def conservation_engine(mode: str, waiting_order: str = "fcfs") -> EngineModel:
     """The engine the random-operation tests drive: 1,000 KV tokens, 800 of CPU swap space,
     8 slots, two models it can switch between."""
-    config = EngineConfig(
-        chunk_tokens=256, preemption_mode=mode, cpu_swap_tokens=800, max_num_seqs=8
+    config = EngineConfig.model_validate(
+        {
+            "chunk_tokens": 256,
+            "preemption_mode": mode,
+            "cpu_swap_tokens": 800,
+            "max_num_seqs": 8,
+            "waiting_order": waiting_order,
+        }
     )
     return EngineModel(
         exact_instance(1000),

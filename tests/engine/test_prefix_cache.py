@@ -9,9 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qlm.engine.config import EngineConfig
 from qlm.engine.model import EngineModel
 from qlm.engine.prefix_cache import PrefixCache, PrefixCounters
-from qlm.engine.sequence import SeqPhase
+from qlm.engine.scheduler import prefix_order
+from qlm.engine.sequence import Seq, SeqPhase
 from qlm.types import PrefixBlock, Request
 from tests.engine.helpers import (
     OPERATIONS,
@@ -146,6 +148,46 @@ def test_a_request_whose_prefix_is_longer_than_its_prompt_is_refused() -> None:
         _with_prefix(req("a", prompt=100), (1, 60), (2, 60))
 
 
+# ---------------------------------------------------------------- Preble's local order
+
+
+def test_prefix_groups_interleave_by_priority_in_proportion() -> None:
+    model = engine(config=EngineConfig(waiting_order="prefix-groups", prefix_groups=2))
+    model.add(_with_prefix(req("warm", prompt=100, output=1), (1, 100)), 0.0)
+    model.advance_to(1.0)  # block 1 (100 tokens) is cached now
+    queues = model._queues
+    shares = {"a": 0, "b": 100, "c": 60, "d": 0, "e": 100, "f": 100, "g": 100}
+    seqs = []
+    for name, cached in shares.items():
+        request = req(name, prompt=100 if cached else 50, output=1)
+        if cached == 100:
+            request = _with_prefix(request, (1, 100))
+        elif cached:
+            request = replace(request, prompt_tokens=166, prefix=_blocks((1, 100)))
+        seqs.append(Seq.for_request(request, len(seqs), 10_000, None))
+    order = [seq.id for seq in prefix_order(queues, seqs)]
+    # groups 2 (all cached): b e f g; 1 (60 %): c; 0: a d. Rounds give 3, 2 and 1 a group.
+    assert order == ["b", "e", "f", "c", "a", "g", "d"]
+
+
+def test_prefix_groups_admit_a_cached_request_before_an_earlier_uncached_one() -> None:
+    def first_of(order: str) -> str:
+        config = EngineConfig.model_validate({"waiting_order": order, "max_num_seqs": 1})
+        model = engine(config=config)
+        model.add(_with_prefix(req("warm", prompt=500, output=1), (1, 500)), 0.0)
+        model.advance_to(1.0)
+        model.add(req("busy", prompt=100, output=200, at_s=1.0), 1.0)  # holds the slot
+        model.add(req("cold", prompt=600, output=1, at_s=1.001), 1.001)
+        hot = _with_prefix(req("hot", prompt=600, output=1, at_s=1.002), (1, 500))
+        model.add(hot, 1.002)
+        events = run_all(model)
+        starts = first_tokens(events)
+        return min(("cold", "hot"), key=starts.__getitem__)
+
+    assert first_of("fcfs") == "cold"
+    assert first_of("prefix-groups") == "hot"
+
+
 # ---------------------------------------------------------------- conservation
 
 CHAINS = (_blocks((1, 64), (2, 64)), _blocks((1, 64), (3, 32)), _blocks((4, 128)), ())
@@ -176,11 +218,15 @@ def _kv_by_hand(model: EngineModel) -> int:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=operations, mode=st.sampled_from(["recompute", "swap"]))
+@given(
+    ops=operations,
+    mode=st.sampled_from(["recompute", "swap"]),
+    order=st.sampled_from(["fcfs", "prefix-groups"]),
+)
 def test_kv_books_balance_under_any_operations(
-    ops: list[tuple[str, float, int, int, int, int]], mode: str
+    ops: list[tuple[str, float, int, int, int, int]], mode: str, order: str
 ) -> None:
-    model = conservation_engine(mode)
+    model = conservation_engine(mode, order)
     added: set[str] = set()
     t = 0.0
     for op, gap, k, prompt, output, chain in ops:

@@ -275,3 +275,27 @@ def test_rate_scale_in_the_file_equals_with_rate_scale(tmp_path: Path, scenario:
     assert scaled_file.rate_scale == 2.0
     assert scaled_file.requests() == scenario.with_rate_scale(2.0).requests()
     assert scaled_file.with_rate_scale(0.5).requests() == scenario.requests()
+
+
+# --- engine settings ---------------------------------------------------------------------------
+
+
+def test_the_engine_section_sets_every_simulated_engine(tmp_path: Path) -> None:
+    from qlm.sim.cli import run_policies
+
+    small = load_scenario(write(tmp_path, BASE + "horizon_s: 30\n"))
+    assert small.engine.waiting_order == "fcfs"
+    text = BASE + "horizon_s: 30\nengine: {chunk_tokens: 16, waiting_order: prefix-groups}\n"
+    tuned = load_scenario(write(tmp_path, text))
+    assert (tuned.engine.chunk_tokens, tuned.engine.waiting_order) == (16, "prefix-groups")
+    # 16 prompt tokens an iteration instead of 2,048: first tokens come later
+    plain = run_policies(small, ["fcfs"], 0, progress=False)[0]
+    slow = run_policies(tuned, ["fcfs"], 0, progress=False)[0]
+    assert slow.ttft_p50_s > 2 * plain.ttft_p50_s
+
+
+def test_a_bad_engine_setting_names_its_field_and_line(tmp_path: Path) -> None:
+    text = BASE + "engine: {waiting_order: lifo}\n"
+    message = error_of(tmp_path, text)
+    assert f":{line_of(text, 'waiting_order: lifo')}:" in message
+    assert "engine.waiting_order" in message
