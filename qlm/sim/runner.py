@@ -20,7 +20,7 @@ applied to engines), tracking.py (per-request and per-instance state, the SimEng
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
@@ -60,6 +60,11 @@ def simulate(
 ) -> SimResult:
     """Run one policy over the requests on the fleet; same inputs and seed, same result."""
     policy = make_policy(policy_name, **dict(policy_options or {}))
+    engines = engine_factory or SimulatedEngines()
+    if policy.engine_settings and isinstance(engines, SimulatedEngines):
+        base = engines.config or EngineConfig()
+        update = {**base.model_dump(), **policy.engine_settings}
+        engines = replace(engines, config=EngineConfig.model_validate(update))
     sim = Simulation(
         fleet,
         requests,
@@ -68,7 +73,7 @@ def simulate(
         seed,
         options=options or SimConfig(),
         progress=progress,
-        engine_factory=engine_factory or SimulatedEngines(),
+        engine_factory=engines,
     )
     return sim.run()
 

@@ -109,3 +109,22 @@ def test_qlm_keeps_shared_prefixes_together_more_than_a_prefix_blind_gateway() -
         assert found is not None
         reuse[name] = found["reuse"]
     assert reuse["qlm"] > reuse["llmd"] + 0.03  # 0.65 against 0.60 (0.61 without affinity)
+
+
+def test_preble_brings_its_local_scheduler_to_its_engines() -> None:
+    from qlm.types import Fleet
+    from tests.factories import make_instance, make_profile
+
+    profile = make_profile("m7b", max_batch_size=1, step_s=(0.01,), batch_sizes=(1,))
+    fleet = Fleet.of([make_instance("i0", loaded_model="m7b")], [profile])
+    warm = req("warm", 0.0, SHARED)
+    busy = replace(req("busy", 5.0, ()), max_output_tokens=500)
+    cold = req("cold", 5.001, OTHER)
+    hot = req("hot", 5.002, SHARED)
+    firsts = {}
+    for name in ("fcfs", "preble"):
+        result = simulate(fleet, [warm, busy, cold, hot], name, QlmConfig(), 0)
+        starts = {o.request_id: o.first_token_s for o in result.outcomes}
+        firsts[name] = min(("cold", "hot"), key=lambda rid: starts[rid] or float("inf"))
+    # one slot, held by `busy`: the engine's own order decides who goes next
+    assert firsts == {"fcfs": "cold", "preble": "hot"}

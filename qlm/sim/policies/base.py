@@ -9,6 +9,7 @@ engines. Policies are registered by name in `SIM_POLICIES`; see README.md for ea
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -86,6 +87,9 @@ class SimPolicy(Protocol):
     """One scheduling policy. Every hook returns the actions to apply now, in order."""
 
     name: str
+    # Engine scheduler settings the policy brings with it (a system that ships its own engine
+    # scheduler, like Preble's): they override the scenario's `engine` section for its runs.
+    engine_settings: Mapping[str, object]
 
     def start(self, ctx: SimContext) -> Actions: ...
 
@@ -126,6 +130,7 @@ class BasePolicy:
     """No-op hooks and the context, so a policy overrides only what it decides."""
 
     name = ""
+    engine_settings: Mapping[str, object] = MappingProxyType({})
 
     def __init__(self) -> None:
         self._ctx: SimContext | None = None

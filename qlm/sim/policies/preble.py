@@ -16,16 +16,20 @@ recompute), chosen for prefix reuse and load together.
   "deduced from profiling" in the paper, 2 here; counting the request on both sides keeps a
   lone busy instance beside an idle one from rebalancing every exploit).
 
-Not modelled: Preble's decode-heavy shortcut for explored requests, its autoscaling of hot
-prefixes (replicas of a subtree) and its engine-local priority groups by hit ratio. Models
-stay where they were loaded; no swaps, no eviction.
+* Local scheduler: its engines admit waiting requests by Preble's priority groups of prefix-
+  cache hit share (`engine_settings`: waiting_order prefix-groups, whatever the scenario's
+  engine section says; qlm/engine/scheduler.py).
+
+Not modelled: Preble's decode-heavy shortcut for explored requests and its autoscaling of hot
+prefixes (replicas of a subtree). Models stay where they were loaded; no swaps, no eviction.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from qlm.agents.actions import Pull
 from qlm.agents.dispatch import PoolMember
@@ -71,6 +75,7 @@ class _Window:
 @SIM_POLICIES.register("preble")
 class PreblePolicy(BasePolicy):
     name = "preble"
+    engine_settings: Mapping[str, object] = MappingProxyType({"waiting_order": "prefix-groups"})
 
     def __init__(self, window_s: float = WINDOW_S, balance_ratio: float = 2.0) -> None:
         super().__init__()
