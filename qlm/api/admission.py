@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from qlm.api.errors import ApiError, from_pydantic
+from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.schemas import Body, ChatBody
 from qlm.api.settings import ApiAppConfig, ModelConfig
 from qlm.api.slo import SloResolver
@@ -103,6 +104,7 @@ class Admitter:
             prompt=prompt,
             sampling={**body.sampling(), **output},
             messages=body.engine_messages() if self._engine_kind in CHAT_TEMPLATE_ENGINES else None,
+            prefix=prompt_prefix(prompt, prompt_tokens),
         )
 
     def _output_fields(self, body: Body) -> dict[str, object]:

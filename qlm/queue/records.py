@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any
 
-from qlm.types import Request, RequestState
+from qlm.types import PrefixBlock, Request, RequestState
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(Request))
 _REQUEST_FIELD_SET = frozenset(_REQUEST_FIELDS)
@@ -28,6 +28,8 @@ def request_to_dict(request: Request) -> dict[str, Any]:
 def request_from_dict(data: Mapping[str, Any]) -> Request:
     """Fields this version does not know (written by a newer one, mid-rollout) are left out."""
     known = {k: v for k, v in data.items() if k in _REQUEST_FIELD_SET}
+    if "prefix" in known:  # JSON gives the blocks back as lists
+        known["prefix"] = tuple(PrefixBlock(key, tokens) for key, tokens in known["prefix"])
     return Request(**{**known, "state": RequestState(data["state"])})
 
 

@@ -24,7 +24,7 @@ from qlm.queue.base import (
 from qlm.queue.factory import make_queue
 from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.queue.records import InstanceStatus, RequestRecord, RequestResult, StreamEvent, StreamKind
-from qlm.types import Request, RequestState
+from qlm.types import PrefixBlock, Request, RequestState
 from tests.factories import make_request
 
 QueueMaker = Callable[..., Awaitable[GlobalQueue]]
@@ -114,12 +114,15 @@ async def test_request_fields_survive_the_store(queue: GlobalQueue) -> None:
         completion_deadline_at_s=1712349999.5,
         tenant="acme",
         prompt='say "hi"\n',
+        prefix=(PrefixBlock(2**64 - 1, 100), PrefixBlock(7, 20)),  # keys are 64-bit hashes
     )
     await queue.enqueue(request)
     record = await queue.get(request.id)
     assert record is not None
     assert record.request == request
+    assert record.request.prefix == request.prefix
     assert await queue.queued() == (request,)
+    assert (await queue.queued())[0].prefix == request.prefix
 
 
 async def test_duplicate_ids_are_refused(queue: GlobalQueue) -> None:

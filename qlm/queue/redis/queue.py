@@ -128,7 +128,7 @@ class RedisQueue:
         for chunk in chunks(missing, self.config.snapshot_batch):
             text = await self._queued_requests(list(map(self._keys.record, chunk)))
             for data in json.loads(cast(str, text)):
-                fetched[data["id"]] = Request(**data, state=RequestState.QUEUED)
+                fetched[data["id"]] = request_from_dict({**data, "state": RequestState.QUEUED})
         # A request pulled between the ZRANGE and its read is left out; one requeued
         # meanwhile shows up in the next snapshot.
         current = {rid: r for rid in ids if (r := known.get(rid) or fetched.get(rid))}

@@ -1,0 +1,43 @@
+"""Which leading blocks of a prompt could another prompt share? `Request.prefix` for requests
+that come through the API.
+
+The API holds the prompt's text, not the engine's tokens, so it cuts the text into blocks of
+`PREFIX_BLOCK_CHARS` characters (as llm-d's approximate prefix index hashes prompts in
+character blocks) and keys each block by a hash of the text from the start to the block's end:
+equal keys, equal text so far. A block carries its share of the prompt's token count (the
+counter's, rounded down, so the blocks never hold more than the prompt). The trailing part
+shorter than a block is the request's own. Routers and engine models read these blocks
+(qlm/agents/prefix_index.py, qlm/engine/prefix_cache.py); real engines cache by their own
+tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+from qlm.types import PrefixBlock
+
+PREFIX_BLOCK_CHARS = 256
+MAX_PREFIX_BLOCKS = 512  # at most this many (a 128k-character prompt), to keep records small
+
+
+def prompt_prefix(
+    prompt: str | None, prompt_tokens: int, block_chars: int = PREFIX_BLOCK_CHARS
+) -> tuple[PrefixBlock, ...]:
+    """The prompt's whole blocks of `block_chars` characters, keyed by the text up to their
+    end, each with its share of `prompt_tokens`; () for no prompt or one shorter than a
+    block."""
+    if not prompt or prompt_tokens < 1:
+        return ()
+    count = min(len(prompt) // block_chars, MAX_PREFIX_BLOCKS)
+    per_block = prompt_tokens * block_chars / len(prompt)
+    digest = hashlib.blake2b(digest_size=8)
+    blocks = []
+    for i in range(count):
+        digest.update(prompt[i * block_chars : (i + 1) * block_chars].encode())
+        tokens = math.floor((i + 1) * per_block) - math.floor(i * per_block)
+        if tokens < 1:
+            break
+        blocks.append(PrefixBlock(int.from_bytes(digest.copy().digest(), "little"), tokens))
+    return tuple(blocks)

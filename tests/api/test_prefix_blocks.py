@@ -1,0 +1,52 @@
+"""The API's prompt prefix blocks (qlm/api/prefix_blocks.py): equal text so far, equal keys;
+token shares that never exceed the prompt; and requests admitted through the API carry them."""
+
+from __future__ import annotations
+
+import httpx
+
+from qlm.api.prefix_blocks import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, prompt_prefix
+from qlm.queue.memory import MemoryQueue
+
+SYSTEM = "You are a careful assistant. " * 40  # 1,160 characters: four whole blocks
+
+
+def test_prompts_that_share_their_start_share_its_blocks_only() -> None:
+    a = prompt_prefix(SYSTEM + "What is the capital of France? " * 10, 400)
+    b = prompt_prefix(SYSTEM + "Summarise this contract for me. " * 10, 420)
+    shared = len(SYSTEM) // PREFIX_BLOCK_CHARS
+    assert [x.key for x in a[:shared]] == [x.key for x in b[:shared]]
+    assert all(x.key != y.key for x, y in zip(a[shared:], b[shared:], strict=False))
+    assert prompt_prefix("x" + SYSTEM, 300)[0].key != a[0].key  # a key names all text before
+
+
+def test_blocks_hold_their_share_of_tokens_and_never_more_than_the_prompt() -> None:
+    text = "abcd" * 1000  # 4,000 characters: 15 whole blocks, 160 characters left over
+    blocks = prompt_prefix(text, 1000)
+    assert len(blocks) == 15
+    assert sum(b.tokens for b in blocks) == 960  # 3,840 of 4,000 characters' share of 1,000
+    assert {b.tokens for b in blocks} == {64}
+    assert prompt_prefix("short", 2) == ()
+    assert prompt_prefix(None, 10) == ()
+    assert len(prompt_prefix("y" * PREFIX_BLOCK_CHARS * (MAX_PREFIX_BLOCKS + 3), 10**6)) == (
+        MAX_PREFIX_BLOCKS
+    )
+
+
+async def test_requests_admitted_through_the_api_carry_their_prompt_blocks(
+    client: httpx.AsyncClient, queue: MemoryQueue
+) -> None:
+    ids = []
+    for question in ("What is the capital of France?", "Summarise this contract."):
+        body = {"kind": "completion", "model": "m7b", "prompt": SYSTEM + question}
+        resp = await client.post("/v1/qlm/requests", json={**body, "max_tokens": 2})
+        assert resp.status_code == 202, resp.text
+        ids.append(resp.json()["id"])
+    records = [await queue.get(request_id) for request_id in ids]
+    prefixes = [record.request.prefix for record in records if record is not None]
+    assert len(prefixes) == 2
+    assert len(prefixes[0]) == len(prefixes[1]) == len(SYSTEM) // PREFIX_BLOCK_CHARS
+    assert prefixes[0] == prefixes[1]  # the questions are shorter than a block: own parts
+    first = records[0]
+    assert first is not None
+    assert sum(b.tokens for b in prefixes[0]) <= first.request.prompt_tokens
