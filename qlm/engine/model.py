@@ -141,6 +141,8 @@ class EngineModel:
             max_num_seqs=self._max_num_seqs,
             supports_kv_swap=self.config.supports_kv_swap,
             at_s=now_s,
+            prefix_prompt_tokens=self._counters.prefix.prompt_tokens,
+            prefix_hit_tokens=self._counters.prefix.hit_tokens,
         )
         return self._observed
 

@@ -52,6 +52,10 @@ class EngineObservation:
     max_num_seqs: int
     supports_kv_swap: bool = False
     at_s: float = 0.0
+    # Since the engine started: prompt tokens it admitted with a prefix, and of those, found
+    # in its prefix cache (qlm/engine/prefix_cache.py). None: the engine does not say.
+    prefix_prompt_tokens: int | None = None
+    prefix_hit_tokens: int | None = None
     # Requests on the GPU (running or waiting in the engine), not swapped out; and those
     # swapped to CPU. Derived from `requests` once, as every reader walks them.
     active: tuple[EngineRequest, ...] = field(init=False, repr=False, compare=False)

@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
+from qlm.queue.records import InstanceStatus
+
 # Interactive classes live in seconds, batch classes in minutes to hours: one ladder covers both.
 LATENCY_BUCKETS_S = (
     *(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0),
@@ -57,6 +59,8 @@ class Families:
     instance_running: Gauge
     instance_kv: Gauge
     instance_busy: Gauge
+    prefix_prompt: Counter
+    prefix_hit: Counter
 
     @classmethod
     def on(cls, registry: CollectorRegistry) -> Families:
@@ -270,4 +274,37 @@ def _instance_families(r: CollectorRegistry) -> dict[str, Any]:
             ("instance_id",),
             registry=r,
         ),
+        "prefix_prompt": Counter(
+            "qlm_prefix_prompt_tokens",
+            "Prompt tokens the engine admitted with a prefix (engines that report it).",
+            ("instance_id",),
+            registry=r,
+        ),
+        "prefix_hit": Counter(
+            "qlm_prefix_hit_tokens",
+            "Of those, tokens found in the engine's prefix cache: not computed again.",
+            ("instance_id",),
+            registry=r,
+        ),
     }
+
+
+class PrefixTallies:
+    """Engines' running prefix-cache tallies (InstanceStatus) as Prometheus counters: each
+    report adds what grew since the instance's last one (all of it after an engine restart,
+    when its tally starts again); engines that do not report them add nothing."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, int]] = {}  # instance -> (prompt, hit) last reported
+
+    def report(self, families: Families, status: InstanceStatus) -> None:
+        prompt, hit = status.prefix_prompt_tokens, status.prefix_hit_tokens
+        if prompt is None or hit is None:
+            return
+        iid = status.instance_id
+        last_prompt, last_hit = self._seen.get(iid, (0, 0))
+        if prompt < last_prompt or hit < last_hit:
+            last_prompt = last_hit = 0
+        families.prefix_prompt.labels(iid).inc(prompt - last_prompt)
+        families.prefix_hit.labels(iid).inc(hit - last_hit)
+        self._seen[iid] = (prompt, hit)

@@ -27,7 +27,13 @@ from qlm.config import QlmConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import EngineState
 from qlm.metrics.causes import LIVE_CAUSES, result_cause
-from qlm.metrics.families import EVICTION_KINDS, PLAN_FAILED, REQUEST_OUTCOMES, Families
+from qlm.metrics.families import (
+    EVICTION_KINDS,
+    PLAN_FAILED,
+    REQUEST_OUTCOMES,
+    Families,
+    PrefixTallies,
+)
 from qlm.metrics.history import History
 from qlm.metrics.settings import MetricsConfig
 from qlm.planner.types import Plan, PlanStatus
@@ -178,6 +184,7 @@ class PlaneMetrics:
         # instance id -> (model it had, model a started swap loads)
         self._swapping: dict[str, tuple[str, str]] = {}
         self._instance_model: dict[str, str] = {}
+        self._prefix_tallies = PrefixTallies()
         self._leading = False
         self._snapshot_at_s = -math.inf
         self._initialise(instances)
@@ -323,6 +330,7 @@ class PlaneMetrics:
         capacity = status.kv_capacity_tokens
         f.instance_kv.labels(iid).set(status.kv_used_tokens / capacity if capacity else 0.0)
         f.instance_busy.labels(iid).set(status.busy_s)
+        self._prefix_tallies.report(f, status)
 
     # --- control loop ------------------------------------------------------------------------
 

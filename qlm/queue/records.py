@@ -186,6 +186,9 @@ class InstanceStatus:
     at_s: float
     swaps: int = 0
     evictions: int = 0
+    # The engine's prefix-cache tallies since it started (EngineObservation); None: unknown
+    prefix_prompt_tokens: int | None = None
+    prefix_hit_tokens: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

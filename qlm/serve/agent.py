@@ -386,4 +386,6 @@ class Agent:
             at_s=now_s,
             swaps=self.counters.swaps,
             evictions=self.counters.evictions,
+            prefix_prompt_tokens=obs.prefix_prompt_tokens,
+            prefix_hit_tokens=obs.prefix_hit_tokens,
         )

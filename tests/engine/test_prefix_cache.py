@@ -45,6 +45,8 @@ def test_a_cached_prefix_is_not_computed_again() -> None:
     assert first_tokens(events)["b"] == pytest.approx(1.0 + 0.010 + 0.002 + 0.00012)
     stats = model.stats
     assert (stats.prefix_prompt_tokens, stats.prefix_hit_tokens) == (240, 100)
+    obs = model.observe(1e9)  # what an agent reports (InstanceStatus, qlm_prefix_* metrics)
+    assert (obs.prefix_prompt_tokens, obs.prefix_hit_tokens) == (240, 100)
     assert stats.prefill_tokens == 120 + 20
     assert stats.prefix_hit_ratio == pytest.approx(100 / 240)
 

@@ -273,6 +273,18 @@ def test_instance_state_is_one_hot_and_drops_the_previous_models_series() -> Non
     assert value(m, "qlm_instance_state", instance_id="i0", state="empty", model_name="none") == 1
 
 
+def test_engine_prefix_tallies_become_counters_that_survive_an_engine_restart() -> None:
+    m = recorder()
+    m.instance_status(status("m7b", "ready"))  # an engine that does not report them
+    assert value(m, "qlm_prefix_prompt_tokens_total", instance_id="i0") is None
+    for prompt, hit in ((1000, 400), (1500, 900), (300, 100)):  # the last: after a restart
+        m.instance_status(
+            replace(status("m7b", "ready"), prefix_prompt_tokens=prompt, prefix_hit_tokens=hit)
+        )
+    assert value(m, "qlm_prefix_prompt_tokens_total", instance_id="i0") == 1500 + 300
+    assert value(m, "qlm_prefix_hit_tokens_total", instance_id="i0") == 900 + 100
+
+
 def test_two_recorders_share_nothing_and_leave_the_global_registry_alone() -> None:
     before = {s.name for fam in prometheus_client.REGISTRY.collect() for s in fam.samples}
     a, b = recorder(), recorder()

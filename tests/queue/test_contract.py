@@ -651,7 +651,9 @@ async def test_random_walk_matches_a_simple_model(make: QueueMaker, seed: int) -
 
 
 def status(instance_id: str, at_s: float, running: int = 0) -> InstanceStatus:
-    return InstanceStatus(instance_id, "ready", "m7b", 1.5, running, 100, 1000, at_s, 1, 2)
+    return InstanceStatus(
+        instance_id, "ready", "m7b", 1.5, running, 100, 1000, at_s, 1, 2, 5000 + running, 1200
+    )
 
 
 async def test_instances_keep_the_latest_report_of_each(make: QueueMaker) -> None:
