@@ -20,15 +20,8 @@ from qlm.types import Request
 class LlmdPrefixPolicy(LlmdPolicy):
     name = "llmd-prefix"
 
-    def __init__(
-        self,
-        queue_threshold: int = 5,
-        kv_threshold: float = 0.8,
-        queue_weight: float = 1.0,
-        kv_weight: float = 1.0,
-        prefix_weight: float = 1.5,
-    ) -> None:
-        super().__init__(queue_threshold, kv_threshold, queue_weight, kv_weight)
+    def __init__(self, prefix_weight: float = 1.5) -> None:
+        super().__init__()  # llmd's thresholds and weights
         self.prefix_weight = prefix_weight
         self._index = PrefixIndex()
 
