@@ -213,7 +213,7 @@ def dispatch_groups(
         if is_queued(item.request_id):
             late.append(item)
     if affinity is not None:
-        on_time = by_affinity(on_time, affinity, plan.start_at_s, now_s)
+        on_time = by_affinity(on_time, affinity)
     groups = []
     if on_time:
         groups.append(QueuedGroup(f"dispatch:{model}", model, "", tuple(on_time), True))
@@ -225,26 +225,24 @@ def dispatch_groups(
 
 
 def by_affinity(
-    items: Sequence[QueuedItem],
-    affinity: Callable[[QueuedItem], int],
-    start_at_s: Mapping[str, float],
-    now_s: float,
+    items: Sequence[QueuedItem], affinity: Callable[[QueuedItem], int]
 ) -> list[QueuedItem]:
     """Prefix locality within the schedule (after Preble's exploit rule), for one instance:
     `affinity` is +1 for a request whose prompt this instance holds more of than it would
     compute (it is cheapest here), -1 for one another instance holds so (cheapest there),
-    0 otherwise. Requests the schedule says are due to start now keep their place; of the
-    others, this instance's own go first and another's last, each in schedule order, so an
-    instance serves what it holds before it and leaves another's to it, unless it has
-    nothing else on time (work-conserving: a hot prefix spills over)."""
-    first: list[QueuedItem] = []
-    middle: list[QueuedItem] = []
-    last: list[QueuedItem] = []
+    0 otherwise. The schedule decides which requests are kept (these on-time ones); locality
+    decides who serves which first: this instance's own, then the rest, then another's, each
+    in schedule order, so an instance serves what it holds first and leaves another's to it
+    unless it has nothing else on time (work-conserving: a hot prefix spills over). A
+    request deferred here waits for the instance that holds its prefix; the schedule's
+    order between requests is kept only within each of the three tiers."""
+    own: list[QueuedItem] = []
+    rest: list[QueuedItem] = []
+    theirs: list[QueuedItem] = []
     for item in items:
-        due = start_at_s.get(item.request_id, math.inf) <= now_s
         side = affinity(item)
-        (first if due or side > 0 else last if side < 0 else middle).append(item)
-    return first + middle + last
+        (own if side > 0 else theirs if side < 0 else rest).append(item)
+    return own + rest + theirs
 
 
 def _as_late(item: QueuedItem) -> QueuedItem:

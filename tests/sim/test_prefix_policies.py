@@ -91,13 +91,19 @@ def test_by_affinity_serves_its_own_prefixes_first_and_leaves_others_last() -> N
     from qlm.agents.dispatch import by_affinity
     from qlm.agents.queued import QueuedItem
 
-    items = [QueuedItem(name, 1000, 10) for name in ("due", "theirs", "mine", "plain", "late")]
-    sides = {"due": -1, "theirs": -1, "mine": 1, "plain": 0, "late": -1}
-    start_at_s = {"due": 5.0, "theirs": 6.0, "mine": 7.0, "plain": 8.0, "late": 4.0}
-    ordered = by_affinity(items, lambda item: sides[item.request_id], start_at_s, now_s=5.0)
-    # due now by the schedule (due, late) keep their order, ahead; mine joins them; plain
-    # next; theirs last
-    assert [item.request_id for item in ordered] == ["due", "mine", "late", "plain", "theirs"]
+    names = ("theirs", "plain", "mine", "theirs2", "mine2", "plain2")
+    items = [QueuedItem(name, 1000, 10) for name in names]
+    sides = {"theirs": -1, "plain": 0, "mine": 1, "theirs2": -1, "mine2": 1, "plain2": 0}
+    ordered = by_affinity(items, lambda item: sides[item.request_id])
+    # this instance's own first, then the rest, then another's: schedule order in each
+    assert [item.request_id for item in ordered] == [
+        "mine",
+        "mine2",
+        "plain",
+        "plain2",
+        "theirs",
+        "theirs2",
+    ]
 
 
 def test_qlm_keeps_shared_prefixes_together_more_than_a_prefix_blind_gateway() -> None:
