@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from qlm.agents.prefix_affinity import HOLD
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.virtual_queue import virtual_queue
 from qlm.control.plan import PublishedPlan
@@ -198,7 +199,8 @@ def dispatch_groups(
     """The instance's dispatch queue for its model: the kept requests still queued and not
     yet past their deadline, in order, then the rest (dropped or late) as the lowest class.
     At most `limit` requests in all (what one reconcile round can pull). With `affinity`
-    (prefix locality, `by_affinity`) the on-time requests are reordered for this instance."""
+    (prefix locality, `by_affinity`) the on-time requests, and the rest, are reordered for
+    this instance."""
     on_time: list[QueuedItem] = []
     late: list[QueuedItem] = []
     for item in plan.kept:
@@ -212,8 +214,9 @@ def dispatch_groups(
             break
         if is_queued(item.request_id):
             late.append(item)
-    if affinity is not None:
+    if affinity is not None:  # the late ones too: the schedule prices no cached prefill
         on_time = by_affinity(on_time, affinity)
+        late = by_affinity(late, affinity)
     groups = []
     if on_time:
         groups.append(QueuedGroup(f"dispatch:{model}", model, "", tuple(on_time), True))
@@ -234,13 +237,16 @@ def by_affinity(
     decides who serves which first: this instance's own, then the rest, then another's, each
     in schedule order, so an instance serves what it holds first and leaves another's to it
     unless it has nothing else on time (work-conserving: a hot prefix spills over). A
-    request deferred here waits for the instance that holds its prefix; the schedule's
-    order between requests is kept only within each of the three tiers."""
+    request another instance holds and is still worth waiting for (`HOLD`,
+    qlm/agents/prefix_affinity.py) is left out. The schedule's order between requests is
+    kept only within each of the three tiers."""
     own: list[QueuedItem] = []
     rest: list[QueuedItem] = []
     theirs: list[QueuedItem] = []
     for item in items:
         side = affinity(item)
+        if side == HOLD:
+            continue
         (own if side > 0 else theirs if side < 0 else rest).append(item)
     return own + rest + theirs
 
@@ -304,12 +310,14 @@ def agent_queue(
     fleet: Fleet,
     now_s: float,
     limit: int,
+    affinity: Callable[[QueuedItem], int] | None = None,
 ) -> tuple[QueuedGroup, ...]:
     """What a live agent reconciles: its virtual queue when it follows the plan to another
     model, else the dispatch queue of its model over the published plan's members of that
-    model. The agent does not see which model the other instances hold: another instance
-    is on the model when the plan's head for it is a group of that model; those and this
-    one make the pool."""
+    model (ordered by prefix locality with `affinity`, as `dispatch_groups`). The agent
+    does not see which model the other instances hold: another instance is on the model
+    when the plan's head for it is a group of that model; those and this one make the
+    pool."""
     planned = virtual_queue(plan, instance_id, is_queued)
     items = [] if model is None else plan_items(plan, model, is_queued)
     others = [
@@ -322,7 +330,7 @@ def agent_queue(
     if model is None:
         return ()
     kept = schedule(items, PoolRate.of(fleet, (instance_id, *others), model), now_s)
-    return dispatch_groups(model, kept, now_s, limit)
+    return dispatch_groups(model, kept, now_s, limit, affinity=affinity)
 
 
 def _heads_model(

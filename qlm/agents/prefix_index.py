@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 from qlm.types import PrefixBlock
 
+# The most blocks an agent reports (InstanceStatus.prefix_keys): 1,024 blocks of a few hundred
+# tokens cover the hot prefixes of a GPU's cache while keeping a report a few KiB.
+REPORTED_KEYS = 1024
+
 
 @dataclass(slots=True)
 class _Held:
@@ -82,6 +86,18 @@ class PrefixIndex:
         while held.tokens > held.capacity_tokens and blocks:
             _, size = blocks.popitem(last=False)
             held.tokens -= size
+
+    def keys(self, instance_id: str, limit: int = REPORTED_KEYS) -> tuple[int, ...]:
+        """The instance's blocks, most recently used first, at most `limit`."""
+        held = self._held.get(instance_id)
+        if held is None:
+            return ()
+        out: list[int] = []
+        for key in reversed(held.blocks):
+            if len(out) >= limit:
+                break
+            out.append(key)
+        return tuple(out)
 
     def forget(self, instance_id: str) -> None:
         """The instance dropped its cache (a model load)."""

@@ -126,13 +126,16 @@ class PublishedPlan:
     # Per group, one decode iteration of its batch on its instance: a newcomer's own output
     # takes its tokens times this after its first token.
     group_step_s: Mapping[str, float] = field(default_factory=dict)
+    # Per request with a prompt prefix some instance probably caches: the prompt tokens each
+    # such instance holds (from the agents' reports; qlm/agents/prefix_affinity.py reads it).
+    prefix_held: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
         # did not change: they are read-only views already, so copying them again would make
         # each arrival cost the size of the whole plan.
         names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s")
-        for name in (*names, "lone", "group_step_s"):
+        for name in (*names, "lone", "group_step_s", "prefix_held"):
             object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
@@ -162,6 +165,7 @@ class PublishedPlan:
                 "group_done_s": dict(self.group_done_s),
                 "lone": {m: asdict(s) for m, s in self.lone.items()},
                 "group_step_s": dict(self.group_step_s),
+                "prefix_held": {r: dict(h) for r, h in self.prefix_held.items()},
             },
             separators=(",", ":"),
         )
@@ -194,4 +198,5 @@ class PublishedPlan:
             group_done_s=data.get("group_done_s", {}),
             lone={m: LoneSpeed(**s) for m, s in data.get("lone", {}).items()},
             group_step_s=data.get("group_step_s", {}),
+            prefix_held=data.get("prefix_held", {}),
         )

@@ -189,10 +189,16 @@ class InstanceStatus:
     # The engine's prefix-cache tallies since it started (EngineObservation); None: unknown
     prefix_prompt_tokens: int | None = None
     prefix_hit_tokens: int | None = None
+    # The prompt-prefix blocks (Request.prefix keys) most recently sent to the engine, most
+    # recent first, at most qlm.agents.prefix_index.REPORTED_KEYS: what its prefix cache
+    # probably holds, for the control loop's `prefix_held` (the agent's own PrefixIndex).
+    prefix_keys: tuple[int, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> InstanceStatus:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        data["prefix_keys"] = tuple(data.get("prefix_keys", ()))
+        return cls(**data)

@@ -9,7 +9,6 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.dispatch import agent_queue
@@ -34,22 +33,14 @@ from qlm.metrics.causes import overlap_s
 from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus, RequestResult
+from qlm.serve.agent_prefixes import EARLY_REPORT_S, AgentPrefixes
 from qlm.serve.config import AgentConfig
 from qlm.serve.leases import LeaseKeeper
-from qlm.serve.rounds import Batch, Chunks, Held
+from qlm.serve.rounds import AgentCounters, Batch, Chunks, Held
 from qlm.types import Fleet, Instance, RequestState
 
 log = logging.getLogger("qlm.agent")
 _LOADS_KEPT = 64  # recent model loads, for the model_load share of a result's queue wait
-
-
-@dataclass
-class AgentCounters:
-    pulled: int = 0
-    completed: int = 0
-    evictions: int = 0
-    swaps: int = 0
-    requeued: int = 0
 
 
 class Agent:
@@ -83,6 +74,7 @@ class Agent:
         self._last_status_s = -1e18
         self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
         self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
+        self.prefixes = AgentPrefixes(instance.id)
 
     async def run(self, stop: asyncio.Event) -> None:
         keeper = asyncio.create_task(self._keep_leases(stop), name=f"leases-{self.instance.id}")
@@ -184,9 +176,22 @@ class Agent:
             return request_id not in self._taken and request_id not in self._held
 
         now_s = self.clock.now_s()
-        return agent_queue(
-            plan, self.instance.id, obs.model, still_queued, self.fleet, now_s, obs.max_num_seqs
+        model = obs.model
+        profile = None if model is None else self.fleet.profile(model, self.instance)
+        affinity = self.prefixes.affinity(plan, profile, now_s)
+        heads = agent_queue(
+            plan,
+            self.instance.id,
+            model,
+            still_queued,
+            self.fleet,
+            now_s,
+            obs.max_num_seqs,
+            affinity,
         )
+        if affinity is not None:
+            affinity.prune()
+        return heads
 
     def _timing(self, obs: EngineObservation) -> EngineTiming | None:
         model = obs.model
@@ -202,6 +207,7 @@ class Agent:
             elif isinstance(action, LoadModel):  # lso_steps evicted what the engine held
                 before = self.engine.observe().model
                 self.engine.load_model(action.model)
+                self.prefixes.forget()
                 self._load_started[action.model] = self.clock.now_s()
                 self.counters.swaps += 1
                 self.metrics.model_swap_started(self.instance.id, action.model, before)
@@ -222,6 +228,7 @@ class Agent:
         got = await self.queue.pull(self.instance.id, request_ids, self.settings.lease_s, now_s)
         got_ids = {r.id for r in got}
         self._taken.update(rid for rid in request_ids if rid not in got_ids)
+        self.prefixes.pulled(got, self.engine.observe().kv_capacity_tokens)
         records = await asyncio.gather(*(self.queue.get(r.id) for r in got))
         for request, record in zip(got, records, strict=True):
             attempt = record.dispatches if record is not None else 1
@@ -335,13 +342,8 @@ class Agent:
 
     async def _fail(self, held: Held, event: Aborted) -> None:
         del self._held[event.request_id]
-        log.warning(
-            "agent %s: %s failed after %d dispatches: %s",
-            self.instance.id,
-            event.request_id,
-            held.attempt,
-            event.reason,
-        )
+        what = f"{event.request_id} failed after {held.attempt} dispatches: {event.reason}"
+        log.warning("agent %s: %s", self.instance.id, what)
         result = RequestResult(
             request_id=event.request_id,
             state=RequestState.FAILED,
@@ -366,7 +368,10 @@ class Agent:
     async def _housekeeping(self) -> None:
         await self.leases.renew(self._held)
         now_s = self.clock.now_s()
-        if now_s - self._last_status_s >= self.settings.status_every_s:
+        period_s = self.settings.status_every_s
+        if self.prefixes.changed:  # new prefix blocks: tell the others soon
+            period_s = min(period_s, EARLY_REPORT_S)
+        if now_s - self._last_status_s >= period_s:
             status = self.status(now_s)
             await self.queue.report_instance(status)
             self.metrics.instance_status(status)
@@ -388,4 +393,5 @@ class Agent:
             evictions=self.counters.evictions,
             prefix_prompt_tokens=obs.prefix_prompt_tokens,
             prefix_hit_tokens=obs.prefix_hit_tokens,
+            prefix_keys=self.prefixes.report(),
         )

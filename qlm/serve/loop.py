@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from qlm.agents.prefix_affinity import held_by_reports
 from qlm.agents.virtual_queue import cut_for_agents, shown, subset
 from qlm.clock import Clock
 from qlm.config import QlmConfig
@@ -64,7 +65,7 @@ class ControlLoop:
         self.node_id = settings.node_id or f"controller-{uuid.uuid4().hex[:8]}"
         self.counters = LoopCounters()
         self._annotated: dict[str, tuple[str, float | None]] = {}  # what records say now
-        self._shown: tuple[tuple[str, tuple[str, ...]], ...] = ()  # what agents were shown
+        self._shown: object = ()  # what agents were shown (queues, prefix_held's requests)
         self._published_epoch = -1  # the controller epoch of the last publish
         self._liveness = InstanceLiveness(
             (i.id for i in fleet.instances), settings.instance_timeout_s, clock.monotonic_s()
@@ -108,14 +109,18 @@ class ControlLoop:
         now_s = self.clock.now_s()
         self.counters.expired += len(await self.queue.expire_leases(now_s))
         queued = await self.queue.queued()
-        views = self._views(await self.queue.instances())
+        statuses = await self.queue.instances()
+        views = self._views(statuses)
         await self._drive(queued, views, now_s)
         self.metrics.queue_snapshot(queued, self.controller.plan)
         plan = self.driver.plan
         if plan is None:
             return None
         view = cut_for_agents(plan, {r.id for r in queued}, self.members)
-        seen = shown(view)
+        up = {v.instance_id for v in views}
+        view = with_prefix_held(view, queued, [s for s in statuses if s.instance_id in up])
+        held = tuple(sorted((r, tuple(sorted(h.items()))) for r, h in view.prefix_held.items()))
+        seen = (shown(view), held)
         if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
         published = await self.queue.publish_plan(view)
@@ -198,3 +203,25 @@ class ControlLoop:
             else:
                 views.append(InstanceView(instance.id, status.model, status.busy_s))
         return views
+
+
+def with_prefix_held(
+    view: PublishedPlan, queued: Sequence[Request], statuses: Sequence[InstanceStatus]
+) -> PublishedPlan:
+    """The view with `prefix_held` for its members whose prompt prefix some instance on
+    their model reports holding (InstanceStatus.prefix_keys; qlm/agents/prefix_affinity.py)."""
+    reported: dict[str, dict[str, frozenset[int]]] = {}  # model -> instance -> keys
+    for status in statuses:
+        if status.prefix_keys and status.model is not None:
+            by_model = reported.setdefault(status.model, {})
+            by_model[status.instance_id] = frozenset(status.prefix_keys)
+    if not reported:
+        return view
+    members = {rid for group in view.groups.values() for rid in group.request_ids}
+    held: dict[str, dict[str, int]] = {}
+    for request in queued:
+        if request.prefix and request.id in members and request.model in reported:
+            tokens = held_by_reports(reported[request.model], request.prefix)
+            if tokens:
+                held[request.id] = tokens
+    return replace(view, prefix_held=held)

@@ -1,5 +1,6 @@
 """What an agent keeps per request it pulled, and one round's queue updates (token chunks
-merged per request, results, running marks), written together at the end of the round."""
+merged per request, results, running marks), written together at the end of the round; and
+the agent's counters."""
 
 from __future__ import annotations
 
@@ -60,3 +61,12 @@ class Batch:
         self.chunks.clear()
         self.finished.clear()
         self.requests.clear()
+
+
+@dataclass
+class AgentCounters:
+    pulled: int = 0
+    completed: int = 0
+    evictions: int = 0
+    swaps: int = 0
+    requeued: int = 0

@@ -30,7 +30,9 @@ PROFILE = {
 }
 
 
-def config(instances: Sequence[dict[str, Any]], **agent: Any) -> ServeConfig:
+def config(
+    instances: Sequence[dict[str, Any]], profile: dict[str, Any] = PROFILE, **agent: Any
+) -> ServeConfig:
     return ServeConfig.model_validate(
         {
             "qlm": {
@@ -47,7 +49,7 @@ def config(instances: Sequence[dict[str, Any]], **agent: Any) -> ServeConfig:
             "models": [{"name": "m-a"}, {"name": "m-b"}],
             "fleet": {
                 "packaged_profiles": False,
-                "profiles": [{"model": m, **PROFILE} for m in ("m-a", "m-b")],
+                "profiles": [{"model": m, **profile} for m in ("m-a", "m-b")],
                 "instances": list(instances),
             },
         }

@@ -134,3 +134,12 @@ def test_preble_brings_its_local_scheduler_to_its_engines() -> None:
         firsts[name] = min(("cold", "hot"), key=lambda rid: starts[rid] or float("inf"))
     # one slot, held by `busy`: the engine's own order decides who goes next
     assert firsts == {"fcfs": "cold", "preble": "hot"}
+
+
+def test_qlm_leaves_a_request_to_the_busy_instance_holding_its_prefix() -> None:
+    fleet = two_model_fleet(num_7b=2, num_13b=0)
+    first = replace(req("first", 0.0, SHARED), max_output_tokens=2000)  # keeps its instance busy
+    again = req("again", 1.0, SHARED)  # the other instance is idle, and offered it first
+    result = simulate(fleet, [first, again], "qlm", QlmConfig(), 0)
+    assert instance_of(result, "again") == instance_of(result, "first")
+    assert result.prefix_tokens[instance_of(result, "again") or ""][1] == 950

@@ -25,6 +25,7 @@ again like an arrival (as the live loop does).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,7 @@ from qlm.types import Fleet, Request
 
 _ROUND = "round"
 _PUBLISH = "publish"
+_HOLD = "prefix-hold:"  # + instance id: a prefix hold there ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,7 @@ class QlmPolicy(BasePolicy):
         self._kv_swap: dict[str, bool] = {}  # instance -> its engine swaps KV to CPU
         self._dispatch_view: SimDispatch | None = None
         self._predicted: dict[str, TtftPrediction] = {}
+        self._hold_at: dict[str, float] = {}  # instance -> its prefix-hold timer
 
     # Hooks
 
@@ -149,6 +152,12 @@ class QlmPolicy(BasePolicy):
         return self._reconcile(instance_id)
 
     def on_timer(self, tag: str) -> Actions:
+        if tag.startswith(_HOLD):
+            instance_id = tag.removeprefix(_HOLD)
+            if self._hold_at.get(instance_id) == self.now_s():
+                del self._hold_at[instance_id]
+                return self._reconcile(instance_id)
+            return NO_ACTIONS
         timers = {_ROUND: self._round, _PUBLISH: self._publish}
         return timers[tag]()
 
@@ -239,6 +248,16 @@ class QlmPolicy(BasePolicy):
     # The agents' step
 
     def _reconcile(self, instance_id: str) -> tuple[Action, ...]:
+        """The agent's step for one instance, and a timer for when a request it left to
+        the instance holding its prefix may come to it (qlm/agents/prefix_affinity.py)."""
+        actions = self._step(instance_id)
+        at_s = self.dispatch.hold_ends.pop(instance_id, None)
+        if at_s is not None and self._hold_at.get(instance_id, math.inf) > at_s:
+            self._hold_at[instance_id] = at_s
+            self.ctx.call_at(at_s, _HOLD + instance_id)
+        return actions
+
+    def _step(self, instance_id: str) -> tuple[Action, ...]:
         """The agent's step for one instance. Shortcuts (`shortcuts`) that cannot change the
         answer skip observing the engine: a loading engine gets nothing, and without KV
         swapping an instance with nothing queued for it gets nothing."""

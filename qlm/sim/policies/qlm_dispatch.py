@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from qlm.agents.dispatch import PoolRate, Schedule, dispatch_groups, follows_swap
 from qlm.agents.drain import drains_by_rank
 from qlm.agents.model_queues import ModelQueues
+from qlm.agents.prefix_affinity import PrefixAffinity
 from qlm.agents.prefix_index import PrefixIndex
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
@@ -37,6 +38,9 @@ class SimDispatch:
         self._prefixes: PrefixIndex | None = None
         # request -> (instance -> prefix tokens held), until the index next changes
         self._held: dict[str, dict[str, int]] = {}
+        self._deferred: dict[str, dict[str, float]] = {}  # instance -> request -> held since
+        # instance -> when its earliest prefix hold ends (the policy wakes it then)
+        self.hold_ends: dict[str, float] = {}
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
@@ -125,34 +129,41 @@ class SimDispatch:
         limit = ctx.max_num_seqs(instance_id)
         still = self._queues.queued(model)
         affinity = self._affinity(instance_id, pool)
-        return dispatch_groups(model, kept, ctx.clock.now_s(), limit, still, affinity)
+        groups = dispatch_groups(model, kept, ctx.clock.now_s(), limit, still, affinity)
+        if affinity is not None:
+            affinity.prune()
+            if affinity.wake_at_s < math.inf:
+                self.hold_ends[instance_id] = affinity.wake_at_s
+        return groups
 
-    def _affinity(
-        self, instance_id: str, pool: tuple[str, ...]
-    ) -> Callable[[QueuedItem], int] | None:
+    def _affinity(self, instance_id: str, pool: tuple[str, ...]) -> PrefixAffinity | None:
         """Prefix locality for `by_affinity` (None until a request with a prefix arrives):
-        +1 where this instance holds the longest part of the request's prompt that some
-        instance of the pool holds and that part outweighs the rest (Preble's exploit
-        rule), -1 where another instance holds more, 0 otherwise."""
+        Preble's exploit rule over the `PrefixIndex`, with the rent-or-buy hold
+        (qlm/agents/prefix_affinity.py); the earliest hold's end goes to `hold_ends`."""
         index = self._prefixes
         if index is None or len(pool) < 2:
             return None
         queued = self.ctx.queued()
         cache = self._held
 
-        def side(item: QueuedItem) -> int:
+        def held_of(item: QueuedItem) -> dict[str, int] | None:
             request = queued.get(item.request_id)
             if request is None or not request.prefix:
-                return 0
+                return None
             held = cache.get(item.request_id)
             if held is None:
                 held = cache[item.request_id] = index.best(pool, request.prefix)
-            most = max(held.values())
-            if most <= request.prompt_tokens - most:
-                return 0
-            return 1 if held.get(instance_id, 0) == most else -1
+            return held
 
-        return side
+        ctx = self.ctx
+        model = ctx.model_of(instance_id)
+        profile = (
+            None if model is None else ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
+        )
+        if profile is None:
+            return None
+        deferred = self._deferred.setdefault(instance_id, {})
+        return PrefixAffinity(instance_id, held_of, profile.prefill_s, deferred, ctx.clock.now_s())
 
     def predict(self, request: Request) -> TtftPrediction | None:
         """The schedule's time to first token for a request just queued, from its arrival:
