@@ -9,6 +9,7 @@ once, and batch work must still finish."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,11 @@ def slow_profile(model: str) -> dict[str, Any]:
     return tiny_profile(model) | {"decode_table": {"batch_sizes": [1, 4], "step_s": [0.04, 0.05]}}
 
 
-def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
+def plane_config(
+    models: dict[str, Path],
+    redis_url: str,
+    profile: Callable[[str], dict[str, Any]] = slow_profile,
+) -> ServeConfig:
     # Two engines on a CPU machine: vLLM's automatic thread binding puts both on core 0 (the
     # fidelity benchmark measured it), so one engine's decode stalls the other's prefill.
     unbound = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
@@ -86,7 +91,7 @@ def plane_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
             "fleet": {
                 "gpu_types": {"cpu": {"memory_gib": 1.0}},
                 "packaged_profiles": False,
-                "profiles": [slow_profile("tiny-a"), slow_profile("tiny-b")],
+                "profiles": [profile("tiny-a"), profile("tiny-b")],
                 "instances": [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a", "count": 2}],
             },
         }

@@ -184,6 +184,8 @@ class VllmEngine:
             max_num_seqs=self.config.max_num_seqs,
             supports_kv_swap=False,
             at_s=self.clock.now_s(),
+            prefix_prompt_tokens=self._metrics.prefix_queried_tokens,
+            prefix_hit_tokens=self._metrics.prefix_hit_tokens,
         )
 
     def submit(self, request: Request) -> None:

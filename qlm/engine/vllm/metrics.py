@@ -3,7 +3,8 @@
 Question answered: how do QLM's engine client and profiler read a Prometheus exposition of
 vLLM (v1 engine, 0.32)? Pure parsing; scraping is the caller's. The client reads the gauges
 (`parse_metrics`): usable KV tokens from cache_config_info ((num_gpu_blocks - 1) x block_size;
-vLLM keeps one null block) and the share of them in use. The profiler reads the per-request
+vLLM keeps one null block), the share of them in use, and the prefix cache's counters (prompt
+tokens looked up and found cached: vLLM caches prefixes by default). The profiler reads the per-request
 prefill and decode time histograms (`histogram_totals`, recorded when a request finishes) and
 the KV cache's size per token (`kv_facts`).
 """
@@ -20,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
 DECODE_TIME = "vllm:request_decode_time_seconds"
 HISTOGRAMS = (PREFILL_TIME, DECODE_TIME)
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # prompt tokens looked up in the cache
+PREFIX_HITS = "vllm:prefix_cache_hits_total"  # of them, found cached
 _USAGE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # 0.32.0, older
 
 
@@ -33,6 +36,10 @@ class VllmMetrics:
     kv_capacity_tokens: int | None = None  # usable KV tokens, from cache_config_info
     generation_tokens_total: int = 0  # counter: tokens generated since the server started
     at_s: float = 0.0
+    # Prefix cache counters since the server started: prompt tokens looked up, and found
+    # cached (None: this vLLM does not export them)
+    prefix_queried_tokens: int | None = None
+    prefix_hit_tokens: int | None = None
 
     @property
     def kv_used_tokens(self) -> int:
@@ -57,7 +64,14 @@ def parse_metrics(text: str, at_s: float = 0.0) -> VllmMetrics:
         kv_capacity_tokens=capacity,
         generation_tokens_total=int(values.get("vllm:generation_tokens_total", 0)),
         at_s=at_s,
+        prefix_queried_tokens=_count(values, PREFIX_QUERIES),
+        prefix_hit_tokens=_count(values, PREFIX_HITS),
     )
+
+
+def _count(values: Mapping[str, float], name: str) -> int | None:
+    value = values.get(name)
+    return None if value is None else int(value)
 
 
 def _usable_kv_tokens(labels: Mapping[str, str]) -> int:

@@ -32,6 +32,12 @@ vllm:kv_cache_usage_perc{engine="0",model_name="tiny-a"} 0.007874015748031482
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name="tiny-a"} 5.0
 vllm:generation_tokens_created{engine="0",model_name="tiny-a"} 1.795230211766e+09
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny-a"} 3000.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny-a"} 1280.0
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="16384",\
@@ -45,11 +51,13 @@ def test_metrics_give_counts_usage_and_usable_capacity() -> None:
     assert m.kv_capacity_tokens == 127 * 128  # one of the 128 blocks is vLLM's null block
     assert m.kv_used_tokens == 128  # one block in use
     assert (m.generation_tokens_total, m.at_s) == (5, 3.0)
+    assert (m.prefix_queried_tokens, m.prefix_hit_tokens) == (3000, 1280)
 
 
 def test_metrics_read_the_older_gpu_cache_gauge_and_tolerate_absences() -> None:
     m = parse_metrics('vllm:gpu_cache_usage_perc{model_name="x"} 0.5\n')
     assert (m.kv_cache_usage, m.kv_capacity_tokens, m.kv_used_tokens) == (0.5, None, 0)
+    assert (m.prefix_queried_tokens, m.prefix_hit_tokens) == (None, None)  # not exported
 
 
 METRICS_BEFORE = """\
