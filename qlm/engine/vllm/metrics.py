@@ -4,9 +4,9 @@ Question answered: how do QLM's engine client and profiler read a Prometheus exp
 vLLM (v1 engine, 0.32)? Pure parsing; scraping is the caller's. The client reads the gauges
 (`parse_metrics`): usable KV tokens from cache_config_info ((num_gpu_blocks - 1) x block_size;
 vLLM keeps one null block), the share of them in use, and the prefix cache's counters (prompt
-tokens looked up and found cached: vLLM caches prefixes by default). The profiler reads the per-request
-prefill and decode time histograms (`histogram_totals`, recorded when a request finishes) and
-the KV cache's size per token (`kv_facts`).
+tokens looked up and found cached: vLLM caches prefixes by default). The profiler reads the
+per-request prefill and decode time histograms (`histogram_totals`, recorded when a request
+finishes) and the KV cache's size per token (`kv_facts`).
 """
 
 from __future__ import annotations
