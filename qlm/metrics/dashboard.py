@@ -1,5 +1,5 @@
 """What GET /dashboard/data returns: attainment per class (now and over time), queue by class,
-instances with their model and state, recent swaps and evictions, predicted against actual
+instances with their model, state and prefix-cache reuse, recent swaps and evictions, predicted against actual
 waits, planner outcomes, missed requests by cause (qlm/metrics/causes.py).
 
 `build_view` is pure: readings (qlm/metrics/readings.py) in, a JSON-ready dict out. Two sources
@@ -34,6 +34,8 @@ BUSY = Reading("qlm_instance_busy_seconds", ("instance_id",), "max")
 SWAPS = Reading("qlm_model_swaps_total", ("instance_id",))
 EVICTIONS = Reading("qlm_evictions_total", ("instance_id",))
 RUNS = Reading("qlm_planner_runs_total", ("status",))
+PREFIX_PROMPT = Reading("qlm_prefix_prompt_tokens_total", ("instance_id",))
+PREFIX_HIT = Reading("qlm_prefix_hit_tokens_total", ("instance_id",))
 # Predicted (at admission) against actual time to first token, over the same requests: both
 # are observed when a request completes (`*_n` counts them).
 WAIT_HISTOGRAMS = {
@@ -51,6 +53,7 @@ SOLVE_COUNT = Reading("qlm_planner_solve_seconds_count", ())
 READINGS: tuple[Reading, ...] = (
     *(MET, EVALUATED, QUEUE, MET_BY_MODEL, EVALUATED_BY_MODEL, TARGET, GROUPS, OUTCOMES, MISSED),
     *(STATE, RUNNING, KV, BUSY, SWAPS, EVICTIONS, RUNS, SOLVE_SUM, SOLVE_COUNT),
+    *(PREFIX_PROMPT, PREFIX_HIT),
     *WAITS.values(),
 )
 
@@ -145,6 +148,7 @@ def build_view(
         "requests": _outcomes(readings.get(OUTCOMES, {})),
         "misses_by_cause": _misses(readings.get(MISSED, {}), classes),
         "instances": _instances(readings),
+        "prefix": _prefix(readings),
         "waits": {c: _waits(readings, c) for c in classes},
         "planner": _planner(readings),
         "events": [
@@ -205,7 +209,8 @@ def _instances(readings: Mapping[Reading, Series]) -> list[dict[str, Any]]:
     for (iid, state, model), value in readings.get(STATE, {}).items():
         if value >= 1:
             current[iid] = (state, model)
-    metrics = {r: by_first(readings.get(r, {})) for r in (RUNNING, KV, BUSY, SWAPS, EVICTIONS)}
+    kinds = (RUNNING, KV, BUSY, SWAPS, EVICTIONS, PREFIX_PROMPT, PREFIX_HIT)
+    metrics = {r: by_first(readings.get(r, {})) for r in kinds}
     ids = sorted(set(current) | set(metrics[RUNNING]) | set(metrics[SWAPS]))
     return [
         {
@@ -217,9 +222,20 @@ def _instances(readings: Mapping[Reading, Series]) -> list[dict[str, Any]]:
             "busy_s": metrics[BUSY].get(iid, 0.0),
             "swaps": metrics[SWAPS].get(iid, 0.0),
             "evictions": metrics[EVICTIONS].get(iid, 0.0),
+            "prefix_reuse": _ratio(
+                metrics[PREFIX_HIT].get(iid, 0.0), metrics[PREFIX_PROMPT].get(iid, 0.0)
+            ),
         }
         for iid in ids
     ]
+
+
+def _prefix(readings: Mapping[Reading, Series]) -> dict[str, Any]:
+    """Prompt tokens the engines admitted and found in their prefix caches, fleet-wide
+    (engines that report their cache only); reuse null before any."""
+    prompt = sum(readings.get(PREFIX_PROMPT, {}).values())
+    hit = sum(readings.get(PREFIX_HIT, {}).values())
+    return {"prompt_tokens": prompt, "hit_tokens": hit, "reuse": _ratio(hit, prompt)}
 
 
 def _waits(readings: Mapping[Reading, Series], slo_class: str) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -51,6 +53,10 @@ async def test_view_reports_what_the_exposition_reports() -> None:
     finish(m, make_request(model="m7b", slo_class="batch", ttft_s=60.0), 10.0)
     m.queue_snapshot([make_request(model="m7b", slo_class="batch") for _ in range(4)], None)
     m.instance_status(InstanceStatus("i0", "ready", "m7b", 2.0, 3, 10, 100, 1000.0, 0, 0))
+    # engines' prefix tallies are cumulative: the second report adds 3,000 prompt, 2,000 hit
+    tallies = InstanceStatus("i0", "ready", "m7b", 2.0, 3, 10, 100, 1000.0, 0, 0, 1000, 0)
+    m.instance_status(tallies)
+    m.instance_status(replace(tallies, prefix_prompt_tokens=4000, prefix_hit_tokens=2000))
     m.model_swap_started("i1", "m7b")
     view = await Dashboard(LocalSource(m), clock, CLASSES).view()
 
@@ -69,6 +75,10 @@ async def test_view_reports_what_the_exposition_reports() -> None:
     assert view["waits"]["interactive"]["actual_n"] == 5
     [i0] = [i for i in view["instances"] if i["instance_id"] == "i0"]
     assert (i0["state"], i0["model_name"], i0["running"]) == ("ready", "m7b", 3)
+    assert i0["prefix_reuse"] == 2000 / 4000
+    assert view["prefix"] == {"prompt_tokens": 4000, "hit_tokens": 2000, "reuse": 0.5}
+    [i1] = [i for i in view["instances"] if i["instance_id"] == "i1"]
+    assert i1["prefix_reuse"] is None  # reported nothing
     assert [(e["kind"], e["instance_id"]) for e in view["events"]] == [("swap", "i1")]
     assert view["source"] == "local"
 

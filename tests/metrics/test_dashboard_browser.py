@@ -134,6 +134,8 @@ def test_dashboard_shows_the_attainment_of_metrics_and_updates(
     rows = browser.find_elements(By.CSS_SELECTOR, "#instances tbody tr")
     assert {r.get_attribute("data-instance") for r in rows} == {"gpu-0", "gpu-1"}
     assert all("ready" in r.text and "m-a" in r.text for r in rows)
+    reuse = [r.find_element(By.CSS_SELECTOR, "td.prefix-reuse").text for r in rows]
+    assert all(text == "–" or text.endswith("%") for text in reuse), reuse
     chart = '#attainment-chart path[data-class="interactive"]'
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, chart))
     assert browser.find_elements(By.CSS_SELECTOR, "#waits tbody tr")

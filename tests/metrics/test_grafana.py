@@ -22,6 +22,7 @@ PAGE_PANELS = (  # the /dashboard page's sections
     "instances: state and loaded model",
     "model swaps and evictions",
     "predicted vs actual wait",
+    "prefix-cache reuse",
 )
 
 

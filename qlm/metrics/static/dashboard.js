@@ -155,6 +155,7 @@
         [i.instance_id], [i.state, "state-" + i.state], [i.model_name],
         [int(i.running), "num"], [pct(i.kv_utilization), "num"], [secs(i.busy_s), "num"],
         [int(i.swaps), "num"], [int(i.evictions), "num"],
+        [i.prefix_reuse === null ? "–" : pct(i.prefix_reuse), "num prefix-reuse"],
       ]);
       tr.dataset.instance = i.instance_id;
       return tr;
