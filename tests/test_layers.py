@@ -51,6 +51,7 @@ ADAPTERS: dict[str, set[str]] = {
     "queue/redis/streams.py": {"redis", "asyncio"},
     "queue/redis/pokes.py": {"redis", "asyncio"},
     "queue/redis/listing.py": {"redis"},
+    "queue/redis/batch_store.py": {"redis"},
     "queue/memory.py": {"asyncio"},
     "queue/base.py": {"asyncio"},
     "engine/client.py": {"asyncio"},

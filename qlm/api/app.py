@@ -1,5 +1,6 @@
 """The HTTP API of the live control plane: OpenAI-compatible completions plus QLM's SLO tags,
-asynchronous submission and request state. Stateless: every replica talks to the same queue.
+asynchronous submission and request state, and OpenAI's Files and Batch APIs. Stateless:
+every replica talks to the same queue (and batch store).
 
     app = create_app(settings, queue, clock)
     uvicorn.run(app, host=..., port=...)
@@ -9,12 +10,18 @@ The caller owns the queue (creates it before and closes it after serving).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from qlm.api.batch_routes import add_batch_routes
+from qlm.api.batch_runner import BatchRunner
 from qlm.api.context import RECEIVED_AT, ApiContext
 from qlm.api.errors import install_error_handlers
 from qlm.api.metrics_routes import add_metrics_routes, default_metrics
@@ -23,9 +30,12 @@ from qlm.api.openapi import install_openapi
 from qlm.api.qlm_routes import add_qlm_routes
 from qlm.api.settings import ApiAppConfig
 from qlm.api.tokens import TokenCounter
+from qlm.batch.store import BatchStore, MemoryBatchStore
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
 from qlm.queue.base import GlobalQueue, QueueUnavailableError
+from qlm.queue.redis.batch_store import RedisBatchStore
+from qlm.queue.redis.queue import RedisQueue
 
 _NO_TELEMETRY: TelemetryConfig = {
     "tracing": False,
@@ -57,6 +67,7 @@ def create_app(
     *,
     token_counter: TokenCounter | None = None,
     metrics: PlaneMetrics | None = None,
+    batch_store: BatchStore | None = None,
 ) -> FastAPI:
     """An app serving `settings.models` from `queue`; deadlines are read from `clock`.
     `token_counter` overrides the registered counter named in the settings (e.g. a real
@@ -64,7 +75,25 @@ def create_app(
     GET /metrics exposes it, GET /dashboard shows it, and admissions are counted on it."""
     metrics = metrics or default_metrics(settings, clock)
     context = ApiContext.build(settings, queue, clock, token_counter, metrics)
+    store = batch_store or batch_store_for(queue)
+    runner = BatchRunner(context, store, settings.api.batch.poll_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        """The batch runner runs while the app serves (every replica: its steps are
+        idempotent, qlm/api/batch_runner.py)."""
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop), name="batch-runner")
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+            if batch_store is None:
+                await store.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="QLM",
         summary="SLO-aware queue for LLM serving fleets",
         # QLM's metrics are Prometheus series (qlm/metrics); FastAPI's OpenTelemetry hooks
@@ -72,6 +101,7 @@ def create_app(
         telemetry=_NO_TELEMETRY,
     )
     install_error_handlers(app)
+    app.state.batch_store, app.state.batch_runner = store, runner
 
     async def queue_down(_: HttpRequest, exc: Exception) -> Response:
         assert isinstance(exc, QueueUnavailableError)
@@ -80,7 +110,15 @@ def create_app(
     app.add_exception_handler(QueueUnavailableError, queue_down)
     add_openai_routes(app, context)
     add_qlm_routes(app, context)
+    add_batch_routes(app, context, store)
     add_metrics_routes(app, metrics, clock, queue)
     install_openapi(app, settings)
     app.add_middleware(ArrivalStamp, clock=clock)
     return app
+
+
+def batch_store_for(queue: GlobalQueue) -> BatchStore:
+    """The batch store beside a queue: in its Redis for a Redis queue, else in this process."""
+    if isinstance(queue, RedisQueue):
+        return RedisBatchStore.for_queue(queue.config)
+    return MemoryBatchStore()

@@ -73,6 +73,22 @@ class QuotaConfig(StrictModel):
         return self.requests_per_s is not None or self.tokens_per_min is not None
 
 
+class BatchApiConfig(StrictModel):
+    """The Files and Batch APIs: `api.batch` in the fleet file."""
+
+    max_file_bytes: int = Field(
+        default=100 * 1024 * 1024, ge=1024, description="Larger uploads get 413."
+    )
+    slo_class: str | None = Field(
+        default=None,
+        description="The class of a job's lines unless its metadata's qlm_slo_class names "
+        "one; None: the configured class of lowest priority.",
+    )
+    poll_s: float = Field(
+        default=0.5, gt=0, description="How often the batch runner looks at unfinished jobs."
+    )
+
+
 class ApiConfig(StrictModel):
     """The API's settings: the fleet file's `api:` section."""
 
@@ -124,6 +140,11 @@ class ApiConfig(StrictModel):
     )
     plan_refresh_s: float = Field(
         default=1.0, ge=0, description="How often admission re-reads the plan from the queue."
+    )
+
+    batch: BatchApiConfig = Field(
+        default_factory=lambda: BatchApiConfig(),
+        description="The Files and Batch APIs (qlm/api/batch_routes.py).",
     )
 
     def quota_of(self, tenant: str) -> QuotaConfig:

@@ -31,10 +31,14 @@ PROFILE = {
 
 
 def config(
-    instances: Sequence[dict[str, Any]], profile: dict[str, Any] = PROFILE, **agent: Any
+    instances: Sequence[dict[str, Any]],
+    profile: dict[str, Any] = PROFILE,
+    queue: dict[str, Any] | None = None,
+    **agent: Any,
 ) -> ServeConfig:
     return ServeConfig.model_validate(
         {
+            "queue": queue or {},
             "qlm": {
                 "slo_classes": [
                     {"name": "interactive", "ttft_s": 1.0, "lateness_weight": 100, "priority": 2},
