@@ -51,6 +51,12 @@ class SloClassConfig(StrictModel):
         default=1.0, ge=0, description="Planner penalty per request-second past the target."
     )
     priority: int = Field(default=0, description="Larger is more urgent (eviction order).")
+    paced: bool = Field(
+        default=False,
+        description="The class promises a deadline, not a latency (batch jobs): its requests "
+        "start no earlier than their deadline needs (qlm/agents/pacing.py), leaving engines "
+        "to latency-bound classes meanwhile.",
+    )
 
     @model_validator(mode="after")
     def _completion_after_ttft(self) -> SloClassConfig:
@@ -140,6 +146,12 @@ class ControlConfig(StrictModel):
         ge=1,
         description="Queued requests per virtual queue that agents see (the head they admit "
         "from); the rest is shown as the head leaves.",
+    )
+    pacing_factor: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="Paced classes run to end by their deadline compressed by this factor "
+        "(2: by half the time left; 1: as late as possible).",
     )
 
 

@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.prefix_affinity import HOLD
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.virtual_queue import virtual_queue
@@ -120,6 +121,9 @@ class Schedule:
     # When each checked kept request is due to start on the pool seen as one machine (its
     # first token: that plus its prefill plus the engine work that blocks its class).
     start_at_s: Mapping[str, float] = field(default_factory=dict)
+    # Each checked kept request's due time (when it must be done on the pool) and cost there
+    # (qlm/agents/pacing.py reads them).
+    due_and_cost: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 # (due start plus cost: when it must be done on the pool to start in time, request id,
@@ -177,15 +181,17 @@ def schedule_checked(
     `hopeless` (late whatever happens) follow the dropped."""
     kept, dropped = moore_hodgson(checked, now_s)
     start_at_s: dict[str, float] = {}
+    due_and_cost: dict[str, tuple[float, float]] = {}
     in_order: list[QueuedItem] = []
     at_s = now_s
-    for neg_cost_s, request_id, _, item in sorted(kept, key=lambda job: (job[2], job[1])):
+    for neg_cost_s, request_id, due_s, item in sorted(kept, key=lambda job: (job[2], job[1])):
         start_at_s[request_id] = at_s
+        due_and_cost[request_id] = (due_s, -neg_cost_s)
         at_s -= neg_cost_s
         in_order.append(item)
     in_order.extend(rest)
     dropped.sort(key=lambda it: (it.ttft_deadline_at_s, it.request_id))
-    return Schedule(tuple(in_order), (*dropped, *hopeless), start_at_s)
+    return Schedule(tuple(in_order), (*dropped, *hopeless), start_at_s, due_and_cost)
 
 
 def dispatch_groups(
@@ -271,12 +277,11 @@ def plan_items(
         if group.model != model:
             continue
         prompts, outputs, classes = group.member_fields()
-        deadlines = group.deadlines_at_s()
+        deadlines, arrivals = group.deadlines_at_s(), group.arrivals()
         for i, request_id in enumerate(group.request_ids):
             if is_queued(request_id):
-                items.append(
-                    QueuedItem(request_id, prompts[i], outputs[i], classes[i], deadlines[i])
-                )
+                fields = (prompts[i], outputs[i], classes[i], deadlines[i], arrivals[i])
+                items.append(QueuedItem(request_id, *fields))
     return items
 
 
@@ -311,10 +316,12 @@ def agent_queue(
     now_s: float,
     limit: int,
     affinity: Callable[[QueuedItem], int] | None = None,
+    pacing: Pacing | None = None,
 ) -> tuple[QueuedGroup, ...]:
     """What a live agent reconciles: its virtual queue when it follows the plan to another
     model, else the dispatch queue of its model over the published plan's members of that
-    model (ordered by prefix locality with `affinity`, as `dispatch_groups`). The agent
+    model (ordered by prefix locality with `affinity`, as `dispatch_groups`; paced
+    requests not due to start yet left out, qlm/agents/pacing.py). The agent
     does not see which model the other instances hold: another instance is on the model
     when the plan's head for it is a group of that model; those and this one make the
     pool."""
@@ -330,7 +337,8 @@ def agent_queue(
     if model is None:
         return ()
     kept = schedule(items, PoolRate.of(fleet, (instance_id, *others), model), now_s)
-    return dispatch_groups(model, kept, now_s, limit, affinity=affinity)
+    due, _ = unheld(lambda _: True, kept.kept, kept.due_and_cost, pacing, now_s)
+    return dispatch_groups(model, kept, now_s, limit, due, affinity)
 
 
 def _heads_model(

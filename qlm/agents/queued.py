@@ -18,6 +18,7 @@ class QueuedItem:
     max_output_tokens: int
     slo_class: str = ""  # the request's own class; "" means the group's
     ttft_deadline_at_s: float = math.inf  # when its first token is due (dispatch order)
+    arrival_at_s: float = -math.inf  # when it arrived (-inf: unknown; pacing reads it)
 
 
 @dataclass(frozen=True, slots=True)

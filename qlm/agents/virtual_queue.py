@@ -115,4 +115,5 @@ def subset(group: PlannedGroup, positions: Sequence[int]) -> PlannedGroup:
         ttft_deadlines_at_s=tuple(
             group.ttft_deadlines_at_s[i] for i in positions if group.ttft_deadlines_at_s
         ),
+        arrivals_at_s=tuple(group.arrivals_at_s[i] for i in positions if group.arrivals_at_s),
     )

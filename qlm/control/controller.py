@@ -134,6 +134,7 @@ class Controller:
             request.max_output_tokens,
             request.slo_class,
             request.ttft_deadline_at_s,
+            request.arrival_at_s,
         )
         return self._publish(
             replace(plan, created_at_s=now_s, groups={**plan.groups, group_id: grown})
@@ -270,6 +271,7 @@ def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
         tuple(by_id[rid].max_output_tokens for rid in group.request_ids),
         tuple(by_id[rid].slo_class for rid in group.request_ids),
         tuple(by_id[rid].ttft_deadline_at_s for rid in group.request_ids),
+        tuple(by_id[rid].arrival_at_s for rid in group.request_ids),
     )
 
 

@@ -24,10 +24,12 @@ class PlannedGroup:
     max_output_tokens: tuple[int, ...] = ()
     slo_classes: tuple[str, ...] = ()  # each member's own class (a group may mix classes)
     ttft_deadlines_at_s: tuple[float, ...] = ()  # each member's TTFT deadline
+    arrivals_at_s: tuple[float, ...] = ()  # each member's arrival (pacing reads it)
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
-        for name in ("prompt_tokens", "max_output_tokens", "slo_classes", "ttft_deadlines_at_s"):
+        members = ("prompt_tokens", "max_output_tokens", "slo_classes", "ttft_deadlines_at_s")
+        for name in (*members, "arrivals_at_s"):
             if len(getattr(self, name)) not in (0, n):
                 raise ValueError(f"group {self.group_id}: {name} must match request_ids")
 
@@ -43,6 +45,7 @@ class PlannedGroup:
             "max_output_tokens": list(self.max_output_tokens),
             "slo_classes": list(self.slo_classes),
             "ttft_deadlines_at_s": list(self.ttft_deadlines_at_s),
+            "arrivals_at_s": list(self.arrivals_at_s),
         }
 
     def member_fields(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
@@ -60,6 +63,10 @@ class PlannedGroup:
         (dispatch then orders those members last within their class)."""
         return self.ttft_deadlines_at_s or (math.inf,) * len(self.request_ids)
 
+    def arrivals(self) -> tuple[float, ...]:
+        """Each member's arrival; -inf for a group published without them (unknown)."""
+        return self.arrivals_at_s or (-math.inf,) * len(self.request_ids)
+
     def with_request(
         self,
         request_id: str,
@@ -67,6 +74,7 @@ class PlannedGroup:
         max_output_tokens: int,
         slo_class: str,
         ttft_deadline_at_s: float = math.inf,
+        arrival_at_s: float = -math.inf,
     ) -> PlannedGroup:
         prompts, outputs, classes = self.member_fields()
         return replace(
@@ -76,6 +84,7 @@ class PlannedGroup:
             max_output_tokens=(*outputs, max_output_tokens),
             slo_classes=(*classes, slo_class),
             ttft_deadlines_at_s=(*self.deadlines_at_s(), ttft_deadline_at_s),
+            arrivals_at_s=(*self.arrivals(), arrival_at_s),
         )
 
 
@@ -187,6 +196,7 @@ class PublishedPlan:
                     tuple(g.get("max_output_tokens", ())),
                     tuple(g.get("slo_classes", ())),
                     tuple(g.get("ttft_deadlines_at_s", ())),
+                    tuple(g.get("arrivals_at_s", ())),
                 )
                 for k, g in data["groups"].items()
             },

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.dispatch import agent_queue
 from qlm.agents.drain import drain_estimate_s, engine_timing
+from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
 from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
@@ -54,6 +55,7 @@ class Agent:
         settings: AgentConfig,
         priority: Mapping[str, int],
         metrics: MetricsHooks | None = None,
+        pacing: Pacing | None = None,
     ) -> None:
         self.instance = instance
         self.metrics = metrics or NO_METRICS
@@ -75,6 +77,7 @@ class Agent:
         self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
         self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
         self.prefixes = AgentPrefixes(instance.id)
+        self.pacing = pacing
 
     async def run(self, stop: asyncio.Event) -> None:
         keeper = asyncio.create_task(self._keep_leases(stop), name=f"leases-{self.instance.id}")
@@ -179,16 +182,8 @@ class Agent:
         model = obs.model
         profile = None if model is None else self.fleet.profile(model, self.instance)
         affinity = self.prefixes.affinity(plan, profile, now_s)
-        heads = agent_queue(
-            plan,
-            self.instance.id,
-            model,
-            still_queued,
-            self.fleet,
-            now_s,
-            obs.max_num_seqs,
-            affinity,
-        )
+        rest = (self.fleet, now_s, obs.max_num_seqs, affinity, self.pacing)
+        heads = agent_queue(plan, self.instance.id, model, still_queued, *rest)
         if affinity is not None:
             affinity.prune()
         return heads

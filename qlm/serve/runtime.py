@@ -13,6 +13,7 @@ from typing import Protocol
 
 import uvicorn
 
+from qlm.agents.pacing import Pacing
 from qlm.api.app import create_app
 from qlm.api.settings import ApiAppConfig
 from qlm.clock import Clock, WallClock
@@ -184,6 +185,7 @@ async def _start_agents(
             config.agent,
             priority,
             metrics=plane.metrics,
+            pacing=Pacing.of(config.qlm),
         )
         plane.agents.append(agent)
     await asyncio.gather(*(e.start() for e in plane.engines))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from qlm.agents.dispatch import PoolRate, Schedule, dispatch_groups, follows_swap
 from qlm.agents.drain import drains_by_rank
 from qlm.agents.model_queues import ModelQueues
+from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.prefix_affinity import PrefixAffinity
 from qlm.agents.prefix_index import PrefixIndex
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
@@ -41,6 +42,7 @@ class SimDispatch:
         self._deferred: dict[str, dict[str, float]] = {}  # instance -> request -> held since
         # instance -> when its earliest prefix hold ends (the policy wakes it then)
         self.hold_ends: dict[str, float] = {}
+        self._pacing = Pacing.of(ctx.config)
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
@@ -99,7 +101,10 @@ class SimDispatch:
         pool = self._pool(model)
         if not pool:
             return None
-        line = dispatch_groups(model, self._schedule(model, pool), self.ctx.clock.now_s(), 1)
+        now_s = self.ctx.clock.now_s()
+        kept = self._schedule(model, pool)
+        anyone, _ = unheld(lambda _: True, kept.kept, kept.due_and_cost, self._pacing, now_s)
+        line = dispatch_groups(model, kept, now_s, 1, anyone)
         return line[0].items[0] if line else None
 
     def heads(
@@ -127,14 +132,25 @@ class SimDispatch:
         pool = self._pool(model)
         kept = self._schedule(model, pool)
         limit = ctx.max_num_seqs(instance_id)
-        still = self._queues.queued(model)
+        now_s = ctx.clock.now_s()
+        still, paced_s = self._unheld(model, kept, now_s)
         affinity = self._affinity(instance_id, pool)
-        groups = dispatch_groups(model, kept, ctx.clock.now_s(), limit, still, affinity)
+        groups = dispatch_groups(model, kept, now_s, limit, still, affinity)
+        wake_s = paced_s
         if affinity is not None:
             affinity.prune()
-            if affinity.wake_at_s < math.inf:
-                self.hold_ends[instance_id] = affinity.wake_at_s
+            wake_s = min(wake_s, affinity.wake_at_s)
+        if wake_s < math.inf:
+            self.hold_ends[instance_id] = wake_s
         return groups
+
+    def _unheld(
+        self, model: str, kept: Schedule, now_s: float
+    ) -> tuple[Callable[[str], bool], float]:
+        """The model's queued requests less those pacing holds back (qlm/agents/pacing.py),
+        and when the first of those is due to start."""
+        queued = self._queues.queued(model)
+        return unheld(queued, kept.kept, kept.due_and_cost, self._pacing, now_s)
 
     def _affinity(self, instance_id: str, pool: tuple[str, ...]) -> PrefixAffinity | None:
         """Prefix locality for `by_affinity` (None until a request with a prefix arrives):
@@ -289,6 +305,7 @@ def _item(request: Request) -> QueuedItem:
         request.max_output_tokens,
         request.slo_class,
         request.ttft_deadline_at_s,
+        request.arrival_at_s,
     )
 
 
