@@ -217,3 +217,61 @@ async def test_files_list_retrieve_delete_and_purpose(client: openai.AsyncOpenAI
         await client.files.retrieve(first.id)
     with pytest.raises(openai.BadRequestError):
         await client.files.create(file=("c.jsonl", b"{}\n"), purpose="fine-tune")
+
+
+async def test_tenants_see_only_their_own_files_and_jobs(queue: MemoryQueue) -> None:
+    from qlm.api import create_app
+    from qlm.api.settings import ApiKey
+    from tests.api.conftest import NOW_S, make_settings
+
+    keys = (ApiKey(key="sk-alpha-0123456789", tenant="alpha"),
+            ApiKey(key="sk-beta-9876543210", tenant="beta"))  # fmt: skip
+    app = create_app(make_settings(api_keys=keys), queue, VirtualClock(NOW_S))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+        alpha, beta = (
+            openai.AsyncOpenAI(
+                base_url="http://api/v1", api_key=k.key.get_secret_value(), http_client=http
+            )
+            for k in keys
+        )
+        uploaded = await alpha.files.create(file=("a.jsonl", jsonl([chat_line("a", "q")])),
+                                            purpose="batch")  # fmt: skip
+        batch = await alpha.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert [f.id for f in (await beta.files.list()).data] == []
+        assert [b.id for b in (await beta.batches.list()).data] == []
+        for call in (
+            beta.files.retrieve(uploaded.id),
+            beta.files.content(uploaded.id),
+            beta.files.delete(uploaded.id),
+            beta.batches.retrieve(batch.id),
+            beta.batches.cancel(batch.id),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                await call
+        with pytest.raises(openai.NotFoundError):  # another's file cannot start a job
+            await beta.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )  # fmt: skip
+        assert [b.id for b in (await alpha.batches.list()).data] == [batch.id]
+        with pytest.raises(openai.AuthenticationError):
+            await openai.AsyncOpenAI(base_url="http://api/v1", api_key="sk-wrong-000000000",
+                                     http_client=http).files.list()  # fmt: skip
+
+
+async def test_an_upload_over_the_limit_is_refused(queue: MemoryQueue) -> None:
+    from qlm.api import create_app
+    from tests.api.conftest import NOW_S, make_settings
+
+    settings = make_settings(batch={"max_file_bytes": 2048})
+    app = create_app(settings, queue, VirtualClock(NOW_S))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+        client = openai.AsyncOpenAI(base_url="http://api/v1", api_key="x", http_client=http)
+        with pytest.raises(openai.APIStatusError) as raised:
+            await client.files.create(file=("big.jsonl", b"x" * 4096), purpose="batch")
+        assert raised.value.status_code == 413
+        assert [f.id for f in (await client.files.list()).data] == []
