@@ -337,8 +337,21 @@ def agent_queue(
     if model is None:
         return ()
     kept = schedule(items, PoolRate.of(fleet, (instance_id, *others), model), now_s)
-    due, _ = unheld(lambda _: True, kept.kept, kept.due_and_cost, pacing, now_s)
+    unseen = _unseen(plan, model, items, pacing)
+    due, _ = unheld(lambda _: True, kept.kept, kept.due_and_cost, pacing, now_s, unseen)
     return dispatch_groups(model, kept, now_s, limit, due, affinity)
+
+
+def _unseen(
+    plan: PublishedPlan, model: str, items: Sequence[QueuedItem], pacing: Pacing | None
+) -> int:
+    """Queued requests of paced classes of `model` that the published head does not show
+    (`PublishedPlan.queued_counts`): their work counts when pacing."""
+    if pacing is None:
+        return 0
+    counts = plan.queued_counts.get(model, {})
+    queued = sum(counts.get(name, 0) for name in pacing.classes)
+    return max(0, queued - sum(it.slo_class in pacing.classes for it in items))
 
 
 def _heads_model(

@@ -16,7 +16,8 @@ start); a paced request whose latest start is still ahead is held back. Requests
 classes are never held back, but their work counts: a paced request due before a burst of
 them starts early enough to leave them room. Requests the schedule did not check (past its
 window) follow the last checked one (their work, at the checked ones' mean cost, counted
-before it) and are held back when it is.
+before it) and are held back when it is; so do the paced requests a live agent is not shown
+(`unseen`: the plan's `queued_counts` less what it shows).
 """
 
 from __future__ import annotations
@@ -46,16 +47,20 @@ def held_back(
     due_and_cost: Mapping[str, tuple[float, float]],
     pacing: Pacing,
     now_s: float,
+    unseen: int = 0,
 ) -> tuple[frozenset[str], float]:
     """Over a schedule's kept requests (`Schedule.kept`, `Schedule.due_and_cost`): those of
-    paced classes not due to start yet, and when the first of them is (inf: none)."""
+    paced classes not due to start yet, and when the first of them is (inf: none). `unseen`
+    paced requests queued but not in `kept` (past what a live agent is shown) count like
+    the unchecked ones."""
     held: set[str] = set()
     wake_at_s = math.inf
     unchecked = [it for it in kept if it.request_id not in due_and_cost]
     costs = [cost_s for _, cost_s in due_and_cost.values()]
     # The unchecked follow the last checked one (due no sooner): their work, at the checked
     # requests' mean cost, must fit between it and its due time.
-    rest_work_s = len(unchecked) * sum(costs) / len(costs) if unchecked and costs else 0.0
+    rest = len(unchecked) + unseen
+    rest_work_s = rest * sum(costs) / len(costs) if rest and costs else 0.0
     next_start_s = math.inf
     for item in reversed(kept):
         known = due_and_cost.get(item.request_id)
@@ -91,12 +96,13 @@ def unheld(
     due_and_cost: Mapping[str, tuple[float, float]],
     pacing: Pacing | None,
     now_s: float,
+    unseen: int = 0,
 ) -> tuple[Callable[[str], bool], float]:
     """`is_queued` less the requests pacing holds back now, and when the first of them is
     due to start (inf: none held)."""
     if pacing is None:
         return is_queued, math.inf
-    held, wake_at_s = held_back(kept, due_and_cost, pacing, now_s)
+    held, wake_at_s = held_back(kept, due_and_cost, pacing, now_s, unseen)
     if not held:
         return is_queued, wake_at_s
     return (lambda request_id: request_id not in held and is_queued(request_id)), wake_at_s

@@ -138,13 +138,16 @@ class PublishedPlan:
     # Per request with a prompt prefix some instance probably caches: the prompt tokens each
     # such instance holds (from the agents' reports; qlm/agents/prefix_affinity.py reads it).
     prefix_held: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Per model and SLO class, the requests queued when the plan was cut for agents: those
+    # past the published head too (pacing counts the work agents do not see).
+    queued_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
         # did not change: they are read-only views already, so copying them again would make
         # each arrival cost the size of the whole plan.
         names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s")
-        for name in (*names, "lone", "group_step_s", "prefix_held"):
+        for name in (*names, "lone", "group_step_s", "prefix_held", "queued_counts"):
             object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
@@ -175,6 +178,7 @@ class PublishedPlan:
                 "lone": {m: asdict(s) for m, s in self.lone.items()},
                 "group_step_s": dict(self.group_step_s),
                 "prefix_held": {r: dict(h) for r, h in self.prefix_held.items()},
+                "queued_counts": {m: dict(c) for m, c in self.queued_counts.items()},
             },
             separators=(",", ":"),
         )
@@ -209,4 +213,5 @@ class PublishedPlan:
             lone={m: LoneSpeed(**s) for m, s in data.get("lone", {}).items()},
             group_step_s=data.get("group_step_s", {}),
             prefix_held=data.get("prefix_held", {}),
+            queued_counts=data.get("queued_counts", {}),
         )

@@ -119,6 +119,7 @@ class ControlLoop:
         view = cut_for_agents(plan, {r.id for r in queued}, self.members)
         up = {v.instance_id for v in views}
         view = with_prefix_held(view, queued, [s for s in statuses if s.instance_id in up])
+        view = replace(view, queued_counts=queued_counts(queued))
         held = tuple(sorted((r, tuple(sorted(h.items()))) for r, h in view.prefix_held.items()))
         seen = (shown(view), held)
         if seen == self._shown and plan.epoch == self._published_epoch:
@@ -225,3 +226,12 @@ def with_prefix_held(
             if tokens:
                 held[request.id] = tokens
     return replace(view, prefix_held=held)
+
+
+def queued_counts(queued: Sequence[Request]) -> dict[str, dict[str, int]]:
+    """Per model and class, how many requests are queued (PublishedPlan.queued_counts)."""
+    counts: dict[str, dict[str, int]] = {}
+    for request in queued:
+        by_class = counts.setdefault(request.model, {})
+        by_class[request.slo_class] = by_class.get(request.slo_class, 0) + 1
+    return counts

@@ -4,6 +4,7 @@ deadline, compressed by the pacing factor from their arrival, needs; others are 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -91,3 +92,33 @@ def test_a_paced_job_yields_to_chats_and_still_ends_by_its_deadline() -> None:
         if paced:  # the job spread over its window instead of running at once
             assert max(o.finish_s or 0 for o in job_outcomes) > 100.0
     assert ttfts[True] < ttfts[False]
+
+
+def test_queued_work_a_live_agent_is_not_shown_counts() -> None:
+    kept = [job("a")]
+    timing = {"a": (1000.0, 100.0)}
+    assert held_back(kept, timing, PACING, now_s=0.0)[1] == pytest.approx(400.0)
+    # 3 more paced requests queued past the published head: ~100 s each after a
+    held, wake_at_s = held_back(kept, timing, PACING, now_s=0.0, unseen=3)
+    assert held == {"a"}
+    assert wake_at_s == pytest.approx(100.0)
+
+
+def test_the_live_agent_paces_on_the_whole_queue_not_only_the_published_head() -> None:
+    from qlm.agents.dispatch import agent_queue
+    from qlm.control.plan import PlannedGroup, PublishedPlan
+    from qlm.types import Fleet
+    from tests.factories import make_instance, make_profile
+
+    fleet = Fleet.of([make_instance("i0", loaded_model="m7b")], [make_profile("m7b")])
+    group = PlannedGroup("g", "m7b", "job", ("a",), (100,), (10,), ("job",), (1000.0,), (0.0,))
+    shown = PublishedPlan(1, 0.0, {"i0": ("g",)}, {"g": group})
+
+    def pulled_now(plan: PublishedPlan) -> list[str]:
+        heads = agent_queue(plan, "i0", "m7b", lambda _: True, fleet, 0.0, 8, None, PACING)
+        return [item.request_id for group in heads for item in group.items]
+
+    assert pulled_now(shown) == []  # alone, `a` can wait: it is due by 500 s
+    # the plan says 1,000,000 such requests are queued behind it: `a` must start now
+    crowded = replace(shown, queued_counts={"m7b": {"job": 1_000_000}})
+    assert pulled_now(crowded) == ["a"]

@@ -155,3 +155,14 @@ def test_a_held_back_replan_shortens_the_wait_for_the_next_round() -> None:
     idle, due = asyncio.run(run())
     assert idle == 1.0  # the tick
     assert due == pytest.approx(0.3)
+
+
+def test_the_published_plan_counts_what_is_queued_past_its_head() -> None:
+    from qlm.serve.loop import queued_counts
+
+    queued = [make_request(model="m7b", slo_class="batch-2") for _ in range(3)]
+    queued.append(make_request(model="m7b", slo_class="interactive"))
+    counts = queued_counts(queued)
+    assert counts == {"m7b": {"batch-2": 3, "interactive": 1}}
+    plan = PublishedPlan(1, 0.0, {}, {}, queued_counts=counts)
+    assert PublishedPlan.from_json(plan.to_json()).queued_counts == counts
