@@ -62,6 +62,7 @@ def held_back(
     rest = len(unchecked) + unseen
     rest_work_s = rest * sum(costs) / len(costs) if rest and costs else 0.0
     next_start_s = math.inf
+    last_held = False
     for item in reversed(kept):
         known = due_and_cost.get(item.request_id)
         if known is None:
@@ -70,15 +71,16 @@ def held_back(
         paced = item.slo_class in pacing.classes
         if paced:
             due_s = _compressed_s(due_s, item.arrival_at_s, pacing.factor, now_s)
-        if next_start_s == math.inf:  # the last checked one
+        last = next_start_s == math.inf
+        if last:
             next_start_s = due_s - rest_work_s
         start_s = min(due_s, next_start_s) - cost_s
         next_start_s = start_s
         if paced and start_s > now_s:
             held.add(item.request_id)
             wake_at_s = min(wake_at_s, start_s)
-    last = next((it for it in reversed(kept) if it.request_id in due_and_cost), None)
-    if last is not None and last.request_id in held:
+            last_held = last_held or last
+    if last_held:
         held.update(it.request_id for it in unchecked if it.slo_class in pacing.classes)
     return frozenset(held), wake_at_s
 

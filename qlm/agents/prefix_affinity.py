@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
+from qlm.agents.prefix_index import leading_tokens
 from qlm.agents.queued import QueuedItem
 from qlm.types import PrefixBlock
 
@@ -105,13 +106,5 @@ def held_by_reports(
 ) -> dict[str, int]:
     """Per instance that reports holding the prompt's first block, the tokens of the
     prompt's leading blocks it holds (`reported`: each instance's prefix keys)."""
-    held: dict[str, int] = {}
-    for instance_id, keys in reported.items():
-        tokens = 0
-        for block in prefix:
-            if block.key not in keys:
-                break
-            tokens += block.tokens
-        if tokens:
-            held[instance_id] = tokens
-    return held
+    held = {instance_id: leading_tokens(keys, prefix) for instance_id, keys in reported.items()}
+    return {instance_id: tokens for instance_id, tokens in held.items() if tokens}

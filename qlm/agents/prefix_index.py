@@ -11,7 +11,7 @@ forgets everything. Pure; the simulator's policies and the live router use it al
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from qlm.types import PrefixBlock
@@ -28,6 +28,17 @@ class _Held:
     blocks: OrderedDict[int, int] = field(default_factory=OrderedDict)  # key -> tokens, LRU first
 
 
+def leading_tokens(keys: Container[int], prefix: Sequence[PrefixBlock]) -> int:
+    """Tokens of the prompt's leading blocks whose keys are in `keys` (keys are chained: a
+    block held after one missing is another prompt's)."""
+    tokens = 0
+    for block in prefix:
+        if block.key not in keys:
+            break
+        tokens += block.tokens
+    return tokens
+
+
 class PrefixIndex:
     """Per instance, the prefix blocks routed to it, least recently used first."""
 
@@ -42,14 +53,7 @@ class PrefixIndex:
     def matched_tokens(self, instance_id: str, prefix: Sequence[PrefixBlock]) -> int:
         """Tokens of the prompt's leading blocks the instance holds (0 for an unknown one)."""
         held = self._held.get(instance_id)
-        if held is None:
-            return 0
-        tokens = 0
-        for block in prefix:
-            if block.key not in held.blocks:
-                break
-            tokens += block.tokens
-        return tokens
+        return 0 if held is None else leading_tokens(held.blocks, prefix)
 
     def best(self, instance_ids: Iterable[str], prefix: Sequence[PrefixBlock]) -> dict[str, int]:
         """Matched tokens per instance."""

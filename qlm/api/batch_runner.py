@@ -176,8 +176,9 @@ class BatchRunner:
             status, now_s, output_file_id=output_id, error_file_id=error_id, counts=counts
         )
 
-    async def _write(self, job: BatchJob, kind: str, lines: list[dict[str, object]], now_s: float
-                     ) -> str | None:  # fmt: skip
+    async def _write(
+        self, job: BatchJob, kind: str, lines: list[dict[str, object]], now_s: float
+    ) -> str | None:
         if not lines:
             return None
         content = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)

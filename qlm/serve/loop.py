@@ -65,7 +65,7 @@ class ControlLoop:
         self.node_id = settings.node_id or f"controller-{uuid.uuid4().hex[:8]}"
         self.counters = LoopCounters()
         self._annotated: dict[str, tuple[str, float | None]] = {}  # what records say now
-        self._shown: object = ()  # what agents were shown (queues, prefix_held's requests)
+        self._shown: tuple[object, ...] = ()  # what agents were shown (queues, prefix_held)
         self._published_epoch = -1  # the controller epoch of the last publish
         self._liveness = InstanceLiveness(
             (i.id for i in fleet.instances), settings.instance_timeout_s, clock.monotonic_s()

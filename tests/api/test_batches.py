@@ -4,6 +4,7 @@ live, on Redis, across a restart)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,8 +41,6 @@ async def client(app: FastAPI) -> AsyncIterator[openai.AsyncOpenAI]:
 
 async def run_jobs(app: FastAPI, rounds: int = 200) -> None:
     """Step the runner until no job is left unfinished (the fake agent serves meanwhile)."""
-    import asyncio
-
     runner: BatchRunner = app.state.batch_runner
     store: BatchStore = app.state.batch_store
     for _ in range(rounds):

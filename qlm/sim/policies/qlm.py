@@ -60,7 +60,7 @@ from qlm.types import Fleet, Request
 
 _ROUND = "round"
 _PUBLISH = "publish"
-_HOLD = "prefix-hold:"  # + instance id: a prefix hold there ends
+_WAKE = "wake:"  # + instance id: a request held back there (prefix hold, pacing) may start
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +94,7 @@ class QlmPolicy(BasePolicy):
         self._kv_swap: dict[str, bool] = {}  # instance -> its engine swaps KV to CPU
         self._dispatch_view: SimDispatch | None = None
         self._predicted: dict[str, TtftPrediction] = {}
-        self._hold_at: dict[str, float] = {}  # instance -> its prefix-hold timer
+        self._wake_at: dict[str, float] = {}  # instance -> its held-back wake timer
 
     # Hooks
 
@@ -152,10 +152,10 @@ class QlmPolicy(BasePolicy):
         return self._reconcile(instance_id)
 
     def on_timer(self, tag: str) -> Actions:
-        if tag.startswith(_HOLD):
-            instance_id = tag.removeprefix(_HOLD)
-            if self._hold_at.get(instance_id) == self.now_s():
-                del self._hold_at[instance_id]
+        if tag.startswith(_WAKE):
+            instance_id = tag.removeprefix(_WAKE)
+            if self._wake_at.get(instance_id) == self.now_s():
+                del self._wake_at[instance_id]
                 return self._reconcile(instance_id)
             return NO_ACTIONS
         timers = {_ROUND: self._round, _PUBLISH: self._publish}
@@ -248,13 +248,14 @@ class QlmPolicy(BasePolicy):
     # The agents' step
 
     def _reconcile(self, instance_id: str) -> tuple[Action, ...]:
-        """The agent's step for one instance, and a timer for when a request it left to
-        the instance holding its prefix may come to it (qlm/agents/prefix_affinity.py)."""
+        """The agent's step for one instance, and a timer for when a request its dispatch
+        held back may start: one left to the instance holding its prefix
+        (qlm/agents/prefix_affinity.py), or a paced one (qlm/agents/pacing.py)."""
         actions = self._step(instance_id)
         at_s = self.dispatch.hold_ends.pop(instance_id, None)
-        if at_s is not None and self._hold_at.get(instance_id, math.inf) > at_s:
-            self._hold_at[instance_id] = at_s
-            self.ctx.call_at(at_s, _HOLD + instance_id)
+        if at_s is not None and self._wake_at.get(instance_id, math.inf) > at_s:
+            self._wake_at[instance_id] = at_s
+            self.ctx.call_at(at_s, _WAKE + instance_id)
         return actions
 
     def _step(self, instance_id: str) -> tuple[Action, ...]:

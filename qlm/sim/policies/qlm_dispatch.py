@@ -40,7 +40,8 @@ class SimDispatch:
         # request -> (instance -> prefix tokens held), until the index next changes
         self._held: dict[str, dict[str, int]] = {}
         self._deferred: dict[str, dict[str, float]] = {}  # instance -> request -> held since
-        # instance -> when its earliest prefix hold ends (the policy wakes it then)
+        # instance -> when the first request its dispatch held back (prefix hold, pacing) may
+        # start (the policy wakes it then)
         self.hold_ends: dict[str, float] = {}
         self._pacing = Pacing.of(ctx.config)
 
