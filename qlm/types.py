@@ -141,6 +141,13 @@ class Request:
     # add up to at most prompt_tokens; the rest of the prompt is its own). Engines with a
     # prefix cache compute only what they do not hold (qlm/engine/prefix_cache.py).
     prefix: tuple[PrefixBlock, ...] = field(default=(), hash=False, compare=False)
+    # A batch job's plan (qlm/batch/prefix_plan.py): the part of the job it is planned in (the
+    # group the planner places) and its key in the job's serving order. None outside jobs.
+    job_group: str | None = field(default=None, hash=False, compare=False)
+    job_order: str | None = field(default=None, hash=False, compare=False)
+    # The first request of its part, which computes the part's shared prefix: this one starts
+    # on the same engine only once that one's prefill is done. None for leaders.
+    job_leader: str | None = field(default=None, hash=False, compare=False)
 
     @property
     def ignores_eos(self) -> bool:

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from qlm.agents.job_gate import LeaderGate
 from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.prefix_affinity import HOLD
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
@@ -126,13 +127,19 @@ class Schedule:
     due_and_cost: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
-# (due start plus cost: when it must be done on the pool to start in time, request id,
-# cost on the pool in seconds, the item)
+# (due start plus cost: when it must be done on the pool to start in time, the tie-break
+# (request id, or its key in a planned job's order), cost on the pool in seconds, the item)
 Job = tuple[float, str, float, QueuedItem]
 
 
 def job_of(item: QueuedItem, rate: PoolRate) -> Job:
+    """A request's place in the schedule. A planned batch job's request is due done by its
+    deadline (the job's window bounds its whole output, not only its first token), so all
+    the job's requests are due alike and go in the job's planned order
+    (qlm/batch/prefix_plan.py: by shared prefix, long decodes first)."""
     cost_s, prefill_s = rate.cost_s(item)
+    if item.job_order is not None:
+        return item.ttft_deadline_at_s, item.job_order, cost_s, item
     return item.ttft_deadline_at_s - prefill_s + cost_s, item.request_id, cost_s, item
 
 
@@ -155,14 +162,14 @@ def schedule_jobs(jobs: Sequence[Job], now_s: float, max_jobs: int | None = None
 def moore_hodgson(
     jobs: Iterable[Job], now_s: float
 ) -> tuple[list[tuple[float, str, float, QueuedItem]], list[QueuedItem]]:
-    """(the kept as a heap of (-cost, id, due, item), the dropped in the order dropped):
+    """(the kept as a heap of (-cost, tie-break, due, item), the dropped in the order dropped):
     jobs in due order, each kept; whenever one would end past its due time, the costliest
     kept so far is dropped."""
     kept: list[tuple[float, str, float, QueuedItem]] = []  # heap: costliest first
     dropped: list[QueuedItem] = []
     done_s = now_s
-    for due_s, request_id, cost_s, item in jobs:
-        heapq.heappush(kept, (-cost_s, request_id, due_s, item))
+    for due_s, tie_break, cost_s, item in jobs:
+        heapq.heappush(kept, (-cost_s, tie_break, due_s, item))
         done_s += cost_s
         if done_s > due_s:
             neg_cost_s, _, _, worst = heapq.heappop(kept)
@@ -184,9 +191,9 @@ def schedule_checked(
     due_and_cost: dict[str, tuple[float, float]] = {}
     in_order: list[QueuedItem] = []
     at_s = now_s
-    for neg_cost_s, request_id, due_s, item in sorted(kept, key=lambda job: (job[2], job[1])):
-        start_at_s[request_id] = at_s
-        due_and_cost[request_id] = (due_s, -neg_cost_s)
+    for neg_cost_s, _, due_s, item in sorted(kept, key=lambda job: (job[2], job[1])):
+        start_at_s[item.request_id] = at_s
+        due_and_cost[item.request_id] = (due_s, -neg_cost_s)
         at_s -= neg_cost_s
         in_order.append(item)
     in_order.extend(rest)
@@ -201,28 +208,34 @@ def dispatch_groups(
     limit: int,
     is_queued: Callable[[str], bool] = lambda _: True,
     affinity: Callable[[QueuedItem], int] | None = None,
+    prefilling: Collection[str] = frozenset(),
 ) -> tuple[QueuedGroup, ...]:
     """The instance's dispatch queue for its model: the kept requests still queued and not
     yet past their deadline, in order, then the rest (dropped or late) as the lowest class.
     At most `limit` requests in all (what one reconcile round can pull). With `affinity`
     (prefix locality, `by_affinity`) the on-time requests, and the rest, are reordered for
-    this instance."""
+    this instance. A planned batch job's request waits while its part's leader is queued or
+    among this engine's `prefilling` requests, and the job's later ones with it
+    (qlm/agents/job_gate.py: the leader computes the shared prefix once)."""
     on_time: list[QueuedItem] = []
     late: list[QueuedItem] = []
+    gate = LeaderGate(prefilling)
     for item in plan.kept:
         if len(on_time) >= limit:
             break
-        if not is_queued(item.request_id):
-            continue
-        (on_time if item.ttft_deadline_at_s >= now_s else late).append(item)
+        if is_queued(item.request_id):
+            gate.saw(item)
+            (on_time if item.ttft_deadline_at_s >= now_s else late).append(item)
     for item in plan.dropped:
         if len(on_time) + len(late) >= limit:
             break
         if is_queued(item.request_id):
+            gate.saw(item)
             late.append(item)
     if affinity is not None:  # the late ones too: the schedule prices no cached prefill
         on_time = by_affinity(on_time, affinity)
         late = by_affinity(late, affinity)
+    on_time, late = gate.cut(on_time), gate.cut(late)
     groups = []
     if on_time:
         groups.append(QueuedGroup(f"dispatch:{model}", model, "", tuple(on_time), True))
@@ -281,7 +294,7 @@ def plan_items(
         for i, request_id in enumerate(group.request_ids):
             if is_queued(request_id):
                 fields = (prompts[i], outputs[i], classes[i], deadlines[i], arrivals[i])
-                items.append(QueuedItem(request_id, *fields))
+                items.append(QueuedItem(request_id, *fields, *group.job_order_of(i)))
     return items
 
 
@@ -317,6 +330,7 @@ def agent_queue(
     limit: int,
     affinity: Callable[[QueuedItem], int] | None = None,
     pacing: Pacing | None = None,
+    prefilling: Collection[str] = frozenset(),
 ) -> tuple[QueuedGroup, ...]:
     """What a live agent reconciles: its virtual queue when it follows the plan to another
     model, else the dispatch queue of its model over the published plan's members of that
@@ -339,7 +353,7 @@ def agent_queue(
     kept = schedule(items, PoolRate.of(fleet, (instance_id, *others), model), now_s)
     unseen = _unseen(plan, model, items, pacing)
     due, _ = unheld(lambda _: True, kept.kept, kept.due_and_cost, pacing, now_s, unseen)
-    return dispatch_groups(model, kept, now_s, limit, due, affinity)
+    return dispatch_groups(model, kept, now_s, limit, due, affinity, prefilling)
 
 
 def _unseen(

@@ -120,7 +120,7 @@ class _Priced:
         jobs = self.by_class.setdefault(job[3].slo_class, [])
         at = bisect.bisect_left(jobs, job)
         jobs.insert(at, job)
-        self.by_id[job[1]] = job
+        self.by_id[job[3].request_id] = job
         if at < max_jobs:
             self.schedule = None
 
@@ -145,7 +145,7 @@ class _Priced:
             by_s = self.blocked_s.get(slo_class, 0.0)
             gone = 0
             while gone < len(jobs) and jobs[gone][0] - jobs[gone][2] - by_s < now_s:
-                self.set_aside[jobs[gone][1]] = jobs[gone]
+                self.set_aside[jobs[gone][3].request_id] = jobs[gone]
                 gone += 1
             del jobs[:gone]
 

@@ -116,4 +116,6 @@ def subset(group: PlannedGroup, positions: Sequence[int]) -> PlannedGroup:
             group.ttft_deadlines_at_s[i] for i in positions if group.ttft_deadlines_at_s
         ),
         arrivals_at_s=tuple(group.arrivals_at_s[i] for i in positions if group.arrivals_at_s),
+        job_orders=tuple(group.job_orders[i] for i in positions if group.job_orders),
+        job_leaders=tuple(group.job_leaders[i] for i in positions if group.job_leaders),
     )

@@ -135,6 +135,7 @@ class Controller:
             request.slo_class,
             request.ttft_deadline_at_s,
             request.arrival_at_s,
+            (request.job_order, request.job_leader),
         )
         return self._publish(
             replace(plan, created_at_s=now_s, groups={**plan.groups, group_id: grown})
@@ -272,7 +273,20 @@ def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
         tuple(by_id[rid].slo_class for rid in group.request_ids),
         tuple(by_id[rid].ttft_deadline_at_s for rid in group.request_ids),
         tuple(by_id[rid].arrival_at_s for rid in group.request_ids),
+        *_job_fields(group, by_id),
     )
+
+
+def _job_fields(
+    group: RequestGroup, by_id: Mapping[str, Request]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Members' keys in their jobs' planned orders and their parts' leaders; () when no
+    member is in a planned job."""
+    members = [by_id[rid] for rid in group.request_ids]
+    if all(r.job_order is None for r in members):
+        return (), ()
+    orders = tuple(r.job_order or "" for r in members)
+    return orders, tuple(r.job_leader or "" for r in members)
 
 
 def lone_speeds(fleet: Fleet) -> dict[str, LoneSpeed]:

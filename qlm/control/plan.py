@@ -25,11 +25,15 @@ class PlannedGroup:
     slo_classes: tuple[str, ...] = ()  # each member's own class (a group may mix classes)
     ttft_deadlines_at_s: tuple[float, ...] = ()  # each member's TTFT deadline
     arrivals_at_s: tuple[float, ...] = ()  # each member's arrival (pacing reads it)
+    # each member's key in its batch job's planned order ("" outside a planned job)
+    job_orders: tuple[str, ...] = ()
+    # each member's job part leader ("" for none; qlm/batch/prefix_plan.py)
+    job_leaders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
         members = ("prompt_tokens", "max_output_tokens", "slo_classes", "ttft_deadlines_at_s")
-        for name in (*members, "arrivals_at_s"):
+        for name in (*members, "arrivals_at_s", "job_orders", "job_leaders"):
             if len(getattr(self, name)) not in (0, n):
                 raise ValueError(f"group {self.group_id}: {name} must match request_ids")
 
@@ -46,6 +50,8 @@ class PlannedGroup:
             "slo_classes": list(self.slo_classes),
             "ttft_deadlines_at_s": list(self.ttft_deadlines_at_s),
             "arrivals_at_s": list(self.arrivals_at_s),
+            "job_orders": list(self.job_orders),
+            "job_leaders": list(self.job_leaders),
         }
 
     def member_fields(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
@@ -67,6 +73,14 @@ class PlannedGroup:
         """Each member's arrival; -inf for a group published without them (unknown)."""
         return self.arrivals_at_s or (-math.inf,) * len(self.request_ids)
 
+    def job_order_of(self, position: int) -> tuple[str | None, str | None]:
+        """The member's key in its job's planned order and its part's leader; None, None
+        outside a planned job."""
+        if not self.job_orders:
+            return None, None
+        leader = self.job_leaders[position] if self.job_leaders else ""
+        return self.job_orders[position] or None, leader or None
+
     def with_request(
         self,
         request_id: str,
@@ -75,6 +89,7 @@ class PlannedGroup:
         slo_class: str,
         ttft_deadline_at_s: float = math.inf,
         arrival_at_s: float = -math.inf,
+        job_order: tuple[str | None, str | None] = (None, None),
     ) -> PlannedGroup:
         prompts, outputs, classes = self.member_fields()
         return replace(
@@ -85,7 +100,16 @@ class PlannedGroup:
             slo_classes=(*classes, slo_class),
             ttft_deadlines_at_s=(*self.deadlines_at_s(), ttft_deadline_at_s),
             arrivals_at_s=(*self.arrivals(), arrival_at_s),
+            job_orders=_grown(self.job_orders, len(self.request_ids), job_order[0]),
+            job_leaders=_grown(self.job_leaders, len(self.request_ids), job_order[1]),
         )
+
+
+def _grown(values: tuple[str, ...], count: int, value: str | None) -> tuple[str, ...]:
+    """A per-member string field with one member more ("" for none; () while all are)."""
+    if not values and value is None:
+        return ()
+    return (*(values or ("",) * count), value or "")
 
 
 def _read_only(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -201,6 +225,8 @@ class PublishedPlan:
                     tuple(g.get("slo_classes", ())),
                     tuple(g.get("ttft_deadlines_at_s", ())),
                     tuple(g.get("arrivals_at_s", ())),
+                    tuple(g.get("job_orders", ())),
+                    tuple(g.get("job_leaders", ())),
                 )
                 for k, g in data["groups"].items()
             },

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from qlm.grouping.base import GROUPING_POLICIES
 from qlm.grouping.group import RequestGroup
-from qlm.grouping.partition import PartitionedGrouping, RequestColumns
+from qlm.grouping.partition import PartitionedGrouping, RequestColumns, split_planned
 from qlm.types import Request
 
 
@@ -17,9 +17,10 @@ class ExactKeyGrouping(PartitionedGrouping):
     inserts and removals left uneven."""
 
     def regroup(self, requests: Sequence[Request], now_s: float) -> tuple[RequestGroup, ...]:
-        columns = RequestColumns.of(requests)
+        rest, planned = split_planned(requests)
+        columns = RequestColumns.of(rest)
         order = columns.order(columns.model_codes, columns.slo_codes)
-        return self._load(requests, columns, order, columns.slo_class_runs(order))
+        return self._load(rest, columns, order, columns.slo_class_runs(order), planned)
 
     def add(self, request: Request) -> str:
         return self._add(request, (request.model, request.slo_class))

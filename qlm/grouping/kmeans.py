@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 from qlm.config import GroupingConfig
 from qlm.grouping.base import GROUPING_POLICIES
 from qlm.grouping.group import RequestGroup
-from qlm.grouping.partition import KeyRun, PartitionedGrouping, RequestColumns
+from qlm.grouping.partition import KeyRun, PartitionedGrouping, RequestColumns, split_planned
 from qlm.types import Request
 
 Features = NDArray[np.float64]  # rows of (log1p slack_s, log1p prompt_tokens, log1p output cap)
@@ -105,12 +105,13 @@ class KMeansGrouping(PartitionedGrouping):
         self._reference_s = 0.0  # `now_s` of the last regroup; slack is measured from it
 
     def regroup(self, requests: Sequence[Request], now_s: float) -> tuple[RequestGroup, ...]:
-        columns = RequestColumns.of(requests)
+        rest, planned = split_planned(requests)
+        columns = RequestColumns.of(rest)
         order = columns.order(columns.model_codes)
         runs, centroids = self._cluster_models(columns, request_features(columns, now_s), order)
         self._centroids = centroids
         self._reference_s = now_s
-        return self._load(requests, columns, order, runs)
+        return self._load(rest, columns, order, runs, planned)
 
     def _cluster_models(
         self, columns: RequestColumns, features: Features, order: NDArray[np.intp]
@@ -137,6 +138,8 @@ class KMeansGrouping(PartitionedGrouping):
         """Join the nearest centroid of the request's model (a new model gets a cluster seeded
         at the request). Before any regroup every model has one cluster, so the reference
         time does not matter then."""
+        if request.job_group is not None:  # a planned job's part keeps its own group
+            return self._add(request, (request.model, ""))
         row = features_of(request, self._reference_s)
         centroids = self._centroids.get(request.model)
         cluster = 0 if centroids is None else nearest_cluster(centroids, row)

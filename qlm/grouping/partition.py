@@ -41,6 +41,21 @@ def group_id(key: GroupKey, part: int) -> str:
     return f"{key[0]}/{key[1]}.{part}"
 
 
+def job_key(request: Request) -> GroupKey | None:
+    """A planned batch job's part is its own key (qlm/batch/prefix_plan.py: the job's plan
+    already grouped it by shared prefix and sized it to an engine batch); None otherwise."""
+    return None if request.job_group is None else (request.model, f"job:{request.job_group}")
+
+
+def split_planned(requests: Sequence[Request]) -> tuple[list[Request], list[Request]]:
+    """(requests the policy groups, requests of planned jobs, which keep their parts)."""
+    rest: list[Request] = []
+    planned: list[Request] = []
+    for request in requests:
+        (rest if request.job_group is None else planned).append(request)
+    return rest, planned
+
+
 def deadline_order(request: Request) -> tuple[float, float, str]:
     """The order requests are split in: ttft deadline, then arrival, then id."""
     return (request.ttft_deadline_at_s, request.arrival_at_s, request.id)
@@ -341,13 +356,26 @@ class PartitionedGrouping:
         columns: RequestColumns,
         order: NDArray[np.intp],
         runs: Sequence[KeyRun],
+        planned: Sequence[Request] = (),
     ) -> tuple[RequestGroup, ...]:
+        """Load the policy's keyed rows of `requests`, and the `planned` jobs' requests keyed
+        by their parts (`job_key`), after them."""
+        if planned:
+            keys = {r.id: (r.model, f"job:{r.job_group}") for r in planned}
+            keyed = sorted(planned, key=lambda r: (keys[r.id], deadline_order(r)))
+            counts = Counter(keys[r.id] for r in keyed)
+            runs = [*runs, *((key, counts[key]) for key in dict.fromkeys(counts))]
+            tail = np.arange(len(requests), len(requests) + len(keyed), dtype=np.intp)
+            order = np.concatenate((order, tail))
+            requests = [*requests, *keyed]
+            columns = RequestColumns.of(requests)
         self._partition.load(requests, columns, order, runs)
         self._inserts_since_regroup = 0
         return self._partition.groups()
 
     def _add(self, request: Request, key: GroupKey) -> str:
-        group_id = self._partition.add(request, key)
+        """Add under `key`, or under its job part's key for a planned job's request."""
+        group_id = self._partition.add(request, job_key(request) or key)
         self._inserts_since_regroup += 1
         return group_id
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.dispatch import agent_queue
 from qlm.agents.drain import drain_estimate_s, engine_timing
+from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
 from qlm.clock import Clock
@@ -182,7 +183,7 @@ class Agent:
         model = obs.model
         profile = None if model is None else self.fleet.profile(model, self.instance)
         affinity = self.prefixes.affinity(plan, profile, now_s)
-        rest = (self.fleet, now_s, obs.max_num_seqs, affinity, self.pacing)
+        rest = (self.fleet, now_s, obs.max_num_seqs, affinity, self.pacing, prefilling_ids(obs))
         heads = agent_queue(plan, self.instance.id, model, still_queued, *rest)
         if affinity is not None:
             affinity.prune()

@@ -111,8 +111,25 @@ class ControlLoop:
         queued = await self.queue.queued()
         statuses = await self.queue.instances()
         views = self._views(statuses)
-        await self._drive(queued, views, now_s)
+        # Arrivals join the adopted plan, and agents see them, before any re-plan: a solve
+        # (regroup + MILP in a worker thread) takes its time limit at best and seconds on a
+        # starved CPU, and the arrival that just joined (an interactive request, which the
+        # violation check then finds late in its batch group) must not wait for it.
+        self._offer(queued, views, now_s)
+        published = await self._publish(queued, statuses, views)
+        if self.driver.replan_due(now_s):
+            await self._replan(queued, views, now_s)
+            published = await self._publish(queued, statuses, views) or published
         self.metrics.queue_snapshot(queued, self.controller.plan)
+        return published
+
+    async def _publish(
+        self,
+        queued: Sequence[Request],
+        statuses: Sequence[InstanceStatus],
+        views: Sequence[InstanceView],
+    ) -> PublishedPlan | None:
+        """Publish the cut of the driver's plan that agents see, unless they see it already."""
         plan = self.driver.plan
         if plan is None:
             return None
@@ -131,19 +148,18 @@ class ControlLoop:
         self._annotated = current  # only once written: a failed write is retried next round
         return published
 
-    async def _drive(
+    def _offer(
         self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float
     ) -> None:
-        """One round of the driver: offer what the plan does not hold, check when a tick
-        is due, re-plan when one is due."""
+        """The driver's part of a round that does not solve: offer what the plan does not
+        hold, check when a tick is due (either may ask for a re-plan; `step` runs it after
+        publishing what joined)."""
         driver = self.driver
         if queued:
             driver.note_queued(now_s)
         self.counters.inserts += len(driver.arrive(driver.unplanned(queued), now_s).joined)
         if driver.check_due(now_s):
             driver.check(queued, views, now_s)
-        if driver.replan_due(now_s):
-            await self._replan(queued, views, now_s)
 
     def _changed_annotations(
         self, plan: PublishedPlan

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from qlm.batch.prefix_plan import PlanBudget, job_budget
 from qlm.config import (
     ConfigError,
     Problem,
@@ -162,7 +163,12 @@ class Scenario(StrictModel):
             self.seed if seed is None else seed,
             self.config.slo_class_map(),
             self.horizon_s,
+            self.plan_budget,
         )
+
+    def plan_budget(self, model: str) -> PlanBudget:
+        """What a batch job's part of `model` may hold (qlm/batch/prefix_plan.py)."""
+        return job_budget(self.fleet(), model)
 
     def requests(self, seed: int | None = None) -> list[Request]:
         """The workload's requests in arrival order; max_output_tokens is each request's true

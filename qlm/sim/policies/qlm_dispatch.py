@@ -10,8 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
-from qlm.agents.dispatch import PoolRate, Schedule, dispatch_groups, follows_swap
+from qlm.agents.dispatch import (
+    PoolRate,
+    Schedule,
+    dispatch_groups,
+    follows_swap,
+)
 from qlm.agents.drain import drains_by_rank
+from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.prefix_affinity import PrefixAffinity
@@ -136,7 +142,8 @@ class SimDispatch:
         now_s = ctx.clock.now_s()
         still, paced_s = self._unheld(model, kept, now_s)
         affinity = self._affinity(instance_id, pool)
-        groups = dispatch_groups(model, kept, now_s, limit, still, affinity)
+        prefilling = prefilling_ids(ctx.observe(instance_id))
+        groups = dispatch_groups(model, kept, now_s, limit, still, affinity, prefilling)
         wake_s = paced_s
         if affinity is not None:
             affinity.prune()
@@ -307,6 +314,8 @@ def _item(request: Request) -> QueuedItem:
         request.slo_class,
         request.ttft_deadline_at_s,
         request.arrival_at_s,
+        request.job_order,
+        request.job_leader,
     )
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from qlm.batch.prefix_plan import PlanBudget, plan_job, with_plan
 from qlm.sim.workload.arrivals import TraceArrivals, arrival_times
 from qlm.sim.workload.lengths import IntArray, LengthSampler, ReplayLengths
 from qlm.sim.workload.prefixes import Blocks, PrefixSampler
@@ -122,19 +123,43 @@ def stream_requests(
             )
 
 
+def planned_job(
+    spec: StreamConfig, requests: Iterator[Request], budget: Callable[[str], PlanBudget]
+) -> Iterator[Request]:
+    """A `job_plan` stream's requests carrying their place in the job's plan
+    (qlm/batch/prefix_plan.py), one plan per model, ids `<stream name>:<model>`; the
+    backlog's order is kept."""
+    backlog = list(requests)
+    placed: dict[str, Request] = {}
+    for model in spec.models:
+        mine = [r for r in backlog if r.model == model]
+        job_id = f"{spec.name}:{model}"
+        placed.update(
+            (r.id, r) for r in with_plan(mine, plan_job(job_id, mine, budget(model)), job_id)
+        )
+    return (placed[r.id] for r in backlog)
+
+
 def iter_requests(
     streams: Sequence[StreamConfig],
     seed: int,
     slo_classes: Mapping[str, SloClass],
     horizon_s: float | None = None,
+    budget: Callable[[str], PlanBudget] | None = None,
 ) -> Iterator[Request]:
     """All streams merged in arrival order (ties: the earlier stream, then its order), each
     request's max_output_tokens its true output length; arrivals at or after horizon_s are
-    dropped."""
-    merged = heapq.merge(
-        *(stream_requests(s, seed, slo_classes) for s in streams),
-        key=lambda r: r.arrival_at_s,
-    )
+    dropped. `job_plan` streams are planned as jobs with `budget` (per model)."""
+
+    def of(spec: StreamConfig) -> Iterator[Request]:
+        requests = stream_requests(spec, seed, slo_classes)
+        if not spec.job_plan:
+            return requests
+        if budget is None:
+            raise ValueError(f"stream {spec.name}: job_plan needs the fleet's plan budget")
+        return planned_job(spec, requests, budget)
+
+    merged = heapq.merge(*(of(s) for s in streams), key=lambda r: r.arrival_at_s)
     for request in merged:
         if horizon_s is not None and request.arrival_at_s >= horizon_s:
             return

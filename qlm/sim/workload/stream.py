@@ -42,6 +42,12 @@ class StreamConfig(StrictModel):
     prefixes: Prefixes | None = Field(
         default=None, description="Shared prompt prefixes (qlm/sim/workload/prefixes.py)."
     )
+    job_plan: bool = Field(
+        default=False,
+        description="Plan this backlog as one batch job, as the Batch API does: groups by "
+        "shared prefix, long decodes first, parts sized to an engine batch "
+        "(qlm/batch/prefix_plan.py).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamConfig:
@@ -61,6 +67,8 @@ class StreamConfig(StrictModel):
             raise ValueError("ramp needs end_s or the stream's duration_s")
         if self.ramp is not None and self._ramp_end_s() <= self.ramp.start_s:
             raise ValueError("ramp must end after it starts")
+        if self.job_plan and not isinstance(arrivals, BacklogArrivals):
+            raise ValueError("job_plan needs backlog arrivals (a job is submitted whole)")
         if self.lengths is None and not isinstance(arrivals, TraceArrivals):
             raise ValueError("lengths is required unless arrivals replay a trace")
         if isinstance(self.lengths, ReplayLengths) and not isinstance(arrivals, TraceArrivals):

@@ -1,0 +1,59 @@
+"""May this planned batch job's request start on this engine now? (qlm/batch/prefix_plan.py)
+
+A job's part shares a prefix; its first member, the leader, computes it. An engine caches a
+prompt's blocks when its prefill ends, so a member admitted beside its leader would compute
+the prefix again. `LeaderGate` holds a member back while its leader is queued (the leader
+comes first in the job's order, so it goes in this round) or still prefilling on this engine,
+and with it the job's requests after it in this instance's order: the engine keeps its room
+for the part it started, one part at a time as BatchLLM batches a group, rather than opening
+more prefixes that would crowd that one's out of its cache. Requests outside planned jobs
+pass untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from qlm.agents.queued import QueuedItem
+from qlm.engine.types import EngineObservation
+
+
+def prefilling_ids(observation: EngineObservation) -> frozenset[str]:
+    """The engine's requests whose first token is not out yet."""
+    return frozenset(r.request_id for r in observation.requests if not r.started)
+
+
+class LeaderGate:
+    """One dispatch round's gate: `saw` each queued request in schedule order, then `cut`
+    the instance's ordered queue."""
+
+    def __init__(self, prefilling: Collection[str]) -> None:
+        self._prefilling = prefilling
+        self._seen: set[str] = set()  # queued requests met so far
+        self._blocked: set[str] = set()  # requests whose leader is queued or prefilling here
+        self._stopped: set[str] = set()  # jobs cut from here on
+
+    def saw(self, item: QueuedItem) -> None:
+        self._seen.add(item.request_id)
+        leader = item.job_leader
+        if leader is not None and (leader in self._seen or leader in self._prefilling):
+            self._blocked.add(item.request_id)
+
+    def cut(self, items: Sequence[QueuedItem]) -> list[QueuedItem]:
+        """`items` (in the instance's order) less, per planned job, its requests from the
+        first held-back one on (across calls: a job cut in one list is cut in the next)."""
+        if not self._blocked:
+            return list(items)
+        kept = []
+        for item in items:
+            if item.job_order is None:
+                kept.append(item)
+                continue
+            job = item.job_order.rpartition("#")[0]
+            if job in self._stopped:
+                continue
+            if item.request_id in self._blocked:
+                self._stopped.add(job)
+                continue
+            kept.append(item)
+        return kept
