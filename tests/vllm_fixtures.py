@@ -74,8 +74,17 @@ def build_tiny_models(out_dir: Path, python: Path) -> dict[str, Path]:
     return paths
 
 
+# vLLM's engine core in the server's own process: by default (V1 multiprocessing) a CPU
+# engine is a server, an engine core and a worker process that poll each other's shared
+# memory; with two engines on this 2-core machine those polls starved the control plane for
+# seconds (an interactive chat of tests/serve/test_vllm_plane.py waited 12.8 s in one CI run).
+ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def tiny_engine_config(models: Mapping[str, Path], **overrides: Any) -> VllmEngineConfig:
-    """A small CPU engine: 8 sequences, 4096-token context, 64 MiB of KV cache."""
+    """A small CPU engine in one process: 8 sequences, 4096-token context, 64 MiB of KV
+    cache."""
+    overrides["env"] = ONE_PROCESS | overrides.get("env", {})
     fields: dict[str, Any] = {
         "python": VLLM_PYTHON,
         "models": dict(models),

@@ -60,11 +60,7 @@ def plane_config(
 ) -> ServeConfig:
     # Two engines on a CPU machine: vLLM's automatic thread binding puts both on core 0 (the
     # fidelity benchmark measured it), so one engine's decode stalls the other's prefill.
-    unbound = {
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "OMP_NUM_THREADS": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }
+    unbound = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     engine = tiny_engine_config(models, max_num_seqs=4, max_model_len=2048, env=unbound)
     return ServeConfig.model_validate(
         {
