@@ -27,6 +27,7 @@ from qlm.api.formats import CHAT, COMPLETION, Head, OutputFormat, usage
 from qlm.api.slo import HEADER_CLASS
 from qlm.batch.jobs import BatchJob, BatchStatus, LineError, StoredFile
 from qlm.batch.lines import InputLine, NotJsonlError, parse_input
+from qlm.batch.prefix_plan import UNBOUNDED, PlanBudget, plan_job, with_plan
 from qlm.batch.store import BatchStore
 from qlm.queue.base import DuplicateRequestError, QueueError
 from qlm.queue.records import RequestRecord
@@ -75,33 +76,50 @@ class BatchRunner:
         except NotJsonlError as exc:
             error = LineError(None, "invalid_file", f"{exc}", "input_file_id")
             return job.moved(BatchStatus.FAILED, now_s, errors=(error,))
-        queued: list[tuple[int, str]] = []
         errors = list(parsed.errors)
+        built: list[tuple[InputLine, Request]] = []
         for line in parsed.lines:
-            refused = await self._queue_line(job, line, now_s)
-            if refused is None:
-                queued.append((line.line, line.custom_id))
-            else:
-                errors.append(refused)
+            try:
+                built.append((line, self._request(job, line, FORMAT_OF[job.endpoint], now_s)))
+            except ApiError as exc:
+                code = exc.code or "invalid_request"
+                errors.append(LineError(line.line, code, exc.message, exc.param, line.custom_id))
+        requests = await self._planned(job, [request for _, request in built])
+        queued: list[tuple[int, str]] = []
+        for (line, _), request in zip(built, requests, strict=True):
+            await self._queue_line(job, line, request)
+            queued.append((line.line, line.custom_id))
         errors.sort(key=lambda e: e.line or 0)
         changes = {"total": parsed.total, "line_ids": tuple(queued), "errors": tuple(errors)}
         return job.moved(BatchStatus.IN_PROGRESS, now_s, **changes)
 
-    async def _queue_line(self, job: BatchJob, line: InputLine, now_s: float) -> LineError | None:
-        """Queue one line (already queued: nothing to do); the reason it cannot be, if not."""
-        fmt = FORMAT_OF[job.endpoint]
+    async def _planned(self, job: BatchJob, requests: list[Request]) -> list[Request]:
+        """The job's requests planned as a whole (qlm/batch/prefix_plan.py), one plan per
+        model, each part within what the smallest instance on the model holds (from the
+        published plan; unbounded before there is one). Deterministic, so a repeated step
+        plans alike while the fleet stays the same."""
+        if not self.ctx.settings.api.batch.prefix_planning:
+            return requests
+        published = await self.ctx.queue.current_plan()
+        budgets = {} if published is None else published.job_budgets
+        out: dict[str, Request] = {}
+        for model in dict.fromkeys(r.model for r in requests):
+            mine = [r for r in requests if r.model == model]
+            kv_tokens, max_requests = budgets.get(model, (UNBOUNDED, UNBOUNDED))
+            job_id = f"{job.id}:{model}"
+            plan = plan_job(job_id, mine, PlanBudget(kv_tokens, max_requests))
+            out.update((r.id, r) for r in with_plan(mine, plan, job_id))
+        return [out[r.id] for r in requests]
+
+    async def _queue_line(self, job: BatchJob, line: InputLine, request: Request) -> None:
+        """Queue one line's request (already queued: nothing to do)."""
         try:
-            request = self._request(job, line, fmt, now_s)
             await self.ctx.queue.enqueue(request)
-        except ApiError as exc:
-            code = exc.code or "invalid_request"
-            return LineError(line.line, code, exc.message, exc.param, line.custom_id)
         except DuplicateRequestError:
-            return None
+            return
         except QueueError as exc:  # full or down: the whole step is retried next round
             raise RuntimeError(f"batch {job.id}: line {line.line} not queued: {exc}") from exc
         self.ctx.metrics.request_admitted(request)
-        return None
 
     def _request(self, job: BatchJob, line: InputLine, fmt: OutputFormat, now_s: float) -> Request:
         try:

@@ -87,6 +87,11 @@ class BatchApiConfig(StrictModel):
     poll_s: float = Field(
         default=0.5, gt=0, description="How often the batch runner looks at unfinished jobs."
     )
+    prefix_planning: bool = Field(
+        default=True,
+        description="Plan each job as a whole before queueing it: groups by shared prefix, "
+        "long decodes first, parts one engine batch holds (qlm/batch/prefix_plan.py).",
+    )
 
 
 class ApiConfig(StrictModel):

@@ -16,9 +16,10 @@ luck of an LRU cache seeing them one by one.
    instead of trailing alone at the end of the job. Within a group, longest output first.
 4. **Batches by tokens and memory.** A group is cut, in that order, into parts an engine can
    hold at once: the prefix once plus each member's own prompt and output within
-   `PlanBudget.kv_tokens`, at most `PlanBudget.max_requests` members. The parts are the
-   groups the planner places (`Request.job_group`), their order the order dispatch serves
-   the job in (`Request.job_order`).
+   `PlanBudget.kv_tokens`, at most `PlanBudget.max_requests` members. Runs of consecutive
+   parts up to `max_requests` requests are the groups the planner places
+   (`Request.job_group`); the parts' order is the order dispatch serves the job in
+   (`Request.job_order`).
 5. **The prefix once.** A part's first member leads (`Request.job_leader` of the others):
    an engine computes a prompt's blocks and caches them when its prefill ends, so members
    admitted beside their leader would each compute the prefix again. Dispatch starts the
@@ -80,19 +81,28 @@ class JobPart:
 
 @dataclass(frozen=True, slots=True)
 class JobPlan:
+    job_id: str
     parts: tuple[JobPart, ...]  # in serving order
+    group_size: int  # consecutive parts are planned together up to this many requests
 
     def order(self) -> dict[str, tuple[str, str, str | None]]:
-        """request id -> (its part's label, its order key within the job, its part's leader:
-        the first member, which computes the shared prefix; None for the leader itself and
-        where the part shares nothing)."""
+        """request id -> (its planning group, its order key within the job, its part's
+        leader: the first member, which computes the shared prefix; None for the leader
+        itself and where the part shares nothing). A planning group is a run of consecutive
+        parts of at most `group_size` requests (a part larger than that is one alone): the
+        planner places groups, dispatch serves parts, and a group per part would grow the
+        planner's problem with the job's prefixes."""
         out: dict[str, tuple[str, str, str | None]] = {}
-        rank = 0
+        rank = group = in_group = 0
         for part in self.parts:
+            size = len(part.request_ids)
+            if in_group and in_group + size > self.group_size:
+                group, in_group = group + 1, 0
+            in_group += size
             leader = part.request_ids[0] if part.shared_tokens else None
             for request_id in part.request_ids:
                 follows = None if request_id == leader else leader
-                out[request_id] = (part.label, f"{rank:09d}", follows)
+                out[request_id] = (f"{self.job_id}/g{group}", f"{rank:09d}", follows)
                 rank += 1
         return out
 
@@ -118,7 +128,7 @@ def plan_job(job_id: str, requests: Sequence[Request], budget: PlanBudget) -> Jo
         for chunk, kv_tokens in _cut(members, shared, budget):
             label = f"{job_id}/p{len(parts)}"
             parts.append(JobPart(label, tuple(r.id for r in chunk), shared, kv_tokens))
-    return JobPlan(tuple(parts))
+    return JobPlan(job_id, tuple(parts), budget.max_requests)
 
 
 def with_plan(requests: Iterable[Request], plan: JobPlan, job_id: str) -> list[Request]:

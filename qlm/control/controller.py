@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from qlm.batch.prefix_plan import job_budget
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan
@@ -111,6 +112,7 @@ class Controller:
                 group_done_s=done,
                 lone=lone_speeds(fleet),
                 group_step_s=steps,
+                job_budgets=_job_budgets(fleet),
             )
         )
 
@@ -287,6 +289,15 @@ def _job_fields(
         return (), ()
     orders = tuple(r.job_order or "" for r in members)
     return orders, tuple(r.job_leader or "" for r in members)
+
+
+def _job_budgets(fleet: Fleet) -> dict[str, tuple[int, int]]:
+    """Per model of the fleet, what one batch job part may hold (qlm/batch/prefix_plan.py)."""
+    budgets = {}
+    for model in fleet.models:
+        budget = job_budget(fleet, model)
+        budgets[model] = (budget.kv_tokens, budget.max_requests)
+    return budgets
 
 
 def lone_speeds(fleet: Fleet) -> dict[str, LoneSpeed]:

@@ -165,13 +165,17 @@ class PublishedPlan:
     # Per model and SLO class, the requests queued when the plan was cut for agents: those
     # past the published head too (pacing counts the work agents do not see).
     queued_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Per model, what one part of a batch job may hold, (KV tokens, requests): the smallest
+    # instance on the model (qlm/batch/prefix_plan.py's job_budget; the Batch API reads it).
+    job_budgets: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
         # did not change: they are read-only views already, so copying them again would make
         # each arrival cost the size of the whole plan.
         names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s")
-        for name in (*names, "lone", "group_step_s", "prefix_held", "queued_counts"):
+        more = ("lone", "group_step_s", "prefix_held", "queued_counts", "job_budgets")
+        for name in (*names, *more):
             object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
@@ -203,6 +207,7 @@ class PublishedPlan:
                 "group_step_s": dict(self.group_step_s),
                 "prefix_held": {r: dict(h) for r, h in self.prefix_held.items()},
                 "queued_counts": {m: dict(c) for m, c in self.queued_counts.items()},
+                "job_budgets": {m: list(b) for m, b in self.job_budgets.items()},
             },
             separators=(",", ":"),
         )
@@ -240,4 +245,5 @@ class PublishedPlan:
             group_step_s=data.get("group_step_s", {}),
             prefix_held=data.get("prefix_held", {}),
             queued_counts=data.get("queued_counts", {}),
+            job_budgets={m: (b[0], b[1]) for m, b in data.get("job_budgets", {}).items()},
         )

@@ -274,3 +274,33 @@ async def test_an_upload_over_the_limit_is_refused(queue: MemoryQueue) -> None:
             await client.files.create(file=("big.jsonl", b"x" * 4096), purpose="batch")
         assert raised.value.status_code == 413
         assert [f.id for f in (await client.files.list()).data] == []
+
+
+async def test_a_job_is_planned_by_shared_prefix_before_it_is_queued(
+    app: FastAPI, client: openai.AsyncOpenAI, queue: MemoryQueue
+) -> None:
+    doc_a, doc_b = "alpha " * 200, "beta " * 240  # 1,200 characters each: shared blocks
+    lines: list[Line | str] = [
+        chat_line("a1", doc_a + "question one?"),
+        chat_line("b1", doc_b + "question two?"),
+        chat_line("a2", doc_a + "question three?"),
+        chat_line("a3", doc_a + "question four?"),
+        chat_line("b2", doc_b + "question five?"),
+    ]
+    uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    runner: BatchRunner = app.state.batch_runner
+    for job in await app.state.batch_store.active():
+        await runner.advance(job)  # validating -> in_progress: planned, then queued
+    got = [await queue.get(f"{batch.id}-{n}") for n in range(1, 6)]
+    requests = [r.request for r in got if r is not None]
+    assert len(requests) == 5
+    doc = {r.id: "a" if r.id.endswith(("-1", "-3", "-4")) else "b" for r in requests}
+    by_order = sorted(requests, key=lambda r: r.job_order or "")
+    assert len({r.job_order for r in requests}) == 5
+    assert "".join(doc[r.id] for r in by_order) in ("aaabb", "bbaaa")  # by document
+    leaders = {r.job_leader for r in requests} - {None}
+    assert len(leaders) == 2  # one per document's part; the others start after it
+    assert all(r.job_group is not None for r in requests)
