@@ -220,17 +220,18 @@ def dispatch_groups(
     on_time: list[QueuedItem] = []
     late: list[QueuedItem] = []
     gate = LeaderGate(prefilling)
+    held = 0  # of those listed, held back by the gate (they do not count against `limit`)
     for item in plan.kept:
-        if len(on_time) >= limit:
+        if len(on_time) - held >= limit:
             break
         if is_queued(item.request_id):
-            gate.saw(item)
+            held += gate.saw(item)
             (on_time if item.ttft_deadline_at_s >= now_s else late).append(item)
     for item in plan.dropped:
-        if len(on_time) + len(late) >= limit:
+        if len(on_time) + len(late) - held >= limit:
             break
         if is_queued(item.request_id):
-            gate.saw(item)
+            held += gate.saw(item)
             late.append(item)
     if affinity is not None:  # the late ones too: the schedule prices no cached prefill
         on_time = by_affinity(on_time, affinity)

@@ -3,8 +3,9 @@
 A job's part shares a prefix; its first member, the leader, computes it. An engine caches a
 prompt's blocks when its prefill ends, so a member admitted beside its leader would compute
 the prefix again. `LeaderGate` holds a member back while its leader is queued (the leader
-comes first in the job's order, so it goes in this round) or still prefilling on this engine,
-and with it the job's requests after it in this instance's order: the engine keeps its room
+comes first in its part, so it goes in this round) or still prefilling on this engine, and
+with it the job's requests after it in this instance's order (leaders excepted, which prefix
+locality may rank after their members): the engine keeps its room
 for the part it started, one part at a time as BatchLLM batches a group, rather than opening
 more prefixes that would crowd that one's out of its cache. Requests outside planned jobs
 pass untouched.
@@ -33,11 +34,14 @@ class LeaderGate:
         self._blocked: set[str] = set()  # requests whose leader is queued or prefilling here
         self._stopped: set[str] = set()  # jobs cut from here on
 
-    def saw(self, item: QueuedItem) -> None:
+    def saw(self, item: QueuedItem) -> bool:
+        """Note a queued request; whether it is held back."""
         self._seen.add(item.request_id)
         leader = item.job_leader
         if leader is not None and (leader in self._seen or leader in self._prefilling):
             self._blocked.add(item.request_id)
+            return True
+        return False
 
     def cut(self, items: Sequence[QueuedItem]) -> list[QueuedItem]:
         """`items` (in the instance's order) less, per planned job, its requests from the
@@ -45,15 +49,16 @@ class LeaderGate:
         if not self._blocked:
             return list(items)
         kept = []
+        owed: set[str] = set()  # leaders of members met already: they go wherever they are
         for item in items:
-            if item.job_order is None:
+            if item.job_order is None or item.request_id in owed:
                 kept.append(item)
                 continue
             job = item.job_order.rpartition("#")[0]
-            if job in self._stopped:
-                continue
             if item.request_id in self._blocked:
                 self._stopped.add(job)
+                owed.add(item.job_leader or "")
                 continue
-            kept.append(item)
+            if job not in self._stopped:
+                kept.append(item)
         return kept

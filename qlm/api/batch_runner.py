@@ -105,9 +105,9 @@ class BatchRunner:
         out: dict[str, Request] = {}
         for model in dict.fromkeys(r.model for r in requests):
             mine = [r for r in requests if r.model == model]
-            kv_tokens, max_requests = budgets.get(model, (UNBOUNDED, UNBOUNDED))
+            budget = PlanBudget(*budgets.get(model, (UNBOUNDED, UNBOUNDED, UNBOUNDED)))
             job_id = f"{job.id}:{model}"
-            plan = plan_job(job_id, mine, PlanBudget(kv_tokens, max_requests))
+            plan = plan_job(job_id, mine, budget)
             out.update((r.id, r) for r in with_plan(mine, plan, job_id))
         return [out[r.id] for r in requests]
 

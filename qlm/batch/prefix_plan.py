@@ -17,13 +17,17 @@ luck of an LRU cache seeing them one by one.
 4. **Batches by tokens and memory.** A group is cut, in that order, into parts an engine can
    hold at once: the prefix once plus each member's own prompt and output within
    `PlanBudget.kv_tokens`, at most `PlanBudget.max_requests` members. Runs of consecutive
-   parts up to `max_requests` requests are the groups the planner places
+   parts up to the grouping's largest group (`PlanBudget.group_requests`) are the groups
+   the planner places
    (`Request.job_group`); the parts' order is the order dispatch serves the job in
    (`Request.job_order`).
 5. **The prefix once.** A part's first member leads (`Request.job_leader` of the others):
    an engine computes a prompt's blocks and caches them when its prefill ends, so members
-   admitted beside their leader would each compute the prefix again. Dispatch starts the
-   others on the leader's engine once its first token is out (qlm/agents/dispatch.py).
+   admitted beside their leader would each compute the prefix again. The leader is the
+   member with the shortest output (its first token comes soonest and it is the last one
+   the schedule drops under overload); dispatch holds the others while it is queued or
+   prefilling on the engine that pulled it (qlm/agents/job_gate.py), and the prefix
+   locality of qlm/agents/prefix_affinity.py leaves them to that engine.
 
 Pure and deterministic: the same job gives the same plan, so a runner that repeats a step
 after a restart plans it alike.
@@ -45,27 +49,30 @@ UNBOUNDED = 1 << 62
 @dataclass(frozen=True, slots=True)
 class PlanBudget:
     """What one engine batch may hold: KV tokens and sequences (the smallest instance that
-    serves the job's model, so every part fits wherever the planner puts it)."""
+    serves the job's model, so every part fits wherever the planner puts it); and how many
+    requests one planning group holds (the grouping's `max_group_size`)."""
 
     kv_tokens: int
     max_requests: int
+    group_requests: int = UNBOUNDED
 
     def __post_init__(self) -> None:
-        if self.kv_tokens < 1 or self.max_requests < 1:
-            raise ValueError("a plan budget needs kv_tokens >= 1 and max_requests >= 1")
+        if min(self.kv_tokens, self.max_requests, self.group_requests) < 1:
+            raise ValueError("a plan budget's fields must be >= 1")
 
 
-def job_budget(fleet: Fleet, model: str) -> PlanBudget:
+def job_budget(fleet: Fleet, model: str, group_requests: int = UNBOUNDED) -> PlanBudget:
     """The budget of the smallest instance of the fleet that serves `model` (its KV capacity
-    and batch size, by its profile); unbounded when none does (nothing runs the job then)."""
+    and batch size, by its profile); unbounded when none does (nothing runs the job then).
+    `group_requests`: the grouping's largest group."""
     budgets = []
     for instance in fleet.instances:
         profile = fleet.profile(model, instance)
         if profile is not None:
             kv_tokens = profile.kv_capacity_tokens(instance.gpu_memory_bytes)
-            budgets.append(PlanBudget(max(1, kv_tokens), profile.max_batch_size))
+            budgets.append(PlanBudget(max(1, kv_tokens), profile.max_batch_size, group_requests))
     if not budgets:
-        return PlanBudget(UNBOUNDED, UNBOUNDED)
+        return PlanBudget(UNBOUNDED, UNBOUNDED, group_requests)
     return min(budgets, key=lambda b: (b.kv_tokens, b.max_requests))
 
 
@@ -127,8 +134,8 @@ def plan_job(job_id: str, requests: Sequence[Request], budget: PlanBudget) -> Jo
         shared = nodes[key].depth_tokens if key != ROOT else 0
         for chunk, kv_tokens in _cut(members, shared, budget):
             label = f"{job_id}/p{len(parts)}"
-            parts.append(JobPart(label, tuple(r.id for r in chunk), shared, kv_tokens))
-    return JobPlan(job_id, tuple(parts), budget.max_requests)
+            parts.append(JobPart(label, _leader_first(chunk), shared, kv_tokens))
+    return JobPlan(job_id, tuple(parts), budget.group_requests)
 
 
 def with_plan(requests: Iterable[Request], plan: JobPlan, job_id: str) -> list[Request]:
@@ -191,6 +198,13 @@ def _group_order(nodes: Mapping[int, _Node], groups: Mapping[int, list[Request]]
         return order, sum(u[1] for u in units), sum(u[2] for u in units)
 
     return visit(ROOT)[0]
+
+
+def _leader_first(chunk: Sequence[Request]) -> tuple[str, ...]:
+    """The part's ids, its leader (the shortest output; the last such) first, the rest in
+    order."""
+    leader = min(reversed(range(len(chunk))), key=lambda i: chunk[i].max_output_tokens)
+    return (chunk[leader].id, *(r.id for i, r in enumerate(chunk) if i != leader))
 
 
 def _cut(

@@ -112,7 +112,7 @@ class Controller:
                 group_done_s=done,
                 lone=lone_speeds(fleet),
                 group_step_s=steps,
-                job_budgets=_job_budgets(fleet),
+                job_budgets=_job_budgets(fleet, self.config.grouping.max_group_size),
             )
         )
 
@@ -291,12 +291,13 @@ def _job_fields(
     return orders, tuple(r.job_leader or "" for r in members)
 
 
-def _job_budgets(fleet: Fleet) -> dict[str, tuple[int, int]]:
-    """Per model of the fleet, what one batch job part may hold (qlm/batch/prefix_plan.py)."""
+def _job_budgets(fleet: Fleet, group_requests: int) -> dict[str, tuple[int, int, int]]:
+    """Per model of the fleet, what one batch job part may hold and one planning group of a
+    job (qlm/batch/prefix_plan.py)."""
     budgets = {}
     for model in fleet.models:
-        budget = job_budget(fleet, model)
-        budgets[model] = (budget.kv_tokens, budget.max_requests)
+        budget = job_budget(fleet, model, group_requests)
+        budgets[model] = (budget.kv_tokens, budget.max_requests, budget.group_requests)
     return budgets
 
 

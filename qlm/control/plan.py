@@ -165,9 +165,10 @@ class PublishedPlan:
     # Per model and SLO class, the requests queued when the plan was cut for agents: those
     # past the published head too (pacing counts the work agents do not see).
     queued_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # Per model, what one part of a batch job may hold, (KV tokens, requests): the smallest
-    # instance on the model (qlm/batch/prefix_plan.py's job_budget; the Batch API reads it).
-    job_budgets: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Per model, what one part of a batch job may hold, (KV tokens, requests), on the
+    # smallest instance on the model, and the requests of one planning group (the
+    # grouping's largest): qlm/batch/prefix_plan.py's PlanBudget; the Batch API reads it.
+    job_budgets: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
@@ -245,5 +246,5 @@ class PublishedPlan:
             group_step_s=data.get("group_step_s", {}),
             prefix_held=data.get("prefix_held", {}),
             queued_counts=data.get("queued_counts", {}),
-            job_budgets={m: (b[0], b[1]) for m, b in data.get("job_budgets", {}).items()},
+            job_budgets={m: (b[0], b[1], b[2]) for m, b in data.get("job_budgets", {}).items()},
         )

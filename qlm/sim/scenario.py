@@ -168,7 +168,7 @@ class Scenario(StrictModel):
 
     def plan_budget(self, model: str) -> PlanBudget:
         """What a batch job's part of `model` may hold (qlm/batch/prefix_plan.py)."""
-        return job_budget(self.fleet(), model)
+        return job_budget(self.fleet(), model, self.config.grouping.max_group_size)
 
     def requests(self, seed: int | None = None) -> list[Request]:
         """The workload's requests in arrival order; max_output_tokens is each request's true

@@ -71,3 +71,19 @@ def test_an_engine_without_the_leader_opens_the_next_part() -> None:
 
     other = dispatch_groups("m", kept, 0.0, limit=10, affinity=affinity)
     assert ids(other) == [["b"]]  # b1 waits for b; a's followers stay for a's engine
+
+
+def test_a_leader_ranked_after_its_members_still_goes() -> None:
+    kept = schedule(JOB, RATE, 0.0)
+
+    def affinity(item: QueuedItem) -> int:  # this instance holds the members' prompts more
+        return 1 if item.job_leader == "a" else 0
+
+    assert ids(dispatch_groups("m", kept, 0.0, limit=10, affinity=affinity)) == [["a"]]
+
+
+def test_held_back_members_do_not_use_up_the_limit() -> None:
+    members = [job(f"a{i}", i, "a") for i in range(1, 6)]
+    kept = schedule([*members, chat("later", 900.0)], RATE, 0.0)
+    groups = dispatch_groups("m", kept, 0.0, limit=2, prefilling={"a"})
+    assert ids(groups) == [["later"]]  # past five members waiting on a's prefill

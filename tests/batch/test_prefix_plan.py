@@ -51,12 +51,13 @@ def test_siblings_go_by_decode_ratio_and_subtrees_stay_together() -> None:
     order = [rid for p in plan_job("j", requests, WIDE).parts for rid in p.request_ids]
     # at the root, subtree 7 (110 output tokens over 120 computed: 0.92) before subtree 1
     # (1,610 over 2,140: 0.75); under 1, document 3 (1,600 out) before document 2 (10 out)
-    assert order == ["other2", "other1", "long1", "long2", "short1", "short2"]
+    # each part's leader (its shortest output) first, then longest output first
+    assert order == ["other1", "other2", "long2", "long1", "short2", "short1"]
 
 
 def test_parts_respect_the_budget_and_leaders_lead() -> None:
     requests = [req(f"r{i}", ((1, 1000),), 100, 100 + i) for i in range(10)]
-    budget = PlanBudget(kv_tokens=1000 + 3 * 210, max_requests=8)  # own: 200 + i each
+    budget = PlanBudget(kv_tokens=1000 + 3 * 210, max_requests=8, group_requests=8)
     plan = plan_job("j", requests, budget)
     assert [len(p.request_ids) for p in plan.parts] == [3, 3, 3, 1]
     assert all(p.kv_tokens <= budget.kv_tokens for p in plan.parts)
@@ -69,7 +70,19 @@ def test_parts_respect_the_budget_and_leaders_lead() -> None:
     groups = [planned[p.request_ids[0]].job_group for p in plan.parts]
     assert groups == ["j/g0", "j/g0", "j/g1", "j/g1"]  # runs of parts up to 8 requests
     ranks = sorted(planned.values(), key=lambda r: r.job_order or "")
-    assert [r.max_output_tokens for r in ranks] == sorted(range(100, 110), reverse=True)
+    # parts by longest output, each led by its shortest
+    assert [r.max_output_tokens for r in ranks] == [
+        107,
+        109,
+        108,
+        104,
+        106,
+        105,
+        101,
+        103,
+        102,
+        100,
+    ]
 
 
 def test_a_part_sharing_nothing_has_no_leader() -> None:

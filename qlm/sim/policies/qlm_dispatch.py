@@ -50,10 +50,12 @@ class SimDispatch:
         # start (the policy wakes it then)
         self.hold_ends: dict[str, float] = {}
         self._pacing = Pacing.of(ctx.config)
+        self._jobs = False  # a planned job's member with a leader has arrived (job_gate.py)
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
         self._queues.add(_item(request), request.model)
+        self._jobs = self._jobs or request.job_leader is not None
         if request.prefix and self._prefixes is None:
             ctx = self.ctx
             self._prefixes = PrefixIndex(
@@ -142,7 +144,7 @@ class SimDispatch:
         now_s = ctx.clock.now_s()
         still, paced_s = self._unheld(model, kept, now_s)
         affinity = self._affinity(instance_id, pool)
-        prefilling = prefilling_ids(ctx.observe(instance_id))
+        prefilling = prefilling_ids(ctx.observe(instance_id)) if self._jobs else frozenset()
         groups = dispatch_groups(model, kept, now_s, limit, still, affinity, prefilling)
         wake_s = paced_s
         if affinity is not None:
