@@ -17,11 +17,15 @@ class Pull:
 
 @dataclass(frozen=True, slots=True)
 class Evict:
-    """Preempt running requests and return them to the global queue."""
+    """Preempt running requests and return them to the global queue. `for_request_ids`:
+    the queued requests the room is freed for (none for a model swap); a live agent claims
+    them from the global queue first and preempts only if it got one, so two instances that
+    see the same blocked head do not both preempt for it."""
 
     instance_id: str
     request_ids: tuple[str, ...]
     reason: str
+    for_request_ids: tuple[str, ...] = ()
 
 
 class KvDirection(StrEnum):
@@ -31,11 +35,13 @@ class KvDirection(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SwapKv:
-    """Move requests' KV cache between GPU and CPU memory."""
+    """Move requests' KV cache between GPU and CPU memory. `for_request_ids`: as `Evict`'s,
+    for a swap to CPU that frees room."""
 
     instance_id: str
     request_ids: tuple[str, ...]
     direction: KvDirection
+    for_request_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -329,11 +329,11 @@ def _preempt_for(
         chosen.append(victim.request_id)
     if not chosen:
         return ()
-    ids = tuple(chosen)
+    ids, for_ids = tuple(chosen), tuple(it.request_id for it in urgent)
     if opts.allow_kv_swap and obs.supports_kv_swap:
-        return (SwapKv(obs.instance_id, ids, KvDirection.TO_CPU),)
+        return (SwapKv(obs.instance_id, ids, KvDirection.TO_CPU, for_ids),)
     reason = f"group {head.group_id} ({_class_named(priority, head_rank)}) blocked"
-    return (Evict(obs.instance_id, ids, reason),)
+    return (Evict(obs.instance_id, ids, reason, for_ids),)
 
 
 def _room_in_time(

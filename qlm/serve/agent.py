@@ -34,12 +34,12 @@ from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.metrics.causes import overlap_s
 from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
-from qlm.queue.records import InstanceStatus, RequestResult
+from qlm.queue.records import InstanceStatus
 from qlm.serve.agent_prefixes import EARLY_REPORT_S, AgentPrefixes
 from qlm.serve.config import AgentConfig
 from qlm.serve.leases import LeaseKeeper
-from qlm.serve.rounds import AgentCounters, Batch, Chunks, Held
-from qlm.types import Fleet, Instance, RequestState
+from qlm.serve.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
+from qlm.types import Fleet, Instance, Request
 
 log = logging.getLogger("qlm.agent")
 _LOADS_KEPT = 64  # recent model loads, for the model_load share of a result's queue wait
@@ -195,9 +195,12 @@ class Agent:
         return engine_timing(obs, profile, self.clock.now_s())
 
     async def _apply(self, actions: Sequence[Action]) -> None:
+        claimed = await self._claim(actions)
+        if claimed is None:
+            return  # another instance got what the preemption was for: nothing to do
         for action in actions:
             if isinstance(action, Pull):
-                await self._pull(action.request_ids)
+                await self._pull(action.request_ids, claimed)
             elif isinstance(action, Evict):
                 self._evict(action.request_ids)
             elif isinstance(action, LoadModel):  # lso_steps evicted what the engine held
@@ -216,10 +219,36 @@ class Agent:
                 else:
                     self.engine.swap_in(action.request_ids)
 
-    async def _pull(self, request_ids: Sequence[str]) -> None:
+    async def _claim(self, actions: Sequence[Action]) -> dict[str, Request] | None:
+        """Lease first what a preemption frees room for: agents of one model see the same
+        blocked head, and only the one whose claim wins preempts. None when all of it went
+        elsewhere: the round's actions are dropped (its pulls counted on the victims' room)."""
+        preempts = [a for a in actions if isinstance(a, Evict | SwapKv) and a.for_request_ids]
+        if not preempts:
+            return {}
+        pulled = {rid for a in actions if isinstance(a, Pull) for rid in a.request_ids}
+        wanted = [rid for a in preempts for rid in a.for_request_ids if rid in pulled]
+        got = await self._lease(wanted)
+        if wanted and not got:
+            log.info("agent %s: %s went elsewhere; no preemption", self.instance.id, wanted)
+            return None
+        return {r.id: r for r in got}
+
+    async def _pull(self, request_ids: Sequence[str], claimed: Mapping[str, Request]) -> None:
+        """Lease what is not `claimed` yet; submit all it got in the pull's order."""
+        got = {r.id: r for r in await self._lease(request_ids)} | dict(claimed)
+        for rid in request_ids:
+            if rid in got:
+                self.engine.submit(got[rid])
+
+    async def _lease(self, request_ids: Sequence[str]) -> list[Request]:
+        """Take requests from the global queue for this instance (those another instance
+        took first are noted, not retried) and hold them; not submitted yet."""
         # An id this agent still runs was requeued when its lease ran out: the engine runs it
         # until a round forgets the lost lease and aborts it; pulled now, it would run twice.
         request_ids = [rid for rid in request_ids if rid not in self._held]
+        if not request_ids:
+            return []
         now_s = self.clock.now_s()
         got = await self.queue.pull(self.instance.id, request_ids, self.settings.lease_s, now_s)
         got_ids = {r.id for r in got}
@@ -229,8 +258,8 @@ class Agent:
         for request, record in zip(got, records, strict=True):
             attempt = record.dispatches if record is not None else 1
             self._held[request.id] = Held(request, now_s, attempt)
-            self.engine.submit(request)
         self.counters.pulled += len(got)
+        return list(got)
 
     def _evict(self, request_ids: Sequence[str]) -> None:
         ids = [rid for rid in request_ids if rid in self._held and rid not in self._evicting]
@@ -301,21 +330,7 @@ class Agent:
             return
         batch.requests[event.request_id] = held.request
         batch.finished.append(
-            RequestResult(
-                request_id=event.request_id,
-                state=RequestState.COMPLETED,
-                instance_id=self.instance.id,
-                text=event.text or "".join(held.text),
-                output_tokens=event.output_tokens,
-                finish_reason=event.finish_reason,
-                dispatched_at_s=held.dispatched_at_s,
-                first_token_at_s=event.first_token_at_s,
-                finished_at_s=event.at_s,
-                prompt_tokens=event.prompt_tokens,
-                attempt=held.attempt,
-                load_wait_s=self._load_wait_s(held),
-                extras=event.extras,
-            )
+            finished_result(held, event, self.instance.id, self._load_wait_s(held))
         )
 
     def _load_wait_s(self, held: Held) -> float:
@@ -340,16 +355,7 @@ class Agent:
         del self._held[event.request_id]
         what = f"{event.request_id} failed after {held.attempt} dispatches: {event.reason}"
         log.warning("agent %s: %s", self.instance.id, what)
-        result = RequestResult(
-            request_id=event.request_id,
-            state=RequestState.FAILED,
-            instance_id=self.instance.id,
-            dispatched_at_s=held.dispatched_at_s,
-            finished_at_s=event.at_s,
-            error=f"the engine aborted it {held.attempt} times; last: {event.reason}",
-            attempt=held.attempt,
-            load_wait_s=self._load_wait_s(held),
-        )
+        result = failed_result(held, event, self.instance.id, self._load_wait_s(held))
         if await self.queue.complete(result):
             self.metrics.request_finished(held.request, result)
 

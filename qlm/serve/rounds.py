@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qlm.engine.types import Aborted, RequestFinished
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
-from qlm.types import Request
+from qlm.types import Request, RequestState
 
 
 @dataclass
@@ -70,3 +71,40 @@ class AgentCounters:
     evictions: int = 0
     swaps: int = 0
     requeued: int = 0
+
+
+def finished_result(
+    held: Held, event: RequestFinished, instance_id: str, load_wait_s: float
+) -> RequestResult:
+    """The result of a request the engine finished."""
+    return RequestResult(
+        request_id=event.request_id,
+        state=RequestState.COMPLETED,
+        instance_id=instance_id,
+        text=event.text or "".join(held.text),
+        output_tokens=event.output_tokens,
+        finish_reason=event.finish_reason,
+        dispatched_at_s=held.dispatched_at_s,
+        first_token_at_s=event.first_token_at_s,
+        finished_at_s=event.at_s,
+        prompt_tokens=event.prompt_tokens,
+        attempt=held.attempt,
+        load_wait_s=load_wait_s,
+        extras=event.extras,
+    )
+
+
+def failed_result(
+    held: Held, event: Aborted, instance_id: str, load_wait_s: float
+) -> RequestResult:
+    """The result of a request the engine kept aborting (the agent stops retrying it)."""
+    return RequestResult(
+        request_id=event.request_id,
+        state=RequestState.FAILED,
+        instance_id=instance_id,
+        dispatched_at_s=held.dispatched_at_s,
+        finished_at_s=event.at_s,
+        error=f"the engine aborted it {held.attempt} times; last: {event.reason}",
+        attempt=held.attempt,
+        load_wait_s=load_wait_s,
+    )

@@ -75,7 +75,7 @@ def test_an_engine_backlog_admits_beyond_the_sequence_slots() -> None:
     # what waits in the engine goes first, then enough running work to free a sequence.
     parked = [running(f"x{i}") for i in range(4)] + [running("w", out=0)._replace(started=False)]
     urgent = run(obs(running=parked), group("g1", 1, slo="interactive"), engine_backlog=2)
-    assert urgent[0] == Evict("i0", ("w", "x0"), urgent[0].reason)  # type: ignore[union-attr]
+    assert urgent[0] == Evict("i0", ("w", "x0"), urgent[0].reason, ("g1.0",))  # type: ignore[union-attr]
     assert urgent[1] == Pull("i0", ("g1.0",))
 
 
@@ -142,7 +142,7 @@ def test_blocked_urgent_group_evicts_lowest_priority_least_progress_first() -> N
     ]
     actions = run(obs(running=full), group("g1", 1, slo="interactive"))
     assert actions == (
-        Evict("i0", ("b2-new",), "group g1 (interactive) blocked"),
+        Evict("i0", ("b2-new",), "group g1 (interactive) blocked", ("g1.0",)),
         Pull("i0", ("g1.0",)),
     )
 
@@ -153,6 +153,7 @@ def test_eviction_frees_room_for_the_whole_head_group() -> None:
     evict, pull = actions
     assert isinstance(evict, Evict)
     assert evict.request_ids == ("b0", "b1", "b2")
+    assert evict.for_request_ids == ("g1.0", "g1.1", "g1.2")  # the agent claims these first
     assert pull == Pull("i0", ("g1.0", "g1.1", "g1.2"))
 
 
@@ -166,7 +167,7 @@ def test_no_eviction_for_equal_priority_or_when_disabled() -> None:
 def test_kv_swap_replaces_eviction_when_the_engine_supports_it() -> None:
     full = [running(f"b{i}", "batch-2", out=i) for i in range(4)]
     actions = run(obs(running=full, kv_swap=True), group("g1", 1, slo="interactive"))
-    assert actions[0] == SwapKv("i0", ("b0",), KvDirection.TO_CPU)
+    assert actions[0] == SwapKv("i0", ("b0",), KvDirection.TO_CPU, ("g1.0",))
 
 
 def test_swapped_requests_return_when_nothing_queued_outranks_them() -> None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qlm.engine.types import Aborted, EngineEvent, EngineObservation, EngineState
+from qlm.engine.types import (
+    Aborted,
+    EngineEvent,
+    EngineObservation,
+    EngineRequest,
+    EngineState,
+)
 from qlm.types import Request
 
 
@@ -12,8 +18,19 @@ class ScriptedEngine:
     """An engine that does what the test tells it (a test double): events are pushed, and it
     aborts the first `refuse` submissions with `reason` (as vLLM does with a 400)."""
 
-    def __init__(self, refuse: int = 0, reason: str = "refused") -> None:
+    def __init__(
+        self,
+        refuse: int = 0,
+        reason: str = "refused",
+        instance_id: str = "i0",
+        max_num_seqs: int = 8,
+        runs: bool = False,
+    ) -> None:
         self.events: list[EngineEvent] = []
+        self.running: dict[str, EngineRequest] = {}  # with `runs`: what it runs (10 tokens in)
+        self.id = instance_id
+        self.max_num_seqs = max_num_seqs
+        self.runs = runs
         self.refuse = refuse
         self.reason = reason
         self.submitted: list[str] = []
@@ -21,19 +38,27 @@ class ScriptedEngine:
 
     @property
     def instance_id(self) -> str:
-        return "i0"
+        return self.id
 
     def observe(self) -> EngineObservation:
-        return EngineObservation("i0", EngineState.READY, "m7b", (), 0, 100_000, 8)
+        requests = tuple(self.running.values())
+        used = sum(r.context_tokens for r in requests)
+        slots = self.max_num_seqs
+        return EngineObservation(self.id, EngineState.READY, "m7b", requests, used, 100_000, slots)
 
     def submit(self, request: Request) -> None:
         self.submitted.append(request.id)
         if len(self.submitted) <= self.refuse:
             self.events.append(Aborted(request.id, 1.0, self.reason))
+        elif self.runs:
+            fields = (request.slo_class, request.prompt_tokens, request.max_output_tokens, 10)
+            self.running[request.id] = EngineRequest(request.id, *fields, True)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Like the real engines: an Aborted event at once for each id."""
         self.aborted.extend(request_ids)
+        for rid in request_ids:
+            self.running.pop(rid, None)
         self.events.extend(Aborted(rid, 1.0, "aborted") for rid in request_ids)
 
     def swap_out(self, request_ids: Sequence[str]) -> None: ...
