@@ -41,6 +41,7 @@ CORE = [
     "sim/events.py",
     "sim/runner.py",
     "sim/policies",
+    "programs",
 ]
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {
@@ -52,6 +53,8 @@ ADAPTERS: dict[str, set[str]] = {
     "queue/redis/pokes.py": {"redis", "asyncio"},
     "queue/redis/listing.py": {"redis"},
     "queue/redis/batch_store.py": {"redis"},
+    "queue/redis/program_store.py": {"redis"},
+    "programs/client.py": {"httpx"},
     "queue/memory.py": {"asyncio"},
     "queue/base.py": {"asyncio"},
     "engine/client.py": {"asyncio"},

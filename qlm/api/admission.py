@@ -75,6 +75,10 @@ class Admitter:
             settings.slo_class_map(), settings.default_slo_class, settings.api.max_deadline_s
         )
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` by the API's counter (what a prompt of it would count)."""
+        return self._counter.count(text)
+
     def build(
         self,
         body: Body,

@@ -27,14 +27,18 @@ from qlm.api.errors import install_error_handlers
 from qlm.api.metrics_routes import add_metrics_routes, default_metrics
 from qlm.api.openai_routes import add_openai_routes
 from qlm.api.openapi import install_openapi
+from qlm.api.program_routes import add_program_routes
+from qlm.api.program_runner import ProgramRunner
 from qlm.api.qlm_routes import add_qlm_routes
 from qlm.api.settings import ApiAppConfig
 from qlm.api.tokens import TokenCounter
 from qlm.batch.store import BatchStore, MemoryBatchStore
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
+from qlm.programs.store import MemoryProgramStore, ProgramStore
 from qlm.queue.base import GlobalQueue, QueueUnavailableError
 from qlm.queue.redis.batch_store import RedisBatchStore
+from qlm.queue.redis.program_store import RedisProgramStore
 from qlm.queue.redis.queue import RedisQueue
 
 _NO_TELEMETRY: TelemetryConfig = {
@@ -68,6 +72,7 @@ def create_app(
     token_counter: TokenCounter | None = None,
     metrics: PlaneMetrics | None = None,
     batch_store: BatchStore | None = None,
+    program_store: ProgramStore | None = None,
 ) -> FastAPI:
     """An app serving `settings.models` from `queue`; deadlines are read from `clock`.
     `token_counter` overrides the registered counter named in the settings (e.g. a real
@@ -77,20 +82,27 @@ def create_app(
     context = ApiContext.build(settings, queue, clock, token_counter, metrics)
     store = batch_store or batch_store_for(queue)
     runner = BatchRunner(context, store, settings.api.batch.poll_s)
+    programs = program_store or program_store_for(queue)
+    program_runner = ProgramRunner(context, programs, settings.api.programs.poll_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        """The batch runner runs while the app serves (every replica: its steps are
-        idempotent, qlm/api/batch_runner.py)."""
+        """The batch and program runners run while the app serves (every replica: their
+        steps are idempotent, qlm/api/batch_runner.py, qlm/api/program_runner.py)."""
         stop = asyncio.Event()
-        task = asyncio.create_task(runner.run(stop), name="batch-runner")
+        tasks = [
+            asyncio.create_task(runner.run(stop), name="batch-runner"),
+            asyncio.create_task(program_runner.run(stop), name="program-runner"),
+        ]
         try:
             yield
         finally:
             stop.set()
-            await task
+            await asyncio.gather(*tasks)
             if batch_store is None:
                 await store.close()
+            if program_store is None:
+                await programs.close()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -102,6 +114,7 @@ def create_app(
     )
     install_error_handlers(app)
     app.state.batch_store, app.state.batch_runner = store, runner
+    app.state.program_store, app.state.program_runner = programs, program_runner
 
     async def queue_down(_: HttpRequest, exc: Exception) -> Response:
         assert isinstance(exc, QueueUnavailableError)
@@ -111,10 +124,19 @@ def create_app(
     add_openai_routes(app, context)
     add_qlm_routes(app, context)
     add_batch_routes(app, context, store)
+    add_program_routes(app, context, programs, program_runner)
     add_metrics_routes(app, metrics, clock, queue)
     install_openapi(app, settings)
     app.add_middleware(ArrivalStamp, clock=clock)
     return app
+
+
+def program_store_for(queue: GlobalQueue) -> ProgramStore:
+    """The program store beside a queue: in its Redis for a Redis queue, else in this
+    process."""
+    if isinstance(queue, RedisQueue):
+        return RedisProgramStore.for_queue(queue.config)
+    return MemoryProgramStore()
 
 
 def batch_store_for(queue: GlobalQueue) -> BatchStore:

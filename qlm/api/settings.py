@@ -94,6 +94,31 @@ class BatchApiConfig(StrictModel):
     )
 
 
+class ProgramApiConfig(StrictModel):
+    """Programs of calls (qlm/api/program_routes.py): `api.programs` in the fleet file."""
+
+    max_calls: int = Field(default=256, ge=1, le=10_000, description="Calls per program.")
+    max_references: int = Field(
+        default=64, ge=1, description="Variables one call's prompt may use (fan-in)."
+    )
+    max_consumers: int = Field(
+        default=256, ge=1, description="Calls one variable may feed (fan-out)."
+    )
+    poll_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="How often the program runner looks at running programs (it also wakes "
+        "as soon as a call it queued ends).",
+    )
+
+    def limits(self) -> dict[str, int]:
+        return {
+            "max_calls": self.max_calls,
+            "max_references": self.max_references,
+            "max_consumers": self.max_consumers,
+        }
+
+
 class ApiConfig(StrictModel):
     """The API's settings: the fleet file's `api:` section."""
 
@@ -150,6 +175,10 @@ class ApiConfig(StrictModel):
     batch: BatchApiConfig = Field(
         default_factory=lambda: BatchApiConfig(),
         description="The Files and Batch APIs (qlm/api/batch_routes.py).",
+    )
+    programs: ProgramApiConfig = Field(
+        default_factory=lambda: ProgramApiConfig(),
+        description="Programs of calls (qlm/api/program_routes.py).",
     )
 
     def quota_of(self, tenant: str) -> QuotaConfig:

@@ -1,0 +1,212 @@
+"""Runs programs (qlm/programs): queues each call once its inputs exist, its prompt filled in
+server-side, and copies each ended call's output into the program, until every call has ended.
+
+Each step is idempotent, so a runner that restarts (or two API replicas running at once) go
+on where the stored program says: a call's request id is `<program id>.<call>`, so queueing it
+again finds it there (DuplicateRequestError) instead of running it twice. A call runs as a
+completion sent with the call's fields would, admitted by the same `Admitter`, in the
+program's SLO class; with an end-to-end deadline, at the deadlines the program derived for it
+(qlm/programs/deadlines.py), so the planner plans each call against the whole program's
+promise. The runner wakes as soon as a call it queued ends (it follows the call's output
+stream), so a chain of calls pays no client round trip between its steps; a poll every
+`poll_s` catches what a restart left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import replace
+
+from pydantic import ValidationError
+
+from qlm.api.context import ApiContext
+from qlm.api.errors import ApiError, from_pydantic
+from qlm.api.formats import COMPLETION
+from qlm.api.slo import HEADER_CLASS
+from qlm.programs.graph import CallSpec, render
+from qlm.programs.state import CallState, Program, ProgramStatus
+from qlm.programs.store import ProgramStore
+from qlm.queue.base import DuplicateRequestError, QueueError
+from qlm.queue.records import RequestRecord
+from qlm.types import Request, RequestState
+
+log = logging.getLogger("qlm.programs")
+ENDED = (CallState.COMPLETED, CallState.FAILED)
+
+
+class ProgramRunner:
+    def __init__(self, ctx: ApiContext, store: ProgramStore, poll_s: float = 0.5) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.poll_s = poll_s
+        self._wake = asyncio.Event()
+        self._watched: dict[str, asyncio.Task[None]] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    for program in await self.store.active():
+                        await self._step(program)
+                except Exception:  # a failed round must not end the runner
+                    log.exception("program runner round failed")
+                await _first(stop, self._wake, self.poll_s)
+        finally:
+            for task in self._watched.values():
+                task.cancel()
+            await asyncio.gather(*self._watched.values(), return_exceptions=True)
+
+    async def _step(self, program: Program) -> None:
+        try:
+            await self.advance(program)
+        except Exception:  # one program's failure must not hold back the others
+            log.exception("program %s: step failed; retried next round", program.id)
+
+    def wake(self) -> None:
+        """Run a round now (a program was submitted or cancelled)."""
+        self._wake.set()
+
+    def build(self, program: Program, call: CallSpec, values: dict[str, str]) -> Request:
+        """The request a call runs as, its prompt filled with `values` (an ApiError names
+        what the API would refuse in it)."""
+        body = {"model": call.model, "prompt": render(call.prompt, values),
+                "max_tokens": call.max_tokens, **call.sampling}  # fmt: skip
+        try:
+            parsed = COMPLETION.parse(json.dumps(body))
+        except ValidationError as exc:
+            raise from_pydantic(exc) from None
+        headers = {HEADER_CLASS: program.slo_class} if program.slo_class else {}
+        request_id = program.request_id(call.name)
+        now_s = self.ctx.clock.now_s()
+        request = self.ctx.admitter.build(parsed, headers, request_id, now_s, program.tenant)
+        deadline = program.deadlines.get(call.name)
+        if deadline is None:
+            return request
+        # A call queued after its first token was due is as urgent as a request can be.
+        start_s, arrival_s = program.created_at_s, request.arrival_at_s
+        ttft_s = max(arrival_s, start_s + deadline.ttft_s)
+        done_s = max(ttft_s, start_s + deadline.done_s)
+        return replace(request, ttft_deadline_at_s=ttft_s, completion_deadline_at_s=done_s)
+
+    async def advance(self, program: Program) -> Program:
+        """One step of the program, stored: as far as it can go now."""
+        now_s = self.ctx.clock.now_s()
+        cancelling = await self.store.cancel_requested(program.id)
+        records = await self._records(program)
+        program = _collect(program, records)
+        if cancelling:
+            program = await self._cancel(program, records)
+        else:
+            program = await self._queue_ready(program)
+        if all(program.state_of(c.name) in ENDED for c in program.calls):
+            status = ProgramStatus.FAILED if program.errors else ProgramStatus.COMPLETED
+            status = ProgramStatus.CANCELLED if cancelling else status
+            program = replace(program, status=status, finished_at_s=now_s)
+        await self.store.put(program)
+        return program
+
+    async def _records(self, program: Program) -> dict[str, RequestRecord]:
+        """The records of its queued calls that have not ended in the program yet."""
+        ended = set(program.outputs) | set(program.errors)
+        open_calls = [c for c in program.queued if c not in ended]
+        ids = [program.request_id(c) for c in open_calls]
+        found = await asyncio.gather(*(self.ctx.queue.get(rid) for rid in ids))
+        return {c: r for c, r in zip(open_calls, found, strict=True) if r is not None}
+
+    async def _queue_ready(self, program: Program) -> Program:
+        graph = program.graph()
+        failed = _downstream_failures(program)
+        if failed:
+            program = replace(program, errors={**program.errors, **failed})
+        done = set(program.outputs)
+        values = {**program.inputs, **program.outputs}
+        queued = list(program.queued)
+        errors = dict(program.errors)
+        for call in graph.ready(done):
+            if call.name in errors:
+                continue
+            if call.name not in queued:
+                try:
+                    await self._queue(self.build(program, call, values))
+                except ApiError as exc:  # e.g. the filled prompt is over the context
+                    errors[call.name] = f"not run: {exc.message}"
+                    continue
+                queued.append(call.name)
+            self._watch(program.request_id(call.name))
+        return replace(program, queued=tuple(queued), errors=errors)
+
+    async def _queue(self, request: Request) -> None:
+        try:
+            await self.ctx.queue.enqueue(request)
+        except DuplicateRequestError:
+            return
+        except QueueError as exc:  # full or down: the whole step is retried next round
+            raise RuntimeError(f"call {request.id} not queued: {exc}") from exc
+        self.ctx.metrics.request_admitted(request)
+
+    async def _cancel(self, program: Program, records: dict[str, RequestRecord]) -> Program:
+        for name, record in records.items():
+            if not record.state.is_terminal:
+                await self.ctx.cancel(program.request_id(name))
+        program = _collect(program, await self._records(program))
+        errors = dict(program.errors)
+        for call in program.calls:
+            if call.name not in program.outputs and call.name not in errors:
+                errors[call.name] = "not run: the program was cancelled"
+        return replace(program, errors=errors)
+
+    def _watch(self, request_id: str) -> None:
+        """Wake the runner when the request ends (its output stream's last event)."""
+        if request_id in self._watched:
+            return
+        task = asyncio.get_running_loop().create_task(self._follow(request_id))
+        self._watched[request_id] = task
+
+    async def _follow(self, request_id: str) -> None:
+        try:
+            async for _ in self.ctx.queue.stream(request_id, timeout_s=self.poll_s * 120):
+                pass
+        except Exception:  # gone, timed out or the queue is down: the poll takes over
+            pass
+        finally:
+            self._watched.pop(request_id, None)
+            self._wake.set()
+
+
+def _collect(program: Program, records: dict[str, RequestRecord]) -> Program:
+    """The program with the output (or failure) of each call whose request ended."""
+    outputs, errors = dict(program.outputs), dict(program.errors)
+    for call, record in records.items():
+        if record.state is RequestState.COMPLETED and record.result is not None:
+            outputs[call] = record.result.text
+        elif record.state.is_terminal:
+            why = record.result.error if record.result and record.result.error else None
+            errors[call] = f"{record.state.value}: {why}" if why else record.state.value
+    return replace(program, outputs=outputs, errors=errors)
+
+
+def _downstream_failures(program: Program) -> dict[str, str]:
+    """Calls not yet queued that use, directly or not, the output of a failed call."""
+    failed: dict[str, str] = {}
+    for call in program.graph().calls:  # each after the calls it uses
+        if call.name in program.errors or call.name in program.queued:
+            continue
+        bad = next((r for r in call.references if r in program.errors or r in failed), None)
+        if bad is not None:
+            failed[call.name] = f"not run: its input '{bad}' failed"
+    return failed
+
+
+async def _first(stop: asyncio.Event, wake: asyncio.Event, timeout_s: float) -> None:
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*waits, return_exceptions=True)

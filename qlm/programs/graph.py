@@ -1,0 +1,180 @@
+"""A program's calls as a graph (after Parrot's semantic variables): each call's prompt is a
+template whose `{{name}}` placeholders are the program's inputs or other calls' outputs; a
+call's output is the variable named after it. Pure: validation, order and rendering.
+
+Question answered: is this program well formed, and in which order can its calls run?
+`ProgramGraph.of(spec, limits)` refuses a malformed program with a `ProgramError` naming the
+call and the variable (an unknown variable, a cycle, a name given twice, more calls or more
+references than the limits allow); `ready(done)` lists the calls whose inputs all exist;
+`render` fills a template.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+VARIABLE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+
+
+class ProgramError(ValueError):
+    """A malformed program; `param` names the offending field (`calls[2].prompt`)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One call: its name (also its output variable), model, prompt template, output cap and
+    the sampling fields passed to the engine as a completion's would be."""
+
+    name: str
+    model: str
+    prompt: str
+    max_tokens: int
+    sampling: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """The variables its prompt uses, each once, in order of first use."""
+        return tuple(dict.fromkeys(VARIABLE.findall(self.prompt)))
+
+    @property
+    def head(self) -> str:
+        """The prompt up to its first variable: the part every run of the template shares."""
+        found = VARIABLE.search(self.prompt)
+        return self.prompt if found is None else self.prompt[: found.start()]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramLimits:
+    max_calls: int = 256
+    max_references: int = 64  # variables one prompt may use (a merge's fan-in)
+    max_consumers: int = 256  # calls one variable may feed (fan-out)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramGraph:
+    """A validated program: calls in a topological order (each after the calls it uses)."""
+
+    calls: tuple[CallSpec, ...]
+    inputs: frozenset[str]
+    consumers: Mapping[str, tuple[str, ...]]  # variable -> the calls that use it
+
+    @classmethod
+    def of(
+        cls,
+        calls: tuple[CallSpec, ...],
+        inputs: Collection[str],
+        limits: ProgramLimits | None = None,
+    ) -> ProgramGraph:
+        limits = limits or ProgramLimits()
+        _check_names(calls, inputs, limits)
+        known = {c.name for c in calls} | set(inputs)
+        consumers: dict[str, list[str]] = {}
+        for i, call in enumerate(calls):
+            refs = call.references
+            if len(refs) > limits.max_references:
+                raise ProgramError(
+                    f"call '{call.name}' uses {len(refs)} variables; at most "
+                    f"{limits.max_references} per prompt",
+                    f"calls[{i}].prompt",
+                )
+            for ref in refs:
+                if ref not in known:
+                    raise ProgramError(
+                        f"call '{call.name}' uses variable '{ref}', which is neither an input "
+                        "nor a call's output",
+                        f"calls[{i}].prompt",
+                    )
+                consumers.setdefault(ref, []).append(call.name)
+        for variable, users in consumers.items():
+            if len(users) > limits.max_consumers:
+                raise ProgramError(
+                    f"variable '{variable}' feeds {len(users)} calls; at most "
+                    f"{limits.max_consumers}",
+                    "calls",
+                )
+        ordered = _topological(calls)
+        fixed = {k: tuple(v) for k, v in consumers.items()}
+        return cls(ordered, frozenset(inputs), MappingProxyType(fixed))
+
+    def call(self, name: str) -> CallSpec:
+        return next(c for c in self.calls if c.name == name)
+
+    def ready(self, done: Collection[str]) -> tuple[CallSpec, ...]:
+        """The calls not in `done` whose every call input is in `done` (inputs always are)."""
+        return tuple(
+            c
+            for c in self.calls
+            if c.name not in done and all(r in done or r in self.inputs for r in c.references)
+        )
+
+    def sinks(self) -> tuple[str, ...]:
+        """The calls whose output no other call uses: the program's results."""
+        return tuple(c.name for c in self.calls if c.name not in self.consumers)
+
+
+def render(template: str, values: Mapping[str, str]) -> str:
+    """The template with each `{{name}}` replaced by its value (all must be given)."""
+    return VARIABLE.sub(lambda m: values[m.group(1)], template)
+
+
+def _check_names(
+    calls: tuple[CallSpec, ...], inputs: Collection[str], limits: ProgramLimits
+) -> None:
+    if not calls:
+        raise ProgramError("a program needs at least one call", "calls")
+    if len(calls) > limits.max_calls:
+        raise ProgramError(
+            f"{len(calls)} calls; a program may have at most {limits.max_calls}", "calls"
+        )
+    for name in inputs:
+        if not NAME.match(name):
+            raise ProgramError(f"input name '{name}' is not a valid variable name", "inputs")
+    seen = set(inputs)
+    for i, call in enumerate(calls):
+        if not NAME.match(call.name):
+            raise ProgramError(
+                f"call name '{call.name}' is not a valid variable name (letters, digits, _ "
+                "and -, starting with a letter or _)",
+                f"calls[{i}].name",
+            )
+        if call.name in seen:
+            raise ProgramError(
+                f"'{call.name}' names two variables (a call's output and another call or input)",
+                f"calls[{i}].name",
+            )
+        seen.add(call.name)
+
+
+def _topological(calls: tuple[CallSpec, ...]) -> tuple[CallSpec, ...]:
+    """The calls each after those whose output it uses (stable: submission order where
+    free); a cycle is a ProgramError naming it."""
+    by_name = {c.name: c for c in calls}
+    state: dict[str, int] = {}  # 1: on the current path, 2: placed
+    order: list[CallSpec] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = [*path[path.index(name) :], name]
+            index = list(by_name).index(name)
+            raise ProgramError(f"calls {' -> '.join(cycle)} form a cycle", f"calls[{index}].prompt")
+        state[name] = 1
+        for ref in by_name[name].references:
+            if ref in by_name:
+                visit(ref, [*path, name])
+        state[name] = 2
+        order.append(by_name[name])
+
+    for call in calls:
+        visit(call.name, [])
+    return tuple(order)

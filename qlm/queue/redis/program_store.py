@@ -1,0 +1,61 @@
+"""The program store in Redis, beside the queue (same server, same key prefix): programs as
+JSON in one hash, the running ones in a set, cancel flags in a set. Programs survive a restart
+of every process (with the server's AOF on, as the chart runs it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis.asyncio as redis
+
+from qlm.programs.state import Program
+from qlm.programs.store import newest_first
+from qlm.queue.redis.config import RedisQueueConfig
+
+
+class RedisProgramStore:
+    def __init__(self, client: redis.Redis, key_prefix: str = "qlm:") -> None:
+        self._r = client
+        p = f"{key_prefix}program:"
+        self._programs, self._running, self._cancels = p + "all", p + "running", p + "cancels"
+
+    @classmethod
+    def for_queue(cls, config: RedisQueueConfig) -> RedisProgramStore:
+        """A store on the queue's server and key prefix, with a client of its own."""
+        options = {**config.client_options(), "decode_responses": True}
+        return cls(redis.Redis.from_url(config.connect_url, **options), config.key_prefix)
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+    async def put(self, program: Program) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._programs, program.id, json.dumps(program.to_dict()))
+            if program.status.is_terminal:
+                pipe.srem(self._running, program.id)
+            else:
+                pipe.sadd(self._running, program.id)
+            await pipe.execute()
+
+    async def get(self, program_id: str) -> Program | None:
+        raw = await self._r.hget(self._programs, program_id)
+        return None if raw is None else Program.from_dict(json.loads(raw))
+
+    async def of_tenant(self, tenant: str) -> list[Program]:
+        raw: dict[Any, Any] = await self._r.hgetall(self._programs)
+        programs = (Program.from_dict(json.loads(v)) for v in raw.values())
+        return newest_first(p for p in programs if p.tenant == tenant)
+
+    async def active(self) -> list[Program]:
+        ids = sorted(await self._r.smembers(self._running))
+        if not ids:
+            return []
+        raw = await self._r.hmget(self._programs, ids)
+        return newest_first(Program.from_dict(json.loads(v)) for v in raw if v is not None)[::-1]
+
+    async def request_cancel(self, program_id: str) -> None:
+        await self._r.sadd(self._cancels, program_id)
+
+    async def cancel_requested(self, program_id: str) -> bool:
+        return bool(await self._r.sismember(self._cancels, program_id))
