@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol
 
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
@@ -85,27 +86,9 @@ def create_app(
     programs = program_store or program_store_for(queue)
     program_runner = ProgramRunner(context, programs, settings.api.programs.poll_s)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        """The batch and program runners run while the app serves (every replica: their
-        steps are idempotent, qlm/api/batch_runner.py, qlm/api/program_runner.py)."""
-        stop = asyncio.Event()
-        tasks = [
-            asyncio.create_task(runner.run(stop), name="batch-runner"),
-            asyncio.create_task(program_runner.run(stop), name="program-runner"),
-        ]
-        try:
-            yield
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks)
-            if batch_store is None:
-                await store.close()
-            if program_store is None:
-                await programs.close()
-
+    owned = [s for s, given in ((store, batch_store), (programs, program_store)) if given is None]
     app = FastAPI(
-        lifespan=lifespan,
+        lifespan=_lifespan((runner, program_runner), owned),
         title="QLM",
         summary="SLO-aware queue for LLM serving fleets",
         # QLM's metrics are Prometheus series (qlm/metrics); FastAPI's OpenTelemetry hooks
@@ -129,6 +112,36 @@ def create_app(
     install_openapi(app, settings)
     app.add_middleware(ArrivalStamp, clock=clock)
     return app
+
+
+class _Runs(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+class _Closes(Protocol):
+    async def close(self) -> None: ...
+
+
+def _lifespan(
+    runners: Sequence[_Runs], owned: Sequence[_Closes]
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The batch and program runners run while the app serves (every replica: their steps
+    are idempotent, qlm/api/batch_runner.py, qlm/api/program_runner.py); the stores the app
+    made close with it."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(r.run(stop), name=type(r).__name__) for r in runners]
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+            for store in owned:
+                await store.close()
+
+    return lifespan
 
 
 def program_store_for(queue: GlobalQueue) -> ProgramStore:
