@@ -23,21 +23,29 @@ MAX_PREFIX_BLOCKS = 512  # at most this many (a 128k-character prompt), to keep 
 
 
 def prompt_prefix(
-    prompt: str | None, prompt_tokens: int, block_chars: int = PREFIX_BLOCK_CHARS
+    prompt: str | None,
+    prompt_tokens: int,
+    block_chars: int = PREFIX_BLOCK_CHARS,
+    cuts: tuple[int, ...] = (),
 ) -> tuple[PrefixBlock, ...]:
     """The prompt's whole blocks of `block_chars` characters, keyed by the text up to their
     end, each with its share of `prompt_tokens`; () for no prompt or one shorter than a
-    block."""
+    block. `cuts`: more places where a block ends (a program's template ends its shared text
+    at its first variable: Parrot's prefix at the variable boundary), so that the text up to
+    there is a block other prompts with the same head share."""
     if not prompt or prompt_tokens < 1:
         return ()
-    count = min(len(prompt) // block_chars, MAX_PREFIX_BLOCKS)
-    per_block = prompt_tokens * block_chars / len(prompt)
+    whole = min(len(prompt) // block_chars, MAX_PREFIX_BLOCKS)
+    ends = {k * block_chars for k in range(1, whole + 1)}
+    ends |= {c for c in cuts if 0 < c <= min(len(prompt), MAX_PREFIX_BLOCKS * block_chars)}
+    per_char = prompt_tokens / len(prompt)
     digest = hashlib.blake2b(digest_size=8)
-    blocks = []
-    for i in range(count):
-        digest.update(prompt[i * block_chars : (i + 1) * block_chars].encode())
-        tokens = math.floor((i + 1) * per_block) - math.floor(i * per_block)
+    blocks, start = [], 0
+    for end in sorted(ends):
+        digest.update(prompt[start:end].encode())
+        tokens = math.floor(end * per_char) - math.floor(start * per_char)
         if tokens < 1:
             break
         blocks.append(PrefixBlock(int.from_bytes(digest.copy().digest(), "little"), tokens))
+        start = end
     return tuple(blocks)

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from qlm.api.context import ApiContext
 from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import COMPLETION
+from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.slo import HEADER_CLASS
 from qlm.programs.graph import CallSpec, render
 from qlm.programs.state import CallState, Program, ProgramStatus
@@ -83,6 +84,10 @@ class ProgramRunner:
         request_id = program.request_id(call.name)
         now_s = self.ctx.clock.now_s()
         request = self.ctx.admitter.build(parsed, headers, request_id, now_s, program.tenant)
+        # the template's text up to its first variable is a block of its own: every run of
+        # the template shares it (Parrot's prefix at the variable boundary)
+        cut = prompt_prefix(request.prompt, request.prompt_tokens, cuts=(len(call.head),))
+        request = replace(request, prefix=cut)
         deadline = program.deadlines.get(call.name)
         if deadline is None:
             return request

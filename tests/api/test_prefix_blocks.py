@@ -50,3 +50,13 @@ async def test_requests_admitted_through_the_api_carry_their_prompt_blocks(
     first = records[0]
     assert first is not None
     assert sum(b.tokens for b in prefixes[0]) <= first.request.prompt_tokens
+
+
+def test_a_cut_ends_a_block_where_a_template_ends_its_shared_text() -> None:
+    head = "You are a careful summariser. Summarise: "  # shorter than a block
+    first = prompt_prefix(head + "alpha " * 100, 400, cuts=(len(head),))
+    second = prompt_prefix(head + "omega " * 100, 400, cuts=(len(head),))
+    assert first[0].key == second[0].key  # the head is shared
+    assert first[1].key != second[1].key  # the rest is each prompt's own
+    assert sum(b.tokens for b in first) <= 400
+    assert prompt_prefix(head + "alpha " * 100, 400)[0].key != first[0].key  # no cut: no head

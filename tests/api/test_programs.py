@@ -76,6 +76,13 @@ async def test_map_reduce_merges_the_maps_outputs_server_side_once_they_are_done
     assert merge is not None
     assert merge.request.prompt == "Merge: " + " | ".join([view["outputs"]["s0"]] * 3)
     assert view["outputs"]["s0"].startswith("w0 w1")
+    heads = set()
+    for i in range(3):  # the maps share their template's head, "Summarise: ", as a block
+        record = await queue.get(f"{program_id}.s{i}")
+        assert record is not None
+        heads.add(record.request.prefix[0])
+    assert len(heads) == 1
+    assert merge.request.prefix[0] not in heads
     variable = (await client.get(f"{PROGRAMS}/{program_id}/variables/merged")).json()
     assert (variable["state"], variable["value"]) == ("completed", view["outputs"]["merged"])
 
