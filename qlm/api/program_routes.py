@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import Field
+from pydantic import Field, field_validator
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
@@ -27,6 +27,7 @@ from qlm.api.errors import ApiError
 from qlm.api.program_runner import ProgramRunner
 from qlm.config import StrictModel
 from qlm.control.plan import LoneSpeed
+from qlm.engine.openai_fields import OUTPUT_FIELDS
 from qlm.programs.deadlines import CallTime, call_deadlines
 from qlm.programs.graph import CallSpec, ProgramError, ProgramGraph, ProgramLimits
 from qlm.programs.state import CallState, Program
@@ -34,6 +35,8 @@ from qlm.programs.store import ProgramStore
 
 PROGRAMS = "/v1/qlm/programs"
 WAIT_STEP_S = 0.05  # how often a waiting variable read looks again
+# what a call's `sampling` may set (the rest of its completion is the call's own fields)
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed", "ignore_eos", *OUTPUT_FIELDS})
 
 
 class CallBody(StrictModel):
@@ -44,6 +47,15 @@ class CallBody(StrictModel):
     sampling: dict[str, Any] = Field(
         default_factory=dict, description="Completion fields (temperature, stop, seed, ...)."
     )
+
+    @field_validator("sampling")
+    @classmethod
+    def _only_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
+        other = sorted(set(value) - SAMPLING_FIELDS)
+        if other:
+            allowed = ", ".join(sorted(SAMPLING_FIELDS))
+            raise ValueError(f"'{other[0]}' is not a sampling field; these are: {allowed}")
+        return value
 
 
 class ProgramBody(StrictModel):

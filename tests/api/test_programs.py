@@ -116,6 +116,10 @@ async def test_a_variable_read_can_wait_for_its_value(
          "calls[0].temperature", ["'a'"]),
         ([{"name": "a", "model": "m7b", "prompt": "x", "max_tokens": 0}], "calls[0].max_tokens",
          []),
+        ([{"name": "a", "model": "m7b", "prompt": "x", "sampling": {"prompt": "y"}}],
+         "calls[0].sampling", ["'prompt' is not a sampling field"]),
+        ([{"name": "a", "model": "m7b", "prompt": "x", "sampling": {"logprobs": True}}],
+         "calls[0].logprobs", ["'a'", "'logprobs'"]),
     ],
 )  # fmt: skip
 async def test_a_bad_program_is_refused_naming_the_call_and_the_field(
