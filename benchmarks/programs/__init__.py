@@ -1,0 +1,1 @@
+"""Programs against call by call (issue 16): the benchmarks/programs.py package."""

@@ -1,0 +1,50 @@
+"""The programs benchmark: every application is a well-formed program whose result is one of
+its sinks; both modes give every instance its answer on the live plane; the verdicts follow
+the ratios."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.programs.apps import APPS, documents
+from benchmarks.programs.main import verdicts
+from benchmarks.programs.run import MODEL, Setup, critical_s, plane_config, run_point, specs
+from qlm.programs.graph import ProgramGraph
+
+
+@pytest.mark.parametrize("kind", sorted(APPS))
+def test_each_application_is_a_program_ending_in_its_result(kind: str) -> None:
+    doc = documents(0)[0]
+    app = APPS[kind](doc, MODEL, "w")
+    graph = ProgramGraph.of(specs(app), tuple(app.program.inputs))
+    assert graph.sinks() == (app.result,)
+    config = plane_config(Setup(1, None, 0.25, 1.0, 2.0, 1, 0))
+    assert critical_s(app, config) > 0
+
+
+@pytest.mark.parametrize("mode", ["program", "calls"])
+async def test_both_modes_answer_every_instance(mode: str) -> None:
+    setup = Setup(2, 50.0, 0.05, 5.0, 50.0, 1, 0)
+    row = await run_point("multi-agent", mode, setup)
+    assert (row["app"], row["mode"], row["apps"]) == ("multi-agent", mode, 2)
+    assert row["deadline met"] == 1.0  # a generous deadline, nothing else running
+    assert row["p50_s"] <= row["p99_s"]
+
+
+def test_verdicts_follow_the_ratios() -> None:
+    def row(mode: str, mean_s: float, met: float) -> dict[str, object]:
+        return {
+            "app": "chain",
+            "mode": mode,
+            "mean_s": mean_s,
+            "p99_s": mean_s,
+            "deadline met": met,
+        }
+
+    points = [
+        {"load": "light", "rows": [row("program", 6.0, 1.0), row("calls", 10.0, 1.0)]},
+        {"load": "loaded", "rows": [row("program", 9.0, 0.5), row("calls", 10.0, 0.6)]},
+    ]
+    light, loaded = verdicts(points)
+    assert (light["mean <= 0.7x"], light["met higher"]) == ("PASS", "-")
+    assert (loaded["mean <= 0.7x"], loaded["met higher"]) == ("MISS", "MISS")
