@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import pytest_asyncio
 
+from qlm.programs.client import ProgramBuilder
 from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import running_plane
 from tests.serve.test_vllm_plane import tiny_profile
@@ -148,3 +150,29 @@ async def test_log_probabilities(client: openai.AsyncOpenAI) -> None:
     assert answer.usage is not None
     assert len(content) == answer.usage.completion_tokens
     assert all(len(t.top_logprobs) == 2 for t in content)
+
+
+async def test_a_small_program_runs_on_vllm(client: openai.AsyncOpenAI) -> None:
+    """Two calls, the second's prompt holding the first's output (filled in server-side),
+    each a completion on vLLM with the call's sampling fields."""
+    base = str(client.base_url).removesuffix("/").removesuffix("/v1")
+    p = ProgramBuilder("tiny-a", max_tokens=8)
+    first = p.call("first", "Name a city:", temperature=0.0, ignore_eos=True)
+    p.call("second", "Tell me about" + first, temperature=0.0, ignore_eos=True)
+    async with httpx.AsyncClient(base_url=base, timeout=300) as http:
+        created = await http.post("/v1/qlm/programs", json=p.body())
+        assert created.status_code == 201, created.text
+        url = f"/v1/qlm/programs/{created.json()['id']}/variables/second"
+        second = (await http.get(url, params={"wait_s": 240})).json()
+        view = (await http.get(f"/v1/qlm/programs/{created.json()['id']}")).json()
+        records = {
+            c["name"]: (await http.get(f"/v1/qlm/requests/{c['request_id']}")).json()
+            for c in view["calls"]
+        }
+    assert second["state"] == "completed", second
+    assert view["status"] == "completed"
+    assert view["outputs"]["first"]  # 8 tokens of the tiny model's text
+    usage = {name: r["result"]["usage"] for name, r in records.items()}
+    assert usage["first"]["completion_tokens"] == 8
+    # vLLM counted the first call's 8 output tokens again inside the second's prompt
+    assert usage["second"]["prompt_tokens"] >= usage["first"]["prompt_tokens"] + 8 - 2
