@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 
 import numpy as np
@@ -23,6 +24,7 @@ from qlm.engine.types import (
     ModelLoaded,
     RequestFinished,
 )
+from qlm.sim.dependencies import Dependency, Releases
 from qlm.sim.events import EventLoop, Priority, RandomStreams
 from qlm.sim.lso import LsoApplier
 from qlm.sim.policies import SimPolicy
@@ -35,6 +37,7 @@ from qlm.sim.tracking import (
     Track,
     class_names,
     outcome,
+    prefix_tallies,
 )
 from qlm.sim.waits import WaitLedger
 from qlm.types import Fleet, Request
@@ -53,6 +56,8 @@ class SimConfig:
     max_time_s: float = math.inf
     stall_s: float = 3600.0
     sample_every_s: float | None = None
+    # requests that arrive when others end (a program's calls; qlm/sim/dependencies.py)
+    dependencies: Mapping[str, Dependency] = field(default_factory=dict)
 
 
 class Simulation:
@@ -80,6 +85,8 @@ class Simulation:
         ids = [r.id for r in self._requests]
         if len(set(ids)) != len(ids):
             raise ValueError("request ids must be unique")
+        self._releases = Releases(self._requests, options.dependencies)
+        self._arrivals = self._releases.roots()  # the others arrive as their inputs end
         self._loop = EventLoop(VirtualClock(self._requests[0].arrival_at_s if ids else 0.0))
         self._rng = RandomStreams(seed)
         self._classes = class_names(config, self._requests)
@@ -171,7 +178,7 @@ class Simulation:
         started = wall.monotonic_s()
         self._apply(self._policy.start(self))
         self._settle()
-        if self._requests:
+        if self._arrivals:
             self._schedule_arrival(0)
             self._loop.schedule(self._loop.now_s(), Priority.SAMPLE, self._sample)
         self._loop.run(self._options.max_time_s)
@@ -179,10 +186,10 @@ class Simulation:
         return self._result(sim_wall_s)
 
     def _schedule_arrival(self, index: int) -> None:
-        request = self._requests[index]
+        request = self._arrivals[index]
 
         def arrive() -> None:
-            if index + 1 < len(self._requests):
+            if index + 1 < len(self._arrivals):
                 self._schedule_arrival(index + 1)
             self._arrive(request)
 
@@ -333,6 +340,17 @@ class Simulation:
         track.state = state
         track.ended = True
         self._ended += 1
+        now_s = self._loop.now_s()
+        released, failed = self._releases.ended(
+            track.request.id, state is OutcomeState.COMPLETED, now_s
+        )
+        for request in released:
+            self._tracks[request.id].request = request
+            self._loop.schedule(
+                request.arrival_at_s, Priority.ARRIVAL, partial(self._arrive, request)
+            )
+        for request_id in failed:  # an input failed: it never arrives
+            self._end(self._tracks[request_id], OutcomeState.FAILED)
         if self._ended == len(self._requests):
             self._loop.stop()
         if self._progress is not None and (
@@ -377,11 +395,5 @@ class Simulation:
             policy_stats=self._policy.stats(),
             planner_wall_s=self._policy.wall_s(),
             ttft_predictions=self._policy.ttft_predictions(),
-            prefix_tokens={
-                slot.id: (
-                    slot.engine.stats.prefix_prompt_tokens,
-                    slot.engine.stats.prefix_hit_tokens,
-                )
-                for slot in self._slots.values()
-            },
+            prefix_tokens=prefix_tallies(self._slots.values()),
         )

@@ -3,7 +3,7 @@ contract of the engines it drives (mutable, private to the runner's modules)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from qlm.clock import VirtualClock
@@ -146,3 +146,11 @@ def class_names(config: QlmConfig, requests: Sequence[Request]) -> tuple[str, ..
     names = [c.name for c in config.slo_classes]
     extra = sorted({r.slo_class for r in requests} - set(names))
     return (*names, *extra)
+
+
+def prefix_tallies(slots: Iterable[Slot]) -> dict[str, tuple[int, int]]:
+    """Per instance: prompt tokens admitted with a prefix, and of those, found cached."""
+    return {
+        slot.id: (slot.engine.stats.prefix_prompt_tokens, slot.engine.stats.prefix_hit_tokens)
+        for slot in slots
+    }
