@@ -28,6 +28,7 @@ from typing import Any
 from benchmarks.common.tables import markdown_table
 from benchmarks.programs.apps import APPS
 from benchmarks.programs.run import Setup, ratios, run_point
+from benchmarks.programs.sim import sim_point
 from benchmarks.report import (
     RESULTS_DIR,
     finish_header,
@@ -63,7 +64,7 @@ def verdicts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r = ratios(point["rows"])
         program_met, calls_met = r["deadline met (program / calls)"]
         out.append({
-            "load": point["load"], **r,
+            "plane": point["plane"], "load": point["load"], **r,
             f"mean <= {LATENCY_TARGET}x": "PASS" if r["mean latency ratio"] <= LATENCY_TARGET
             else "MISS",
             "met higher": "-" if point["load"] == "light"
@@ -75,13 +76,15 @@ def verdicts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def render(report: dict[str, Any]) -> str:
     s = report["setup"]
     lines = [
-        "## Programs against call by call (live, emulated engines)",
+        "## Programs against call by call (simulator, and live with emulated engines)",
         "",
         f"{s['instances']} emulated A100 (mistral-7b profile, {s['speedup']}x the wall clock), "
         f"round trip {s['rtt_s']} s per client exchange, deadline {s['deadline_factor']}x an "
         f"app's critical path alone; {s['apps']} instances per point, `loaded`: Poisson at "
         f"{s['rate_per_s']}/s. Times in engine seconds. `program`: one POST and one waiting "
-        "read; `calls`: each call a completion once its inputs came back to the client.",
+        "read; `calls`: each call a completion once its inputs came back to the client. "
+        "The simulator runs the same apps and arrivals (qlm/sim/dependencies.py; `light` "
+        "spaces them ten critical paths apart).",
         "",
         *header_lines(report["header"]),
         "",
@@ -91,9 +94,15 @@ def render(report: dict[str, Any]) -> str:
     ]
     for point in report["points"]:
         rows = point["rows"]
-        lines += ["", f"### {point['app']}, {point['load']}", "",
+        lines += ["", f"### {point['plane']}: {point['app']}, {point['load']}", "",
                   markdown_table(rows, list(rows[0]), fmt)]  # fmt: skip
     return "\n".join(lines)
+
+
+def point(plane: str, kind: str, mode: str, setup: Setup) -> dict[str, Any]:
+    if plane == "simulator":
+        return sim_point(kind, mode, setup)
+    return asyncio.run(run_point(kind, mode, setup))
 
 
 def main(argv: list[str]) -> int:
@@ -112,12 +121,12 @@ def main(argv: list[str]) -> int:
     header = run_header("programs.py", argv, "shared")
     chosen = setups(args)
     points = []
-    for kind in args.apps.split(","):
-        for load in args.loads.split(","):
-            setup = chosen[load]
-            rows = [asyncio.run(run_point(kind, mode, setup)) for mode in ("program", "calls")]
-            print(kind, load, rows, flush=True)
-            points.append({"app": kind, "load": load, "rows": rows})
+    for plane in ("simulator", "live"):
+        for kind in args.apps.split(","):
+            for load in args.loads.split(","):
+                rows = [point(plane, kind, mode, chosen[load]) for mode in ("program", "calls")]
+                print(plane, kind, load, rows, flush=True)
+                points.append({"plane": plane, "app": kind, "load": load, "rows": rows})
     finish_header(header)
     setup_view = {k: getattr(chosen["loaded"], k) for k in chosen["loaded"].__dataclass_fields__}
     report = {"header": header, "setup": setup_view, "points": points}

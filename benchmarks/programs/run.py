@@ -63,21 +63,32 @@ def specs(app: App) -> tuple[CallSpec, ...]:
     )
 
 
-def critical_s(app: App, config: ServeConfig) -> float:
-    """The app's critical path alone, by the profile (model seconds)."""
+def call_times(
+    app: App, config: ServeConfig
+) -> tuple[ProgramGraph, dict[str, int], dict[str, CallTime]]:
+    """The app's graph, each call's prompt tokens (its inputs' and its used calls' output
+    caps filled in) and its time alone by the profile (engine seconds)."""
     fleet = config.fleet()
     profile = fleet.profile(MODEL, fleet.instances[0])
     assert profile is not None
     graph = ProgramGraph.of(specs(app), tuple(app.program.inputs))
     sizes = {k: len(v) // 4 for k, v in app.program.inputs.items()}
     sizes |= {c.name: c.max_tokens for c in graph.calls}
+    prompts = {
+        c.name: len(c.prompt) // 4 + sum(sizes[r] for r in c.references) for c in graph.calls
+    }
     times = {}
     for call in graph.calls:
-        prompt = len(call.prompt) // 4 + sum(sizes[r] for r in call.references)
-        first_s = profile.prefill_s(prompt)
+        first_s = profile.prefill_s(prompts[call.name])
         times[call.name] = CallTime(
             first_s, first_s + call.max_tokens * profile.decode_step_s_at(1)
         )
+    return graph, prompts, times
+
+
+def critical_s(app: App, config: ServeConfig) -> float:
+    """The app's critical path alone, by the profile (engine seconds)."""
+    graph, _, times = call_times(app, config)
     return max(critical_path_s(graph, times).values())
 
 
