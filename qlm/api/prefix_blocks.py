@@ -42,10 +42,10 @@ def prompt_prefix(
     digest = hashlib.blake2b(digest_size=8)
     blocks, start = [], 0
     for end in sorted(ends):
-        digest.update(prompt[start:end].encode())
         tokens = math.floor(end * per_char) - math.floor(start * per_char)
         if tokens < 1:
-            break
+            continue  # less than a token: its text joins the next block
+        digest.update(prompt[start:end].encode())
         blocks.append(PrefixBlock(int.from_bytes(digest.copy().digest(), "little"), tokens))
         start = end
     return tuple(blocks)

@@ -27,7 +27,6 @@ from qlm.api.errors import ApiError
 from qlm.api.program_runner import ProgramRunner
 from qlm.config import StrictModel
 from qlm.control.plan import LoneSpeed
-from qlm.engine.openai_fields import OUTPUT_FIELDS
 from qlm.programs.deadlines import CallTime, call_deadlines
 from qlm.programs.graph import CallSpec, ProgramError, ProgramGraph, ProgramLimits
 from qlm.programs.state import CallState, Program
@@ -35,8 +34,12 @@ from qlm.programs.store import ProgramStore
 
 PROGRAMS = "/v1/qlm/programs"
 WAIT_STEP_S = 0.05  # how often a waiting variable read looks again
-# what a call's `sampling` may set (the rest of its completion is the call's own fields)
-SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed", "ignore_eos", *OUTPUT_FIELDS})
+# What a call's `sampling` may set: fields that shape its text (the program keeps a call's
+# text only, so fields that add tool calls or log probabilities are refused, not dropped).
+SAMPLING_FIELDS = frozenset({
+    "temperature", "top_p", "stop", "seed", "ignore_eos", "presence_penalty",
+    "frequency_penalty", "logit_bias", "response_format",
+})  # fmt: skip
 
 
 class CallBody(StrictModel):
@@ -101,10 +104,15 @@ class _Routes:
         program = Program(f"prog-{uuid.uuid4().hex}", tenant, now_s, body.slo_class,
                           body.deadline_s, calls, dict(body.inputs))  # fmt: skip
         plan = await self.ctx.queue.current_plan()
-        times = self._dry_run(program, {} if plan is None else plan.lone)
+        times, tokens = self._dry_run(program, {} if plan is None else plan.lone)
         if body.deadline_s is not None:
             program = replace(program, deadlines=call_deadlines(graph, times, body.deadline_s))
-        await self.store.put(program)
+        charge = self.ctx.quotas.charge(tenant, tokens)  # the whole program, at once
+        try:
+            await self.store.put(program)
+        except Exception:
+            self.ctx.quotas.refund(charge)
+            raise
         self.runner.wake()
         return json_response(program_view(program), 201)
 
@@ -112,14 +120,17 @@ class _Routes:
         max_tokens = call.max_tokens or self.ctx.settings.api.default_max_tokens
         return CallSpec(call.name, call.model, call.prompt, max_tokens, call.sampling)
 
-    def _dry_run(self, program: Program, speeds: Mapping[str, LoneSpeed]) -> dict[str, CallTime]:
+    def _dry_run(
+        self, program: Program, speeds: Mapping[str, LoneSpeed]
+    ) -> tuple[dict[str, CallTime], int]:
         """Each call built with its variables empty, so that what the API would refuse in
         it (model, class, fields) is refused now, naming the call; and its time alone, its
-        prompt counted with each input's tokens and each used call's output cap."""
+        prompt counted with each input's tokens and each used call's output cap. Also the
+        tokens of all the calls (prompts and output caps: what the tenant's quota pays)."""
         empty = dict.fromkeys(program.graph().consumers, "")
         caps = {c.name: c.max_tokens for c in program.calls}
         inputs = {k: self.ctx.admitter.count_tokens(v) for k, v in program.inputs.items()}
-        times = {}
+        times, total = {}, 0
         for i, call in enumerate(program.calls):
             try:
                 request = self.runner.build(program, call, empty)
@@ -130,15 +141,16 @@ class _Routes:
             used = sum(caps.get(r, inputs.get(r, 0)) for r in call.references)
             speed = speeds.get(call.model)
             prompt_tokens = request.prompt_tokens + used
+            total += prompt_tokens + call.max_tokens
             times[call.name] = (
-                CallTime(0.0, 1.0)  # no speed known: every call weighs the same
+                CallTime(0.5, 1.0)  # no speed known: every call weighs the same
                 if speed is None
                 else CallTime(
                     speed.first_token_s(prompt_tokens),
                     speed.completion_s(prompt_tokens, call.max_tokens),
                 )
             )
-        return times
+        return times, total
 
     async def _mine(self, http: HttpRequest) -> Program:
         tenant = self.tenant(http)

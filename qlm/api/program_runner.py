@@ -15,13 +15,13 @@ stream), so a chain of calls pays no client round trip between its steps; a poll
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from dataclasses import replace
 
 from pydantic import ValidationError
 
+from qlm.aio import first_done
 from qlm.api.context import ApiContext
 from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import COMPLETION
@@ -55,7 +55,7 @@ class ProgramRunner:
                         await self._step(program)
                 except Exception:  # a failed round must not end the runner
                     log.exception("program runner round failed")
-                await _first(stop, self._wake, self.poll_s)
+                await first_done((stop.wait(), self._wake.wait()), self.poll_s)
         finally:
             for task in self._watched.values():
                 task.cancel()
@@ -99,7 +99,7 @@ class ProgramRunner:
 
     async def advance(self, program: Program) -> Program:
         """One step of the program, stored: as far as it can go now."""
-        now_s = self.ctx.clock.now_s()
+        now_s, before = self.ctx.clock.now_s(), program
         cancelling = await self.store.cancel_requested(program.id)
         records = await self._records(program)
         program = _collect(program, records)
@@ -111,16 +111,18 @@ class ProgramRunner:
             status = ProgramStatus.FAILED if program.errors else ProgramStatus.COMPLETED
             status = ProgramStatus.CANCELLED if cancelling else status
             program = replace(program, status=status, finished_at_s=now_s)
-        await self.store.put(program)
+        if program != before:  # most rounds change nothing: no write
+            await self.store.put(program)
         return program
 
-    async def _records(self, program: Program) -> dict[str, RequestRecord]:
-        """The records of its queued calls that have not ended in the program yet."""
+    async def _records(self, program: Program) -> dict[str, RequestRecord | None]:
+        """The records of its queued calls that have not ended in the program yet (None:
+        the queue no longer has it, its record expired while no runner looked)."""
         ended = set(program.outputs) | set(program.errors)
         open_calls = [c for c in program.queued if c not in ended]
         ids = [program.request_id(c) for c in open_calls]
         found = await asyncio.gather(*(self.ctx.queue.get(rid) for rid in ids))
-        return {c: r for c, r in zip(open_calls, found, strict=True) if r is not None}
+        return dict(zip(open_calls, found, strict=True))
 
     async def _queue_ready(self, program: Program) -> Program:
         graph = program.graph()
@@ -141,7 +143,8 @@ class ProgramRunner:
                     errors[call.name] = f"not run: {exc.message}"
                     continue
                 queued.append(call.name)
-            self._watch(program.request_id(call.name))
+            if call.name not in errors:  # its request exists: wake when it ends
+                self._watch(program.request_id(call.name))
         return replace(program, queued=tuple(queued), errors=errors)
 
     async def _queue(self, request: Request) -> None:
@@ -153,9 +156,9 @@ class ProgramRunner:
             raise RuntimeError(f"call {request.id} not queued: {exc}") from exc
         self.ctx.metrics.request_admitted(request)
 
-    async def _cancel(self, program: Program, records: dict[str, RequestRecord]) -> Program:
+    async def _cancel(self, program: Program, records: dict[str, RequestRecord | None]) -> Program:
         for name, record in records.items():
-            if not record.state.is_terminal:
+            if record is not None and not record.state.is_terminal:
                 await self.ctx.cancel(program.request_id(name))
         program = _collect(program, await self._records(program))
         errors = dict(program.errors)
@@ -182,11 +185,13 @@ class ProgramRunner:
             self._wake.set()
 
 
-def _collect(program: Program, records: dict[str, RequestRecord]) -> Program:
+def _collect(program: Program, records: dict[str, RequestRecord | None]) -> Program:
     """The program with the output (or failure) of each call whose request ended."""
     outputs, errors = dict(program.outputs), dict(program.errors)
     for call, record in records.items():
-        if record.state is RequestState.COMPLETED and record.result is not None:
+        if record is None:
+            errors[call] = "lost: its request's record expired before its output was kept"
+        elif record.state is RequestState.COMPLETED and record.result is not None:
             outputs[call] = record.result.text
         elif record.state.is_terminal:
             why = record.result.error if record.result and record.result.error else None
@@ -204,14 +209,3 @@ def _downstream_failures(program: Program) -> dict[str, str]:
         if bad is not None:
             failed[call.name] = f"not run: its input '{bad}' failed"
     return failed
-
-
-async def _first(stop: asyncio.Event, wake: asyncio.Event, timeout_s: float) -> None:
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
-    try:
-        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in waits:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*waits, return_exceptions=True)

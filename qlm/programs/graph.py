@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 VARIABLE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
 
 
 class ProgramError(ValueError):
@@ -94,6 +94,9 @@ class ProgramGraph:
                         f"calls[{i}].prompt",
                     )
                 consumers.setdefault(ref, []).append(call.name)
+        unused = next((name for name in inputs if name not in consumers), None)
+        if unused is not None:
+            raise ProgramError(f"input '{unused}' is used by no call", "inputs")
         for variable, users in consumers.items():
             if len(users) > limits.max_consumers:
                 raise ProgramError(
@@ -136,11 +139,11 @@ def _check_names(
             f"{len(calls)} calls; a program may have at most {limits.max_calls}", "calls"
         )
     for name in inputs:
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             raise ProgramError(f"input name '{name}' is not a valid variable name", "inputs")
     seen = set(inputs)
     for i, call in enumerate(calls):
-        if not NAME.match(call.name):
+        if not NAME.fullmatch(call.name):
             raise ProgramError(
                 f"call name '{call.name}' is not a valid variable name (letters, digits, _ "
                 "and -, starting with a letter or _)",
@@ -156,25 +159,33 @@ def _check_names(
 
 def _topological(calls: tuple[CallSpec, ...]) -> tuple[CallSpec, ...]:
     """The calls each after those whose output it uses (stable: submission order where
-    free); a cycle is a ProgramError naming it."""
+    free); a cycle is a ProgramError naming it. Iterative: a chain may be long."""
     by_name = {c.name: c for c in calls}
+    uses = {c.name: [r for r in c.references if r in by_name] for c in calls}
     state: dict[str, int] = {}  # 1: on the current path, 2: placed
     order: list[CallSpec] = []
-
-    def visit(name: str, path: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle = [*path[path.index(name) :], name]
-            index = list(by_name).index(name)
-            raise ProgramError(f"calls {' -> '.join(cycle)} form a cycle", f"calls[{index}].prompt")
-        state[name] = 1
-        for ref in by_name[name].references:
-            if ref in by_name:
-                visit(ref, [*path, name])
-        state[name] = 2
-        order.append(by_name[name])
-
-    for call in calls:
-        visit(call.name, [])
+    for root in by_name:
+        if root in state:
+            continue
+        state[root], path, stack = 1, [root], [(root, 0)]
+        while stack:
+            name, i = stack[-1]
+            if i == len(uses[name]):
+                stack.pop()
+                path.pop()
+                state[name] = 2
+                order.append(by_name[name])
+                continue
+            stack[-1] = (name, i + 1)
+            ref = uses[name][i]
+            if state.get(ref) == 1:
+                cycle = [*path[path.index(ref) :], ref]
+                index = list(by_name).index(ref)
+                raise ProgramError(
+                    f"calls {' -> '.join(cycle)} form a cycle", f"calls[{index}].prompt"
+                )
+            if ref not in state:
+                state[ref] = 1
+                path.append(ref)
+                stack.append((ref, 0))
     return tuple(order)

@@ -40,6 +40,8 @@ class MemoryProgramStore:
 
     async def put(self, program: Program) -> None:
         self._programs[program.id] = program
+        if program.status.is_terminal:
+            self._cancels.discard(program.id)
 
     async def get(self, program_id: str) -> Program | None:
         return self._programs.get(program_id)

@@ -5,10 +5,9 @@ and applies the resulting LSOs. All decisions are the reconcile step's; this fil
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.dispatch import agent_queue
@@ -16,6 +15,7 @@ from qlm.agents.drain import drain_estimate_s, engine_timing
 from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
+from qlm.aio import first_done
 from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineClient, EventWaiter
@@ -73,7 +73,6 @@ class Agent:
         self._epoch = -1
         self._last_reconcile_s = float("-inf")
         self.leases = LeaseKeeper(instance.id, queue, clock, settings.lease_s)
-        self._last_round_s = float("-inf")  # monotonic; when a round last completed
         self._last_status_s = -1e18
         self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
         self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
@@ -81,32 +80,20 @@ class Agent:
         self.pacing = pacing
 
     async def run(self, stop: asyncio.Event) -> None:
-        keeper = asyncio.create_task(self._keep_leases(stop), name=f"leases-{self.instance.id}")
+        keeping = self.leases.keep(self._held, stop)
+        keeper = asyncio.create_task(keeping, name=f"leases-{self.instance.id}")
         try:
             while not stop.is_set():
                 settled = False
                 try:
                     settled = await self.step() is not None
-                    self._last_round_s = self.clock.monotonic_s()
+                    self.leases.round_done()
                 except Exception:  # a failed round must not kill the agent
                     log.exception("agent %s: round failed", self.instance.id)
                 await self._idle(stop, wake_on_plan=settled)
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
-
-    async def _keep_leases(self, stop: asyncio.Event) -> None:
-        """Renew leases on a timer of their own, so that a slow round cannot let one run out;
-        but only while rounds complete: an agent whose rounds hang or fail lets its leases
-        run out, and other instances take the requests."""
-        while not stop.is_set():
-            if self.clock.monotonic_s() - self._last_round_s <= self.settings.lease_s:
-                try:
-                    await self.leases.renew(self._held, force=True)
-                except Exception:
-                    log.exception("agent %s: lease renewal failed", self.instance.id)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.leases.period_s)
 
     def _forget_lost(self) -> None:
         """Abort the runs whose lease was lost, before this round polls the engine: their
@@ -126,17 +113,12 @@ class Agent:
         After a round that failed or found no plan, a newer plan does not wake it: the
         same failure would come back at once, round after round."""
         timeout_s = self.settings.poll_s
-        waits: list[asyncio.Future[bool]] = [asyncio.ensure_future(stop.wait())]
+        waits: list[Awaitable[bool]] = [stop.wait()]
         if wake_on_plan:
-            waits.append(asyncio.ensure_future(self.queue.wait_for_plan(self._epoch, timeout_s)))
+            waits.append(self.queue.wait_for_plan(self._epoch, timeout_s))
         if isinstance(self.engine, EventWaiter):
-            waits.append(asyncio.ensure_future(self.engine.wait_events(timeout_s)))
-        try:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            waits.append(self.engine.wait_events(timeout_s))
+        await first_done(waits, timeout_s)
 
     async def step(self) -> tuple[Action, ...] | None:
         """One round: events, reconcile, apply, leases, status. None when there is no plan
@@ -198,6 +180,13 @@ class Agent:
         claimed = await self._claim(actions)
         if claimed is None:
             return  # another instance got what the preemption was for: nothing to do
+        try:
+            await self._carry_out(actions, claimed)
+        finally:  # claimed for a preemption, not submitted (the round failed): back
+            if claimed:
+                await self._requeue(list(claimed), evicted=False)
+
+    async def _carry_out(self, actions: Sequence[Action], claimed: dict[str, Request]) -> None:
         for action in actions:
             if isinstance(action, Pull):
                 await self._pull(action.request_ids, claimed)
@@ -220,9 +209,9 @@ class Agent:
                     self.engine.swap_in(action.request_ids)
 
     async def _claim(self, actions: Sequence[Action]) -> dict[str, Request] | None:
-        """Lease first what a preemption frees room for: agents of one model see the same
-        blocked head, and only the one whose claim wins preempts. None when all of it went
-        elsewhere: the round's actions are dropped (its pulls counted on the victims' room)."""
+        """Lease first what a preemption frees room for (of what this round pulls): agents
+        of one model see the same blocked head, and only the one whose claim wins preempts.
+        None when all of it went elsewhere: the round's actions are dropped."""
         preempts = [a for a in actions if isinstance(a, Evict | SwapKv) and a.for_request_ids]
         if not preempts:
             return {}
@@ -234,12 +223,13 @@ class Agent:
             return None
         return {r.id: r for r in got}
 
-    async def _pull(self, request_ids: Sequence[str], claimed: Mapping[str, Request]) -> None:
+    async def _pull(self, request_ids: Sequence[str], claimed: dict[str, Request]) -> None:
         """Lease what is not `claimed` yet; submit all it got in the pull's order."""
-        got = {r.id: r for r in await self._lease(request_ids)} | dict(claimed)
+        got = {r.id: r for r in await self._lease(request_ids)} | claimed
         for rid in request_ids:
             if rid in got:
                 self.engine.submit(got[rid])
+                claimed.pop(rid, None)
 
     async def _lease(self, request_ids: Sequence[str]) -> list[Request]:
         """Take requests from the global queue for this instance (those another instance

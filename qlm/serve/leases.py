@@ -10,11 +10,16 @@ one place again within about a third of a lease.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Mapping
 
 from qlm.clock import Clock
 from qlm.queue.base import GlobalQueue
 from qlm.serve.rounds import Held
+
+log = logging.getLogger("qlm.agent")
 
 
 class LeaseKeeper:
@@ -26,10 +31,27 @@ class LeaseKeeper:
         self.lost_total = 0
         self._last_renew_s = float("-inf")
         self._lost: list[tuple[str, Held]] = []  # runs whose lease the queue no longer has
+        self._last_round_s = float("-inf")  # monotonic; when the agent last completed a round
 
     @property
     def period_s(self) -> float:
         return self.lease_s / 3
+
+    def round_done(self) -> None:
+        self._last_round_s = self.clock.monotonic_s()
+
+    async def keep(self, held: Mapping[str, Held], stop: asyncio.Event) -> None:
+        """Renew `held` on a timer of its own, so that a slow round cannot let a lease run
+        out; but only while the agent's rounds complete (`round_done`): an agent whose rounds
+        hang or fail lets its leases run out, and other instances take the requests."""
+        while not stop.is_set():
+            if self.clock.monotonic_s() - self._last_round_s <= self.lease_s:
+                try:
+                    await self.renew(held, force=True)
+                except Exception:
+                    log.exception("agent %s: lease renewal failed", self.instance_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.period_s)
 
     async def renew(self, held: Mapping[str, Held], *, force: bool = False) -> None:
         """Renew the leases of `held` when a period has passed since the last renewal (or

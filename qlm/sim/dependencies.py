@@ -41,6 +41,20 @@ class Releases:
             self._left[rid] = set(dep.after)
             for parent in dep.after:
                 self._children.setdefault(parent, []).append(rid)
+        self._check_acyclic()
+
+    def _check_acyclic(self) -> None:
+        """A cycle would never arrive (the run would stall): refuse it."""
+        left = {rid: len(waits) for rid, waits in self._left.items()}
+        ready = [rid for rid in self._requests if rid not in left]
+        while ready:
+            for child in self._children.get(ready.pop(), ()):
+                left[child] -= 1
+                if left[child] == 0:
+                    ready.append(child)
+        stuck = sorted(rid for rid, n in left.items() if n > 0)
+        if stuck:
+            raise ValueError(f"requests {stuck[:5]} wait for each other (a cycle)")
 
     def roots(self) -> list[Request]:
         """The requests that arrive when their own arrival says."""

@@ -60,3 +60,10 @@ def test_a_cut_ends_a_block_where_a_template_ends_its_shared_text() -> None:
     assert first[1].key != second[1].key  # the rest is each prompt's own
     assert sum(b.tokens for b in first) <= 400
     assert prompt_prefix(head + "alpha " * 100, 400)[0].key != first[0].key  # no cut: no head
+
+
+def test_a_cut_too_short_for_a_token_joins_the_next_block() -> None:
+    prompt = "Q: " + "word " * 300
+    blocks = prompt_prefix(prompt, len(prompt) // 4, cuts=(3,))  # "Q: " is under a token
+    assert len(blocks) == len(prompt) // 256  # every whole block is still there
+    assert blocks[0].key == prompt_prefix(prompt, len(prompt) // 4)[0].key

@@ -14,11 +14,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from qlm.api import create_app
 from qlm.api.program_runner import ProgramRunner
+from qlm.clock import VirtualClock
 from qlm.programs.client import ProgramBuilder
+from qlm.programs.graph import CallSpec
+from qlm.programs.state import Program, ProgramStatus
 from qlm.queue.memory import MemoryQueue
 from qlm.types import RequestState
-from tests.api.conftest import NOW_S, wait_until
+from tests.api.conftest import NOW_S, make_settings, wait_until
 from tests.api.fake_agent import FakeAgent
 
 PROGRAMS = "/v1/qlm/programs"
@@ -119,7 +123,8 @@ async def test_a_variable_read_can_wait_for_its_value(
         ([{"name": "a", "model": "m7b", "prompt": "x", "sampling": {"prompt": "y"}}],
          "calls[0].sampling", ["'prompt' is not a sampling field"]),
         ([{"name": "a", "model": "m7b", "prompt": "x", "sampling": {"logprobs": True}}],
-         "calls[0].logprobs", ["'a'", "'logprobs'"]),
+         "calls[0].sampling", ["'logprobs' is not a sampling field"]),
+        ([{"name": "a\n", "model": "m7b", "prompt": "x"}], "calls[0].name", ["not a valid"]),
     ],
 )  # fmt: skip
 async def test_a_bad_program_is_refused_naming_the_call_and_the_field(
@@ -194,3 +199,43 @@ async def test_cancel_ends_what_has_not_ended(
     listed = (await client.get(PROGRAMS)).json()["data"]
     assert [p["id"] for p in listed] == [program_id]
     assert (await client.get(f"{PROGRAMS}/prog-unknown")).status_code == 404
+
+
+async def test_an_input_no_call_uses_is_refused(client: httpx.AsyncClient) -> None:
+    body = {"calls": [{"name": "a", "model": "m7b", "prompt": "x"}], "inputs": {"extra": "y"}}
+    response = await client.post(PROGRAMS, json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "inputs"
+    assert "'extra' is used by no call" in response.json()["error"]["message"]
+
+
+async def test_a_call_whose_record_is_gone_fails_instead_of_waiting_forever(
+    app: FastAPI, queue: MemoryQueue
+) -> None:
+    store, runner = app.state.program_store, app.state.program_runner
+    p = ProgramBuilder("m7b", max_tokens=4)
+    a = p.call("a", "first")
+    p.call("b", "then " + a)
+    program = Program("prog-x", "default", NOW_S, None, None,
+                      tuple(CallSpec(c["name"], "m7b", c["prompt"], 4) for c in p.calls), {},
+                      queued=("a",))  # fmt: skip
+    await store.put(program)  # "a" was queued, but the queue has no record of it any more
+    after = await runner.advance(program)
+    assert after.status is ProgramStatus.FAILED
+    assert "record expired" in after.errors["a"]
+    assert after.errors["b"] == "not run: its input 'a' failed"
+
+
+async def test_a_program_is_charged_to_its_tenants_quota_as_a_whole(
+    queue: MemoryQueue, clock: VirtualClock
+) -> None:
+    app = create_app(make_settings(quota={"tokens_per_min": 500}), queue, clock)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+        small = await http.post(PROGRAMS, json=map_reduce(2).body())
+        assert small.status_code == 201, small.text
+        big = ProgramBuilder("m7b", max_tokens=450)
+        big.call("a", "long answer")
+        refused = await http.post(PROGRAMS, json=big.body())
+    assert refused.status_code == 429, refused.text
+    assert "retry-after" in refused.headers

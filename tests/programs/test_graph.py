@@ -83,3 +83,15 @@ def test_random_dags_come_out_in_an_order_where_each_call_follows_what_it_uses()
 def test_render_fills_every_placeholder_once_per_use() -> None:
     assert render("{{a}} and {{ b }} and {{a}}", {"a": "x", "b": "y"}) == "x and y and x"
     assert call("c", "{{a}} {{b}} {{a}}").references == ("a", "b")
+
+
+def test_a_long_chain_in_reverse_order_is_ordered_without_deep_recursion() -> None:
+    n = 3_000
+    calls = tuple(call(f"c{i}", f"go {{{{c{i + 1}}}}}" if i + 1 < n else "start") for i in range(n))
+    graph = ProgramGraph.of(calls, (), ProgramLimits(max_calls=n))
+    assert [c.name for c in graph.calls] == [f"c{i}" for i in reversed(range(n))]
+
+
+def test_an_input_no_call_uses_is_refused() -> None:
+    with pytest.raises(ProgramError, match="input 'spare' is used by no call"):
+        ProgramGraph.of((call("a", "{{doc}}"),), ("doc", "spare"))

@@ -25,12 +25,14 @@ class ScriptedEngine:
         instance_id: str = "i0",
         max_num_seqs: int = 8,
         runs: bool = False,
+        broken_abort: bool = False,
     ) -> None:
         self.events: list[EngineEvent] = []
         self.running: dict[str, EngineRequest] = {}  # with `runs`: what it runs (10 tokens in)
         self.id = instance_id
         self.max_num_seqs = max_num_seqs
         self.runs = runs
+        self.broken_abort = broken_abort  # abort raises (a failing engine call)
         self.refuse = refuse
         self.reason = reason
         self.submitted: list[str] = []
@@ -56,6 +58,8 @@ class ScriptedEngine:
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Like the real engines: an Aborted event at once for each id."""
+        if self.broken_abort:
+            raise RuntimeError("abort failed")
         self.aborted.extend(request_ids)
         for rid in request_ids:
             self.running.pop(rid, None)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import RequestFinished
@@ -86,6 +88,47 @@ def test_a_request_whose_lease_ran_out_is_aborted_then_pulled_again() -> None:
     asyncio.run(run())
 
 
+async def full_engines_and_a_chat(
+    broken_abort: bool = False,
+) -> tuple[MemoryQueue, list[Agent], list[ScriptedEngine]]:
+    """Two agents whose engines (2 slots each) are full of batch work, then a published plan
+    with an interactive request queued at its head."""
+    clock = VirtualClock(0.0)
+    queue = MemoryQueue(clock=clock)
+    instances = [make_instance("i0"), make_instance("i1")]
+    fleet = Fleet.of(instances, [make_profile("m7b")])
+    priority = {"batch-2": 0, "interactive": 2}
+    engines = [
+        ScriptedEngine(instance_id=i.id, max_num_seqs=2, runs=True, broken_abort=broken_abort)
+        for i in instances
+    ]
+    agents = [
+        Agent(i, e, queue, fleet, clock, AgentConfig(), priority)
+        for i, e in zip(instances, engines, strict=True)
+    ]
+    batch = [
+        make_request(id=f"b{k}", slo_class="batch-2", max_output_tokens=4_000, ttft_s=1e4)
+        for k in range(4)
+    ]
+    chat = make_request(id="chat", prompt_tokens=50, ttft_s=2.0)
+    for request in (*batch, chat):
+        await queue.enqueue(request)
+
+    def planned(gid: str, requests: list[Request]) -> PlannedGroup:
+        fields = [tuple(getattr(r, f) for r in requests) for f in PLANNED_FIELDS]
+        return PlannedGroup(gid, "m7b", requests[0].slo_class, *fields)  # type: ignore[arg-type]
+
+    groups = {"b": planned("b", batch)}
+    await queue.publish_plan(PublishedPlan(0, 0.0, {"i0": ("b",), "i1": ()}, groups))
+    for _ in range(3):  # both engines fill up with batch work
+        for agent in agents:
+            await agent.step()
+    assert [len(e.running) for e in engines] == [2, 2]
+    groups["c"] = planned("c", [chat])
+    await queue.publish_plan(PublishedPlan(1, 0.0, {"i0": ("c", "b"), "i1": ()}, groups))
+    return queue, agents, engines
+
+
 def test_of_two_agents_that_see_one_blocked_request_only_the_one_that_gets_it_preempts() -> None:
     """Both engines are full of batch work and one interactive request is queued: each agent
     sees it at the head of its model's dispatch queue and would evict a victim for it. The
@@ -93,36 +136,7 @@ def test_of_two_agents_that_see_one_blocked_request_only_the_one_that_gets_it_pr
     victim's work was lost for nothing before)."""
 
     async def run() -> tuple[list[ScriptedEngine], RequestState, str | None]:
-        clock = VirtualClock(0.0)
-        queue = MemoryQueue(clock=clock)
-        instances = [make_instance("i0"), make_instance("i1")]
-        fleet = Fleet.of(instances, [make_profile("m7b")])
-        priority = {"batch-2": 0, "interactive": 2}
-        engines = [ScriptedEngine(instance_id=i.id, max_num_seqs=2, runs=True) for i in instances]
-        agents = [
-            Agent(i, e, queue, fleet, clock, AgentConfig(), priority)
-            for i, e in zip(instances, engines, strict=True)
-        ]
-        batch = [
-            make_request(id=f"b{k}", slo_class="batch-2", max_output_tokens=4_000, ttft_s=1e4)
-            for k in range(4)
-        ]
-        chat = make_request(id="chat", prompt_tokens=50, ttft_s=2.0)
-        for request in (*batch, chat):
-            await queue.enqueue(request)
-
-        def planned(gid: str, requests: list[Request]) -> PlannedGroup:
-            fields = [tuple(getattr(r, f) for r in requests) for f in PLANNED_FIELDS]
-            return PlannedGroup(gid, "m7b", requests[0].slo_class, *fields)  # type: ignore[arg-type]
-
-        groups = {"b": planned("b", batch)}
-        await queue.publish_plan(PublishedPlan(0, 0.0, {"i0": ("b",), "i1": ()}, groups))
-        for _ in range(3):  # both engines fill up with batch work
-            for agent in agents:
-                await agent.step()
-        assert [len(e.running) for e in engines] == [2, 2]
-        groups["c"] = planned("c", [chat])
-        await queue.publish_plan(PublishedPlan(1, 0.0, {"i0": ("c", "b"), "i1": ()}, groups))
+        queue, agents, engines = await full_engines_and_a_chat()
         for agent in agents:
             await agent.step()
         record = await queue.get("chat")
@@ -135,6 +149,24 @@ def test_of_two_agents_that_see_one_blocked_request_only_the_one_that_gets_it_pr
     assert engines[0].submitted[-1] == "chat"
     assert engines[1].aborted == []  # it saw the same head, but the chat was gone
     assert "chat" not in engines[1].submitted
+
+
+def test_a_request_claimed_for_a_preemption_that_fails_goes_back_to_the_queue() -> None:
+    async def run() -> None:
+        queue, agents, engines = await full_engines_and_a_chat(broken_abort=True)
+        with pytest.raises(RuntimeError, match="abort failed"):
+            await agents[0].step()
+        record = await queue.get("chat")
+        assert record is not None
+        assert record.state is RequestState.QUEUED  # not held by an agent that never ran it
+        assert "chat" not in engines[0].submitted
+        engines[1].broken_abort = False
+        await agents[1].step()  # another instance may take it now
+        record = await queue.get("chat")
+        assert record is not None
+        assert (record.state, record.instance_id) == (RequestState.DISPATCHED, "i1")
+
+    asyncio.run(run())
 
 
 PLANNED_FIELDS = ("id", "prompt_tokens", "max_output_tokens", "slo_class", "ttft_deadline_at_s")

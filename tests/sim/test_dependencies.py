@@ -45,6 +45,8 @@ def test_a_failed_input_fails_everything_downstream_once() -> None:
     assert releases.ended("b", False, 1.0) == ([], [])
     with pytest.raises(ValueError, match="unknown request 'x'"):
         Releases(reqs, {"b": Dependency(("x",))})
+    with pytest.raises(ValueError, match="wait for each other"):
+        Releases(reqs, {"b": Dependency(("c",)), "c": Dependency(("b",))})
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.25])

@@ -34,6 +34,7 @@ class RedisProgramStore:
             pipe.hset(self._programs, program.id, json.dumps(program.to_dict()))
             if program.status.is_terminal:
                 pipe.srem(self._running, program.id)
+                pipe.srem(self._cancels, program.id)
             else:
                 pipe.sadd(self._running, program.id)
             await pipe.execute()
