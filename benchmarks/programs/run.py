@@ -126,15 +126,26 @@ async def by_calls(http: httpx.AsyncClient, app: App, rtt_s: float) -> bool:
     return True
 
 
-async def run_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
-    config = plane_config(setup)
+def workload(kind: str, setup: Setup, config: ServeConfig) -> tuple[list[App], list[float]]:
+    """The point's app instances and their start times (engine seconds): Poisson at the
+    setup's rate; one at a time (`rate_per_s` None), each ten critical paths after the one
+    before (the live run starts each when the one before ended instead)."""
     docs = documents(setup.seed)
     apps = [APPS[kind](docs[i], MODEL, f"w{setup.seed}x{i}") for i in range(setup.apps)]
     rng = random.Random(setup.seed)
     starts_s, at_s = [], 0.0
-    for _ in apps:
+    for app in apps:
         starts_s.append(at_s)
-        at_s += rng.expovariate(setup.rate_per_s or 1.0)
+        if setup.rate_per_s is None:
+            at_s += 10 * critical_s(app, config)
+        else:
+            at_s += rng.expovariate(setup.rate_per_s)
+    return apps, starts_s
+
+
+async def run_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
+    config = plane_config(setup)
+    apps, starts_s = workload(kind, setup, config)
     wall = 1.0 / setup.speedup
     async with running_plane(config) as plane:
         base = f"http://127.0.0.1:{plane.port}"

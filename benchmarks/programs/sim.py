@@ -7,11 +7,18 @@ answer's way back); its first calls arrive half a round trip after its start in 
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-from benchmarks.programs.apps import APPS, App, documents
-from benchmarks.programs.run import MODEL, Setup, call_times, critical_s, plane_config, summary
+from benchmarks.programs.apps import App
+from benchmarks.programs.run import (
+    MODEL,
+    Setup,
+    call_times,
+    critical_s,
+    plane_config,
+    summary,
+    workload,
+)
 from qlm.programs.deadlines import call_deadlines
 from qlm.serve.config import ServeConfig
 from qlm.sim.dependencies import Dependency
@@ -50,15 +57,7 @@ def app_requests(
 
 def sim_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
     config = plane_config(setup)
-    docs = documents(setup.seed)
-    apps = [APPS[kind](docs[i], MODEL, f"w{setup.seed}x{i}") for i in range(setup.apps)]
-    rng = random.Random(setup.seed)
-    starts_s, at_s = [], 0.0
-    for app in apps:
-        starts_s.append(at_s)
-        # one at a time: the next starts well after this one's critical path could end
-        gap_s = 10 * critical_s(app, config) if setup.rate_per_s is None else None
-        at_s += gap_s if gap_s is not None else rng.expovariate(setup.rate_per_s or 1.0)
+    apps, starts_s = workload(kind, setup, config)
     requests, deps, deadlines = [], {}, []
     for i, (app, start_s) in enumerate(zip(apps, starts_s, strict=True)):
         reqs, app_deps, deadline_s = app_requests(app, i, start_s, mode, setup, config)

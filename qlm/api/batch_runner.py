@@ -29,7 +29,6 @@ from qlm.batch.jobs import BatchJob, BatchStatus, LineError, StoredFile
 from qlm.batch.lines import InputLine, NotJsonlError, parse_input
 from qlm.batch.prefix_plan import UNBOUNDED, PlanBudget, plan_job, with_plan
 from qlm.batch.store import BatchStore
-from qlm.queue.base import DuplicateRequestError, QueueError
 from qlm.queue.records import RequestRecord
 from qlm.types import Request, RequestState
 
@@ -113,13 +112,7 @@ class BatchRunner:
 
     async def _queue_line(self, job: BatchJob, line: InputLine, request: Request) -> None:
         """Queue one line's request (already queued: nothing to do)."""
-        try:
-            await self.ctx.queue.enqueue(request)
-        except DuplicateRequestError:
-            return
-        except QueueError as exc:  # full or down: the whole step is retried next round
-            raise RuntimeError(f"batch {job.id}: line {line.line} not queued: {exc}") from exc
-        self.ctx.metrics.request_admitted(request)
+        await self.ctx.enqueue_once(request, f"batch {job.id}: line {line.line}")
 
     def _request(self, job: BatchJob, line: InputLine, fmt: OutputFormat, now_s: float) -> Request:
         try:

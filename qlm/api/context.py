@@ -26,7 +26,13 @@ from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.api.wait_estimate import WaitEstimate, WaitEstimator, refuse_unattainable
 from qlm.clock import Clock
 from qlm.metrics import NO_METRICS, MetricsHooks
-from qlm.queue.base import GlobalQueue, QueueError, QueueFullError, QueueUnavailableError
+from qlm.queue.base import (
+    DuplicateRequestError,
+    GlobalQueue,
+    QueueError,
+    QueueFullError,
+    QueueUnavailableError,
+)
 from qlm.queue.records import RequestRecord
 from qlm.types import Request
 
@@ -177,6 +183,18 @@ class ApiContext:
             code="queue_unavailable",
             headers={"retry-after": str(self.settings.api.queue_full_retry_after_s)},
         )
+
+    async def enqueue_once(self, request: Request, what: str) -> None:
+        """Queue a request a runner derived (a batch line, a program's call; `what` names it
+        in errors): already queued (a repeated step) is fine; a full or unreachable queue is
+        a RuntimeError, and the runner's whole step is retried next round."""
+        try:
+            await self.queue.enqueue(request)
+        except DuplicateRequestError:
+            return
+        except QueueError as exc:
+            raise RuntimeError(f"{what} not queued: {exc}") from exc
+        self.metrics.request_admitted(request)
 
     async def cancel(self, request_id: str) -> bool:
         cancelled = await self.queue.cancel(request_id, self.clock.now_s())

@@ -30,7 +30,6 @@ from qlm.api.slo import HEADER_CLASS
 from qlm.programs.graph import CallSpec, render
 from qlm.programs.state import CallState, Program, ProgramStatus
 from qlm.programs.store import ProgramStore
-from qlm.queue.base import DuplicateRequestError, QueueError
 from qlm.queue.records import RequestRecord
 from qlm.types import Request, RequestState
 
@@ -138,7 +137,8 @@ class ProgramRunner:
                 continue
             if call.name not in queued:
                 try:
-                    await self._queue(self.build(program, call, values))
+                    request = self.build(program, call, values)
+                    await self.ctx.enqueue_once(request, f"call {request.id}")
                 except ApiError as exc:  # e.g. the filled prompt is over the context
                     errors[call.name] = f"not run: {exc.message}"
                     continue
@@ -146,15 +146,6 @@ class ProgramRunner:
             if call.name not in errors:  # its request exists: wake when it ends
                 self._watch(program.request_id(call.name))
         return replace(program, queued=tuple(queued), errors=errors)
-
-    async def _queue(self, request: Request) -> None:
-        try:
-            await self.ctx.queue.enqueue(request)
-        except DuplicateRequestError:
-            return
-        except QueueError as exc:  # full or down: the whole step is retried next round
-            raise RuntimeError(f"call {request.id} not queued: {exc}") from exc
-        self.ctx.metrics.request_admitted(request)
 
     async def _cancel(self, program: Program, records: dict[str, RequestRecord | None]) -> Program:
         for name, record in records.items():
