@@ -108,18 +108,21 @@ async def chat(
     await asyncio.sleep(delay_s)
     loop = asyncio.get_running_loop()
     start = loop.time()
-    stream = await client.chat.completions.create(
-        model=request.model,
-        messages=[{"role": "user", "content": words(request.prompt_tokens, "chat")}],
-        max_tokens=request.max_output_tokens,
-        stream=True,
-        extra_headers={"x-qlm-slo-class": request.slo_class},
-    )
     first, rid = None, ""
-    async for chunk in stream:
-        rid = chunk.id
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = (loop.time() - start) * speedup
+    try:
+        stream = await client.chat.completions.create(
+            model=request.model,
+            messages=[{"role": "user", "content": words(request.prompt_tokens, "chat")}],
+            max_tokens=request.max_output_tokens,
+            stream=True,
+            extra_headers={"x-qlm-slo-class": request.slo_class},
+        )
+        async for chunk in stream:
+            rid = chunk.id
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = (loop.time() - start) * speedup
+    except openai.APIError as exc:  # counted as a miss, and reported
+        print(f"chat at {request.arrival_at_s:.1f} s failed: {exc!r}", file=sys.stderr)
     return rid, first
 
 
@@ -130,7 +133,9 @@ async def run_live(scenario: Scenario, seed: int, speedup: float, with_job: bool
     config = serve_config(scenario, speedup)
     async with running_plane(config) as plane:
         base = f"http://127.0.0.1:{plane.port}/v1"
-        client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=3600)
+        # the official client's default retries (a pooled connection the server closed
+        # while idle fails its next request at once; a real client retries it)
+        client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=2, timeout=3600)
         await asyncio.sleep(1.0)  # the first plan and the agents' first reports
         batch_id = await submit_job(client, job, speedup) if with_job else None
         start_s = min(r.arrival_at_s for r in requests)
@@ -196,6 +201,7 @@ async def interactive_rows(
         )
     return {
         "interactive": len(answers),
+        "failed": sum(not rid for rid, _ in answers),
         "attainment (client)": sum(t <= target_s for t in ttfts) / len(answers),
         "attainment (server)": server_met / len(answers),
         "p99 ttft_s (client)": percentile(ttfts, 0.99),
