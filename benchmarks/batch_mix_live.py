@@ -189,22 +189,25 @@ async def interactive_rows(
 ) -> dict[str, Any]:
     target_s = next(c.ttft_s for c in scenario.slo_classes if c.name != JOB_CLASS)
     ttfts = [t for _, t in answers if t is not None]
-    server_met = 0
+    server_met, queued_s, engine_s = 0, [], []
     for rid, _ in answers:
         record = await plane.queue.get(rid) if rid else None
         result = None if record is None else record.result
         first_s = None if result is None else result.first_token_at_s
-        server_met += (
-            first_s is not None
-            and record is not None
-            and (first_s <= record.request.ttft_deadline_at_s)
-        )
+        if record is None or result is None or first_s is None:
+            continue
+        server_met += first_s <= record.request.ttft_deadline_at_s
+        if result.dispatched_at_s is not None:  # where the time went, engine seconds
+            queued_s.append((result.dispatched_at_s - record.request.arrival_at_s) * speedup)
+            engine_s.append((first_s - result.dispatched_at_s) * speedup)
     return {
         "interactive": len(answers),
         "failed": sum(not rid for rid, _ in answers),
         "attainment (client)": sum(t <= target_s for t in ttfts) / len(answers),
         "attainment (server)": server_met / len(answers),
         "p99 ttft_s (client)": percentile(ttfts, 0.99),
+        "p99 queued_s (server)": percentile(queued_s, 0.99),
+        "p99 engine ttft_s (server)": percentile(engine_s, 0.99),
     }
 
 
