@@ -16,7 +16,7 @@ import httpx
 from benchmarks.common.stats import percentile
 from benchmarks.programs.apps import APPS, App, documents
 from qlm.programs.deadlines import CallTime, critical_path_s
-from qlm.programs.graph import CallSpec, ProgramGraph, render
+from qlm.programs.graph import ProgramCall, ProgramGraph, render
 from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import running_plane
 
@@ -56,9 +56,9 @@ def plane_config(setup: Setup) -> ServeConfig:
     })  # fmt: skip
 
 
-def specs(app: App) -> tuple[CallSpec, ...]:
+def specs(app: App) -> tuple[ProgramCall, ...]:
     return tuple(
-        CallSpec(c["name"], c["model"], c["prompt"], c.get("max_tokens", 256))
+        ProgramCall(c["name"], c["model"], c["prompt"], c.get("max_tokens", 256))
         for c in app.program.calls
     )
 
@@ -109,7 +109,7 @@ async def by_calls(http: httpx.AsyncClient, app: App, rtt_s: float) -> bool:
     loop = asyncio.get_running_loop()
     outputs: dict[str, asyncio.Future[str]] = {c.name: loop.create_future() for c in graph.calls}
 
-    async def run(call: CallSpec) -> None:
+    async def run(call: ProgramCall) -> None:
         values = dict(app.program.inputs)
         for ref in call.references:
             if ref in outputs:

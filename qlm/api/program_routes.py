@@ -28,7 +28,7 @@ from qlm.api.program_runner import ProgramRunner
 from qlm.config import StrictModel
 from qlm.control.plan import LoneSpeed
 from qlm.programs.deadlines import CallTime, call_deadlines
-from qlm.programs.graph import CallSpec, ProgramError, ProgramGraph, ProgramLimits
+from qlm.programs.graph import ProgramCall, ProgramError, ProgramGraph, ProgramLimits
 from qlm.programs.state import CallState, Program
 from qlm.programs.store import ProgramStore
 
@@ -116,9 +116,9 @@ class _Routes:
         self.runner.wake()
         return json_response(program_view(program), 201)
 
-    def _spec(self, call: CallBody) -> CallSpec:
+    def _spec(self, call: CallBody) -> ProgramCall:
         max_tokens = call.max_tokens or self.ctx.settings.api.default_max_tokens
-        return CallSpec(call.name, call.model, call.prompt, max_tokens, call.sampling)
+        return ProgramCall(call.name, call.model, call.prompt, max_tokens, call.sampling)
 
     def _dry_run(
         self, program: Program, speeds: Mapping[str, LoneSpeed]

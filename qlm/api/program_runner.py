@@ -27,7 +27,7 @@ from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import COMPLETION
 from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.slo import HEADER_CLASS
-from qlm.programs.graph import CallSpec, render
+from qlm.programs.graph import ProgramCall, render
 from qlm.programs.state import CallState, Program, ProgramStatus
 from qlm.programs.store import ProgramStore
 from qlm.queue.records import RequestRecord
@@ -70,7 +70,7 @@ class ProgramRunner:
         """Run a round now (a program was submitted or cancelled)."""
         self._wake.set()
 
-    def build(self, program: Program, call: CallSpec, values: dict[str, str]) -> Request:
+    def build(self, program: Program, call: ProgramCall, values: dict[str, str]) -> Request:
         """The request a call runs as, its prompt filled with `values` (an ApiError names
         what the API would refuse in it)."""
         body = {"model": call.model, "prompt": render(call.prompt, values),

@@ -30,7 +30,7 @@ class ProgramError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class CallSpec:
+class ProgramCall:
     """One call: its name (also its output variable), model, prompt template, output cap and
     the sampling fields passed to the engine as a completion's would be."""
 
@@ -63,14 +63,14 @@ class ProgramLimits:
 class ProgramGraph:
     """A validated program: calls in a topological order (each after the calls it uses)."""
 
-    calls: tuple[CallSpec, ...]
+    calls: tuple[ProgramCall, ...]
     inputs: frozenset[str]
     consumers: Mapping[str, tuple[str, ...]]  # variable -> the calls that use it
 
     @classmethod
     def of(
         cls,
-        calls: tuple[CallSpec, ...],
+        calls: tuple[ProgramCall, ...],
         inputs: Collection[str],
         limits: ProgramLimits | None = None,
     ) -> ProgramGraph:
@@ -108,10 +108,10 @@ class ProgramGraph:
         fixed = {k: tuple(v) for k, v in consumers.items()}
         return cls(ordered, frozenset(inputs), MappingProxyType(fixed))
 
-    def call(self, name: str) -> CallSpec:
+    def call(self, name: str) -> ProgramCall:
         return next(c for c in self.calls if c.name == name)
 
-    def ready(self, done: Collection[str]) -> tuple[CallSpec, ...]:
+    def ready(self, done: Collection[str]) -> tuple[ProgramCall, ...]:
         """The calls not in `done` whose every call input is in `done` (inputs always are)."""
         return tuple(
             c
@@ -130,7 +130,7 @@ def render(template: str, values: Mapping[str, str]) -> str:
 
 
 def _check_names(
-    calls: tuple[CallSpec, ...], inputs: Collection[str], limits: ProgramLimits
+    calls: tuple[ProgramCall, ...], inputs: Collection[str], limits: ProgramLimits
 ) -> None:
     if not calls:
         raise ProgramError("a program needs at least one call", "calls")
@@ -157,13 +157,13 @@ def _check_names(
         seen.add(call.name)
 
 
-def _topological(calls: tuple[CallSpec, ...]) -> tuple[CallSpec, ...]:
+def _topological(calls: tuple[ProgramCall, ...]) -> tuple[ProgramCall, ...]:
     """The calls each after those whose output it uses (stable: submission order where
     free); a cycle is a ProgramError naming it. Iterative: a chain may be long."""
     by_name = {c.name: c for c in calls}
     uses = {c.name: [r for r in c.references if r in by_name] for c in calls}
     state: dict[str, int] = {}  # 1: on the current path, 2: placed
-    order: list[CallSpec] = []
+    order: list[ProgramCall] = []
     for root in by_name:
         if root in state:
             continue

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qlm.programs.deadlines import CallDeadline
-from qlm.programs.graph import CallSpec, ProgramGraph, ProgramLimits
+from qlm.programs.graph import ProgramCall, ProgramGraph, ProgramLimits
 
 Json = dict[str, Any]
 UNCHECKED = ProgramLimits(10**9, 10**9, 10**9)  # the API checked its limits at submission
@@ -48,7 +48,7 @@ class Program:
     created_at_s: float
     slo_class: str | None  # the calls' class; None: the API's default class
     deadline_s: float | None  # end to end, from creation; None: each call its class's
-    calls: tuple[CallSpec, ...]  # as submitted
+    calls: tuple[ProgramCall, ...]  # as submitted
     inputs: Mapping[str, str]
     deadlines: Mapping[str, CallDeadline] = field(default_factory=dict)
     status: ProgramStatus = ProgramStatus.RUNNING
@@ -99,7 +99,7 @@ class Program:
             created_at_s=data["created_at_s"],
             slo_class=data["slo_class"],
             deadline_s=data["deadline_s"],
-            calls=tuple(CallSpec(**c) for c in data["calls"]),
+            calls=tuple(ProgramCall(**c) for c in data["calls"]),
             inputs=data["inputs"],
             deadlines={k: CallDeadline(*v) for k, v in data["deadlines"].items()},
             status=ProgramStatus(data["status"]),
@@ -110,7 +110,7 @@ class Program:
         )
 
 
-def _call_dict(call: CallSpec) -> Json:
+def _call_dict(call: ProgramCall) -> Json:
     return {
         "name": call.name,
         "model": call.model,

@@ -18,7 +18,7 @@ from qlm.api import create_app
 from qlm.api.program_runner import ProgramRunner
 from qlm.clock import VirtualClock
 from qlm.programs.client import ProgramBuilder
-from qlm.programs.graph import CallSpec
+from qlm.programs.graph import ProgramCall
 from qlm.programs.state import Program, ProgramStatus
 from qlm.queue.memory import MemoryQueue
 from qlm.types import RequestState
@@ -217,7 +217,7 @@ async def test_a_call_whose_record_is_gone_fails_instead_of_waiting_forever(
     a = p.call("a", "first")
     p.call("b", "then " + a)
     program = Program("prog-x", "default", NOW_S, None, None,
-                      tuple(CallSpec(c["name"], "m7b", c["prompt"], 4) for c in p.calls), {},
+                      tuple(ProgramCall(c["name"], "m7b", c["prompt"], 4) for c in p.calls), {},
                       queued=("a",))  # fmt: skip
     await store.put(program)  # "a" was queued, but the queue has no record of it any more
     after = await runner.advance(program)

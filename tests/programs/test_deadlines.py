@@ -7,7 +7,7 @@ import random
 import pytest
 
 from qlm.programs.deadlines import CallTime, call_deadlines, critical_path_s
-from qlm.programs.graph import CallSpec, ProgramGraph
+from qlm.programs.graph import ProgramCall, ProgramGraph
 
 
 def graph(*edges: tuple[str, str], names: tuple[str, ...]) -> ProgramGraph:
@@ -15,7 +15,7 @@ def graph(*edges: tuple[str, str], names: tuple[str, ...]) -> ProgramGraph:
     for before, after in edges:
         uses[after].append(before)
     calls = tuple(
-        CallSpec(n, "m", "go " + " ".join("{{" + u + "}}" for u in uses[n]), 8) for n in names
+        ProgramCall(n, "m", "go " + " ".join("{{" + u + "}}" for u in uses[n]), 8) for n in names
     )
     return ProgramGraph.of(calls, ())
 

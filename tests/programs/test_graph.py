@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from qlm.programs.graph import CallSpec, ProgramError, ProgramGraph, ProgramLimits, render
+from qlm.programs.graph import ProgramCall, ProgramError, ProgramGraph, ProgramLimits, render
 
 
-def call(name: str, prompt: str) -> CallSpec:
-    return CallSpec(name, "m7b", prompt, 16)
+def call(name: str, prompt: str) -> ProgramCall:
+    return ProgramCall(name, "m7b", prompt, 16)
 
 
 def test_map_reduce_runs_the_maps_first_and_the_merge_once_they_are_done() -> None:
@@ -41,7 +41,7 @@ def test_map_reduce_runs_the_maps_first_and_the_merge_once_they_are_done() -> No
     ],
 )  # fmt: skip
 def test_a_malformed_program_is_refused_naming_the_call_and_the_variable(
-    calls: tuple[CallSpec, ...], inputs: tuple[str, ...], message: str, param: str
+    calls: tuple[ProgramCall, ...], inputs: tuple[str, ...], message: str, param: str
 ) -> None:
     with pytest.raises(ProgramError) as caught:
         ProgramGraph.of(calls, inputs)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from qlm.programs.deadlines import CallDeadline
-from qlm.programs.graph import CallSpec
+from qlm.programs.graph import ProgramCall
 from qlm.programs.state import Program, ProgramStatus
 from qlm.programs.store import MemoryProgramStore, ProgramStore
 from qlm.queue.redis.config import RedisQueueConfig
@@ -31,8 +31,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[ProgramStore]:
 
 def program(pid: str, tenant: str, at_s: float) -> Program:
     calls = (
-        CallSpec("a", "m7b", "x {{doc}}", 8, {"temperature": 0.5}),
-        CallSpec("b", "m7b", "y {{a}}", 4),
+        ProgramCall("a", "m7b", "x {{doc}}", 8, {"temperature": 0.5}),
+        ProgramCall("b", "m7b", "y {{a}}", 4),
     )
     return Program(
         pid, tenant, at_s, "batch-1", 30.0, calls, {"doc": "text"},
