@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 
 from qlm.types import PrefixBlock
 
@@ -36,12 +37,14 @@ def prompt_prefix(
     if not prompt or prompt_tokens < 1:
         return ()
     whole = min(len(prompt) // block_chars, MAX_PREFIX_BLOCKS)
-    ends = {k * block_chars for k in range(1, whole + 1)}
-    ends |= {c for c in cuts if 0 < c <= min(len(prompt), MAX_PREFIX_BLOCKS * block_chars)}
+    ends: Iterable[int] = range(block_chars, whole * block_chars + 1, block_chars)
+    if cuts:  # only programs' calls have them: the admission path stays a plain range
+        limit = min(len(prompt), MAX_PREFIX_BLOCKS * block_chars)
+        ends = sorted({*ends, *(c for c in cuts if 0 < c <= limit)})
     per_char = prompt_tokens / len(prompt)
     digest = hashlib.blake2b(digest_size=8)
     blocks, start = [], 0
-    for end in sorted(ends):
+    for end in ends:
         tokens = math.floor(end * per_char) - math.floor(start * per_char)
         if tokens < 1:
             continue  # less than a token: its text joins the next block

@@ -104,7 +104,7 @@ class _Routes:
         program = Program(f"prog-{uuid.uuid4().hex}", tenant, now_s, body.slo_class,
                           body.deadline_s, calls, dict(body.inputs))  # fmt: skip
         plan = await self.ctx.queue.current_plan()
-        times, tokens = self._dry_run(program, {} if plan is None else plan.lone)
+        times, tokens = self._dry_run(program, graph, {} if plan is None else plan.lone)
         if body.deadline_s is not None:
             program = replace(program, deadlines=call_deadlines(graph, times, body.deadline_s))
         charge = self.ctx.quotas.charge(tenant, tokens)  # the whole program, at once
@@ -121,13 +121,13 @@ class _Routes:
         return ProgramCall(call.name, call.model, call.prompt, max_tokens, call.sampling)
 
     def _dry_run(
-        self, program: Program, speeds: Mapping[str, LoneSpeed]
+        self, program: Program, graph: ProgramGraph, speeds: Mapping[str, LoneSpeed]
     ) -> tuple[dict[str, CallTime], int]:
         """Each call built with its variables empty, so that what the API would refuse in
         it (model, class, fields) is refused now, naming the call; and its time alone, its
         prompt counted with each input's tokens and each used call's output cap. Also the
         tokens of all the calls (prompts and output caps: what the tenant's quota pays)."""
-        empty = dict.fromkeys(program.graph().consumers, "")
+        empty = dict.fromkeys(graph.consumers, "")
         caps = {c.name: c.max_tokens for c in program.calls}
         inputs = {k: self.ctx.admitter.count_tokens(v) for k, v in program.inputs.items()}
         times, total = {}, 0

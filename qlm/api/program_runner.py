@@ -27,7 +27,7 @@ from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import COMPLETION
 from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.slo import HEADER_CLASS
-from qlm.programs.graph import ProgramCall, render
+from qlm.programs.graph import ProgramCall, ProgramGraph, render
 from qlm.programs.state import CallState, Program, ProgramStatus
 from qlm.programs.store import ProgramStore
 from qlm.queue.records import RequestRecord
@@ -125,14 +125,10 @@ class ProgramRunner:
 
     async def _queue_ready(self, program: Program) -> Program:
         graph = program.graph()
-        failed = _downstream_failures(program)
-        if failed:
-            program = replace(program, errors={**program.errors, **failed})
-        done = set(program.outputs)
+        errors = {**program.errors, **_downstream_failures(program, graph)}
         values = {**program.inputs, **program.outputs}
         queued = list(program.queued)
-        errors = dict(program.errors)
-        for call in graph.ready(done):
+        for call in graph.ready(set(program.outputs)):
             if call.name in errors:
                 continue
             if call.name not in queued:
@@ -190,10 +186,10 @@ def _collect(program: Program, records: dict[str, RequestRecord | None]) -> Prog
     return replace(program, outputs=outputs, errors=errors)
 
 
-def _downstream_failures(program: Program) -> dict[str, str]:
+def _downstream_failures(program: Program, graph: ProgramGraph) -> dict[str, str]:
     """Calls not yet queued that use, directly or not, the output of a failed call."""
     failed: dict[str, str] = {}
-    for call in program.graph().calls:  # each after the calls it uses
+    for call in graph.calls:  # each after the calls it uses
         if call.name in program.errors or call.name in program.queued:
             continue
         bad = next((r for r in call.references if r in program.errors or r in failed), None)
