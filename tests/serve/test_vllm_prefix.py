@@ -85,9 +85,15 @@ async def test_a_shared_prefix_lands_where_vllm_caches_it_and_starts_sooner(
                 assert record.result.instance_id == homes[p], (p, k)
                 warm.append(engine_ttft_s(record))
                 cold.append(engine_ttft_s(await ask(client, plane, prefix(100 + 3 * k + p))))
-        statuses = [agent.status(0.0) for agent in plane.agents]
+        # vLLM's own counters: every follower found its ~1,000-token prefix cached. They
+        # reach /metrics (scraped every 0.25 s) a little after the last answer: a full suite
+        # read them before the last followers were counted (6,272 of 6,912 tokens).
+        hits = 0
+        for _ in range(80):
+            hits = sum(a.status(0.0).prefix_hit_tokens or 0 for a in plane.agents)
+            if hits >= 9 * 6 * 128:
+                break
+            await asyncio.sleep(0.25)
     print(f"engine TTFT, cached prefix: {sorted(warm)}; fresh prefix: {sorted(cold)}")
     assert statistics.median(warm) < statistics.median(cold)
-    # vLLM's own counters: every follower found its ~1,000-token prefix cached
-    hits = sum(s.prefix_hit_tokens or 0 for s in statuses)
     assert hits >= 9 * 6 * 128
