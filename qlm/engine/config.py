@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from qlm.config import StrictModel
 
 PreemptionMode = Literal["recompute", "swap"]
-WaitingOrder = Literal["fcfs", "prefix-groups"]
+WaitingOrder = Literal["fcfs", "prefix-groups", "srpt-mlfq"]
 
 
 class EngineConfig(StrictModel):
@@ -49,10 +49,26 @@ class EngineConfig(StrictModel):
         description="Order in which waiting requests are admitted: 'fcfs' (vLLM's default); "
         "'prefix-groups' (Preble's local scheduler: priority groups by the share of the prompt "
         "the prefix cache holds, each admitted in proportion to its priority, so requests "
-        "that hit much go first yet those that hit little are not starved).",
+        "that hit much go first yet those that hit little are not starved); 'srpt-mlfq' "
+        "(Prophet, as the native engine's local policy of that name: prompt chunks of "
+        "running and waiting requests shortest remaining first, those waiting "
+        "max_wait_iterations or more first; the preemption victim is the most served "
+        "request by a multi-level feedback queue on tokens generated).",
     )
     prefix_groups: int = Field(
         default=10, ge=1, le=100, description="Priority groups of 'prefix-groups' (Preble's P)."
+    )
+
+    max_wait_iterations: int = Field(
+        default=64,
+        ge=1,
+        description="srpt-mlfq's starvation bound: a request waiting this many iterations "
+        "since it arrived goes before shorter ones.",
+    )
+    mlfq_quantum_tokens: int = Field(
+        default=16,
+        ge=1,
+        description="srpt-mlfq's feedback levels: level floor(log2(1 + output / quantum)).",
     )
 
     @model_validator(mode="after")

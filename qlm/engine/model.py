@@ -168,6 +168,7 @@ class EngineModel:
             self._events.append(Aborted(request.id, now_s, "prompt exceeds the KV capacity"))
             return
         seq = Seq.for_request(request, self._order, capacity, output_tokens)
+        seq.queued_iteration = self._counters.iterations
         self._order += 1
         self._queues.seqs[request.id] = seq
         plan_s = self._interrupt(now_s)

@@ -18,6 +18,15 @@ max_num_batched_tokens) and the free sequence slots (`max_num_seqs`):
    `waiting_order: prefix-groups` the order is Preble's priority groups instead
    (`prefix_order`).
 
+With `waiting_order: srpt-mlfq` (Prophet; the native engine's local policy of the same name)
+steps 2 and 3 become one pass after the swap-ins: running prefills and the first
+`SRPT_CANDIDATES` waiting sequences, those waiting `max_wait_iterations` or more since they
+arrived first (oldest first), then the rest by the prompt tokens they have left to compute
+(cached prefix blocks excepted), shortest first; the first waiting one that does not fit stops
+admissions (running prefills still get their chunks). The preemption victim of step 1 is the
+running sequence at the highest feedback level, floor(log2(1 + output / quantum)), the latest
+admitted among those (`mlfq_victim`).
+
 `complete` applies completed iterations: decode steps add a token to every decoding sequence
 and end those that reach their length (RequestFinished); prefill chunks advance their
 sequences, and the iteration that computes a prompt's last chunk samples its next token (its
@@ -27,12 +36,15 @@ changed phase while the iteration ran (aborted, preempted, swapped) count for no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from qlm.engine.segment import Chunk, Segment
 from qlm.engine.seq_queues import SeqQueues
 from qlm.engine.sequence import Seq, SeqPhase
 from qlm.engine.types import EngineEvent, FirstToken, RequestFinished
+
+SRPT_CANDIDATES = 256  # waiting sequences srpt-mlfq orders per iteration (bounds the cost)
 
 
 @dataclass(slots=True)
@@ -57,6 +69,11 @@ def schedule(
     plan = IterationPlan(tokens_left=chunk_tokens, seqs_left=max_num_seqs - len(queues.running))
     plan.preempted = _make_decode_room(queues) or preempted_before
     plan.tokens_left -= queues.decode.num_seqs
+    if queues.config.waiting_order == "srpt-mlfq":
+        if not plan.preempted:
+            _plan_swap_ins(queues, plan)
+        _plan_srpt(queues, plan, admit=not plan.preempted)
+        return plan
     _plan_running_prefills(queues, plan)
     if not plan.preempted:
         _plan_swap_ins(queues, plan)
@@ -70,8 +87,9 @@ def _make_decode_room(queues: SeqQueues) -> bool:
     kv = queues.kv
     if kv.decode_slots_short and queues.prefix.idle_tokens:
         queues.prefix.evict(kv.decode.num_seqs - kv.free_tokens)
+    srpt = queues.config.waiting_order == "srpt-mlfq"
     while kv.decode_slots_short:
-        victim = queues.running[next(reversed(queues.running))]
+        victim = mlfq_victim(queues) if srpt else queues.running[next(reversed(queues.running))]
         queues.preempt(victim)
         preempted = True
     return preempted
@@ -124,17 +142,7 @@ def _plan_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
 def _plan_grouped_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
     """Admit in `prefix_order` over the first waiting sequences (four per free slot: the
     candidates of this iteration), the first that does not fit blocking the rest."""
-    waiting = queues.waiting
-    while waiting and (
-        waiting[0][0].version != waiting[0][1] or waiting[0][0].phase is not SeqPhase.WAITING
-    ):
-        waiting.popleft()  # admitted or moved since it was queued
-    candidates: list[Seq] = []
-    for seq, version in waiting:
-        if len(candidates) >= 4 * plan.seqs_left:
-            break
-        if seq.version == version and seq.phase is SeqPhase.WAITING:
-            candidates.append(seq)
+    candidates = _waiting_candidates(queues, 4 * plan.seqs_left)
     for seq in prefix_order(queues, candidates):
         if plan.seqs_left <= 0 or plan.tokens_left <= 0:
             return
@@ -144,6 +152,72 @@ def _plan_grouped_admissions(queues: SeqQueues, plan: IterationPlan) -> None:
         queues.admit(seq, blocks)  # its queue entry goes stale and is skipped later
         plan.seqs_left -= 1
         plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
+
+
+def _plan_srpt(queues: SeqQueues, plan: IterationPlan, admit: bool) -> None:
+    admitting = admit
+    for seq in srpt_order(queues, _waiting_candidates(queues, SRPT_CANDIDATES) if admit else []):
+        if plan.tokens_left <= 0:
+            return
+        if seq.phase is SeqPhase.PREFILL:
+            plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
+            continue
+        if not admitting or plan.seqs_left <= 0:
+            admitting = False
+            continue
+        blocks, hit_tokens = queues.cached_blocks(seq)
+        if not queues.fits(seq, blocks, hit_tokens):
+            admitting = False  # later ones do not pass one that does not fit
+            continue
+        queues.admit(seq, blocks)
+        plan.seqs_left -= 1
+        plan.add_chunk(seq, min(seq.prefill_target - seq.computed_tokens, plan.tokens_left))
+
+
+def _waiting_candidates(queues: SeqQueues, limit: int) -> list[Seq]:
+    """The first `limit` live entries of the waiting queue (stale ones at its head dropped:
+    admitted or moved since they were queued)."""
+    waiting = queues.waiting
+    while waiting and (
+        waiting[0][0].version != waiting[0][1] or waiting[0][0].phase is not SeqPhase.WAITING
+    ):
+        waiting.popleft()
+    candidates: list[Seq] = []
+    for seq, version in waiting:
+        if len(candidates) >= limit:
+            break
+        if seq.version == version and seq.phase is SeqPhase.WAITING:
+            candidates.append(seq)
+    return candidates
+
+
+def srpt_order(queues: SeqQueues, waiting: list[Seq]) -> list[Seq]:
+    """Running prefills and `waiting` in srpt-mlfq's order (module docstring)."""
+    config, now = queues.config, queues.counters.iterations
+
+    def left(seq: Seq) -> int:
+        if seq.phase is SeqPhase.PREFILL:
+            return seq.prefill_target - seq.computed_tokens
+        return seq.prompt_tokens + seq.output_tokens - queues.cached_blocks(seq)[1]
+
+    seqs = [*queues.prefilling.values(), *waiting]
+    starving = [s for s in seqs if now - s.queued_iteration >= config.max_wait_iterations]
+    rest = [s for s in seqs if now - s.queued_iteration < config.max_wait_iterations]
+    starving.sort(key=lambda s: (s.queued_iteration, s.order))
+    rest.sort(key=lambda s: (left(s), s.queued_iteration, s.order))
+    return starving + rest
+
+
+def mlfq_victim(queues: SeqQueues) -> Seq:
+    """The running sequence at the highest feedback level, the latest admitted among those."""
+    quantum = queues.config.mlfq_quantum_tokens
+
+    def level(seq: Seq) -> int:
+        return int(math.log2(1 + queues.decode.output_tokens(seq) / quantum))
+
+    running = list(queues.running.values())
+    top = max(level(s) for s in running)
+    return [s for s in running if level(s) == top][-1]
 
 
 def prefix_order(queues: SeqQueues, seqs: list[Seq]) -> list[Seq]:

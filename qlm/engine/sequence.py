@@ -46,6 +46,7 @@ class Seq:
     request: Request
     target_tokens: int  # tokens it will generate before it stops
     order: int  # submission order in this engine (tie breaker)
+    queued_iteration: int = 0  # the engine's iteration count when it was submitted
     phase: SeqPhase = SeqPhase.WAITING
     version: int = 0  # bumped on every phase change; invalidates queue and heap entries
     output_tokens: int = 0

@@ -406,11 +406,15 @@ operations = st.lists(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=operations, mode=st.sampled_from(["recompute", "swap"]))
+@given(
+    ops=operations,
+    mode=st.sampled_from(["recompute", "swap"]),
+    order=st.sampled_from(["fcfs", "srpt-mlfq"]),
+)
 def test_every_request_ends_exactly_once(
-    ops: list[tuple[str, float, int, int, int]], mode: str
+    ops: list[tuple[str, float, int, int, int]], mode: str, order: str
 ) -> None:
-    model = conservation_engine(mode)
+    model = conservation_engine(mode, order)
     events: list[EngineEvent] = []
     added: set[str] = set()
     t = 0.0

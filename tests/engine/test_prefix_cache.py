@@ -223,7 +223,7 @@ def _kv_by_hand(model: EngineModel) -> int:
 @given(
     ops=operations,
     mode=st.sampled_from(["recompute", "swap"]),
-    order=st.sampled_from(["fcfs", "prefix-groups"]),
+    order=st.sampled_from(["fcfs", "prefix-groups", "srpt-mlfq"]),
 )
 def test_kv_books_balance_under_any_operations(
     ops: list[tuple[str, float, int, int, int, int]], mode: str, order: str
