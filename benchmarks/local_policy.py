@@ -1,5 +1,6 @@
 """The native engine's local policies on a mixed workload: does srpt-mlfq (after Prophet) cut
 short requests' time to first token against fcfs, and how long do the long ones then wait?
+And does the simulator's engine model, with the same local orders, say the same?
 
     .venv/bin/python benchmarks/local_policy.py                 # seeds 0,1,2, load 0.8
     .venv/bin/python benchmarks/local_policy.py --seeds 0 --load 0.9
@@ -12,7 +13,10 @@ same arrivals on the same engine settings (tiny Llama of the tests, float32, a s
 `--step-tokens` tokens so a long prompt spans several steps; prefix caching and shared-prefix
 reads off, since filler prompts are all alike and would hit the cache). Reported per policy:
 short and long TTFT (p50, p99, max) and the makespan, per seed and over all seeds; time
-counts from each request's submit to its FirstToken event. Written: JSON in
+counts from each request's submit to its FirstToken event. The same arrivals then go through
+the engine model (`waiting_order` fcfs and srpt-mlfq, the same budgets and starvation bound),
+its iteration time fitted to the native runner's steps (benchmarks/local_policy_model.py), and
+its ratios are reported beside the native ones. Written: JSON in
 benchmarks/results/local_policy.json, the "local-policy" block of docs/benchmarks.md.
 """
 
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*,
 
 from benchmarks.common.stats import percentile_or_nan
 from benchmarks.common.tables import markdown_table
+from benchmarks.local_policy_model import fit_step_time, serve_model
 from benchmarks.report import (
     RESULTS_DIR,
     finish_header,
@@ -42,6 +47,7 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.clock import WallClock
+from qlm.engine.config import EngineConfig
 from qlm.engine.native.config import NativeEngineConfig
 from qlm.engine.native.engine import NativeEngine
 from qlm.engine.types import EngineFailed, FirstToken, RequestFinished
@@ -121,13 +127,18 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def rows_for(
-    policy: str, seed: int | str, arrivals: list[Arrival], runs: list[dict[str, Any]]
+    policy: str,
+    seed: int | str,
+    arrivals: list[Arrival],
+    runs: list[dict[str, Any]],
+    engine: str = "native",
 ) -> dict[str, Any]:
     kinds = {a.request_id: a.kind for a in arrivals}
     ttft = {rid: s for run in runs for rid, s in run["ttft_s"].items()}
     short = summary([s for rid, s in ttft.items() if kinds[rid] == "short"])
     long = summary([s for rid, s in ttft.items() if kinds[rid] == "long"])
     return {
+        "engine": engine,
         "policy": policy,
         "seed": seed,
         **{f"short_ttft_{k}_s": v for k, v in short.items()},
@@ -179,9 +190,31 @@ async def window_s(models: dict[str, Path], args: argparse.Namespace) -> float:
     return float(run["makespan_s"]) / float(args.load)
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+def model_rows(
+    models: dict[str, Path], args: argparse.Namespace, plans: dict[int, list[Arrival]]
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The same arrivals on the engine model, per policy; and the fitted step time."""
+    native = engine_config(models, args, "fcfs").runner_config(num_blocks=4096)
+    step_time = fit_step_time(models[MODEL], native)
+    rows = []
+    for policy in POLICIES:
+        config = EngineConfig(
+            chunk_tokens=args.step_tokens,
+            max_num_seqs=args.max_num_seqs,
+            waiting_order=policy,  # type: ignore[arg-type]
+            max_wait_iterations=args.max_wait_steps,
+        )
+        runs = {s: serve_model(a, MODEL, step_time, config, 1 << 20) for s, a in plans.items()}
+        rows += [rows_for(policy, s, plans[s], [run], "model") for s, run in runs.items()]
+        every = [a for arrivals in plans.values() for a in arrivals]
+        rows.append(rows_for(policy, "all", every, list(runs.values()), "model"))
+    fitted = {k: getattr(step_time, k) for k in step_time.__slots__}
+    return rows, fitted
+
+
+def ratios(rows: list[dict[str, Any]], engine: str = "native") -> dict[str, float]:
     """srpt-mlfq over fcfs, over all seeds."""
-    by_policy = {r["policy"]: r for r in rows if r["seed"] == "all"}
+    by_policy = {r["policy"]: r for r in rows if r["seed"] == "all" and r["engine"] == engine}
     fcfs, srpt = by_policy["fcfs"], by_policy["srpt-mlfq"]
     keys = ["short_ttft_p50_s", "short_ttft_p99_s", "long_ttft_p50_s", "long_ttft_max_s"]
     return {key: round(srpt[key] / fcfs[key], 3) for key in keys if fcfs[key] > 0}
@@ -191,7 +224,12 @@ def render(report: dict[str, Any]) -> str:
     columns = list(report["rows"][0])
     table = markdown_table(report["rows"], columns, lambda v, _: str(v))
     s = report["settings"]
-    ratio_lines = [f"- {k}: srpt-mlfq / fcfs = {v}" for k, v in report["ratios"].items()]
+    model = report["model_ratios"]
+    ratio_lines = [
+        f"- {k}: srpt-mlfq / fcfs = {v} (engine model: {model.get(k, 'n/a')})"
+        for k, v in report["ratios"].items()
+    ]
+    fitted = ", ".join(f"{k} {v:.3g}" for k, v in report["model_step_time"].items())
     return "\n".join(
         [
             "## Native engine local policies: fcfs against srpt-mlfq on a mixed workload",
@@ -205,7 +243,9 @@ def render(report: dict[str, Any]) -> str:
             f"submitted at once, over the load), per seed; tiny Llama, float32, "
             f"{s['step_tokens']} tokens per step, at most {s['max_num_seqs']} sequences, "
             f"srpt-mlfq's starvation bound {s['max_wait_steps']} steps; prefix caching off. "
-            "TTFT from submit to the first token, in seconds.",
+            "TTFT from submit to the first token, in seconds. Engine `model`: the simulator's "
+            "engine model on the same arrivals, its iteration time fitted to the native "
+            f"runner's steps ({fitted}).",
             "",
             table,
             "",
@@ -224,12 +264,15 @@ async def main_async(args: argparse.Namespace, argv: list[str]) -> int:
         window = await window_s(models, args)
         plans = {seed: workload(args, seed, window) for seed in seeds}
         rows = [row for p in POLICIES for row in await run_policy(models, args, p, plans)]
+        simulated, fitted = model_rows(models, args, plans)
     keys = ["longs", "long_prompt", "long_output", "shorts", "short_prompt", "short_output"]
     keys += ["load", "step_tokens", "max_num_seqs", "max_wait_steps"]
     report["settings"] = {k: getattr(args, k) for k in keys} | {"window_s": window}
     report["seeds"] = seeds
-    report["rows"] = rows
+    report["rows"] = rows + simulated
     report["ratios"] = ratios(rows)
+    report["model_ratios"] = ratios(simulated, "model")
+    report["model_step_time"] = fitted
     finish_header(report)
     block = render(report)
     print(block)

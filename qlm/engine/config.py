@@ -62,8 +62,8 @@ class EngineConfig(StrictModel):
     max_wait_iterations: int = Field(
         default=64,
         ge=1,
-        description="srpt-mlfq's starvation bound: a request waiting this many iterations "
-        "since it arrived goes before shorter ones.",
+        description="Starvation bound of srpt-mlfq and prefix-groups: a request waiting "
+        "this many iterations since it arrived goes before shorter or better cached ones.",
     )
     mlfq_quantum_tokens: int = Field(
         default=16,

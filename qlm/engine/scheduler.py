@@ -16,7 +16,7 @@ max_num_batched_tokens) and the free sequence slots (`max_num_seqs`):
    A sequence whose leading prefix blocks are cached (prefix_cache.py) needs KV for, and
    computes, only the rest; unreferenced cached blocks are evicted to make room. With
    `waiting_order: prefix-groups` the order is Preble's priority groups instead
-   (`prefix_order`).
+   (`prefix_order`; requests waiting `max_wait_iterations` or more first).
 
 With `waiting_order: srpt-mlfq` (Prophet; the native engine's local policy of the same name)
 steps 2 and 3 become one pass after the swap-ins: running prefills and the first
@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from qlm.engine.priority_groups import by_priority_groups
 from qlm.engine.segment import Chunk, Segment
 from qlm.engine.seq_queues import SeqQueues
 from qlm.engine.sequence import Seq, SeqPhase
@@ -221,22 +222,20 @@ def mlfq_victim(queues: SeqQueues) -> Seq:
 
 
 def prefix_order(queues: SeqQueues, seqs: list[Seq]) -> list[Seq]:
-    """Preble's local order: each sequence in priority group floor(P x hit share) of P + 1
-    (hit share: the part of its prompt the prefix cache holds now); in each round, group g
-    gives up to g + 1 sequences, highest group first, each group in FCFS order."""
-    groups_count = queues.config.prefix_groups
-    groups: list[list[Seq]] = [[] for _ in range(groups_count + 1)]
-    for seq in seqs:
-        hit_tokens = queues.cached_blocks(seq)[1]
-        groups[groups_count * hit_tokens // seq.prompt_tokens].append(seq)
-    order: list[Seq] = []
-    taken = [0] * len(groups)
-    while len(order) < len(seqs):
-        for g in range(groups_count, -1, -1):
-            share = groups[g][taken[g] : taken[g] + g + 1]
-            taken[g] += len(share)
-            order.extend(share)
-    return order
+    """Preble's local order (`by_priority_groups`), the hit share of a sequence being the part
+    of its prompt the prefix cache holds now; those waiting `max_wait_iterations` or more
+    first, oldest first (rounds restart every iteration: without the bound, a stream of hits
+    would keep the top group first for as long as it lasts)."""
+    now, bound = queues.counters.iterations, queues.config.max_wait_iterations
+    starving = [s for s in seqs if now - s.queued_iteration >= bound]
+    rest = [s for s in seqs if now - s.queued_iteration < bound]
+    starving.sort(key=lambda s: (s.queued_iteration, s.order))
+    ranked = by_priority_groups(
+        rest,
+        lambda seq: (queues.cached_blocks(seq)[1], seq.prompt_tokens),
+        queues.config.prefix_groups,
+    )
+    return starving + ranked
 
 
 def complete(queues: SeqQueues, segment: Segment, steps: int, events: list[EngineEvent]) -> None:

@@ -4,9 +4,12 @@ turn, and preemption takes the most served sequence instead of the latest admitt
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from qlm.engine.config import EngineConfig
 from qlm.engine.model import EngineModel
 from qlm.engine.scheduler import mlfq_victim
+from qlm.types import PrefixBlock
 from tests.engine.helpers import engine, finishes, first_tokens, req, run_all
 
 
@@ -81,3 +84,27 @@ def test_srpt_mlfq_preempts_the_most_served_when_kv_runs_out() -> None:
     # fcfs preempts "new" (the latest admitted) and it waits for "old" to end; srpt-mlfq
     # preempts "old" (the most served), so "new" ends first
     assert new_finished_s("srpt-mlfq") < 0.75 * new_finished_s("fcfs")
+
+
+def test_prefix_groups_bound_the_wait_of_a_request_the_cache_misses() -> None:
+    """One slot; a miss arrives while hits (the same cached 100 tokens) keep coming: Preble's
+    groups put every hit first, so without the bound the miss waits for the stream's end."""
+
+    def miss_first_token_s(bound: int) -> tuple[float, float]:
+        model = _engine("prefix-groups", max_num_seqs=1, max_wait_iterations=bound)
+        hot = (PrefixBlock(1, 100),)
+        model.add(replace(req("warm", prompt=101, output=1), prefix=hot), 0.0)
+        events = model.advance_to(0.5)
+        model.add(req("busy", prompt=10, output=20, at_s=0.5), 0.5)  # the slot is taken
+        model.add(req("miss", prompt=101, output=1, at_s=0.5), 0.5)
+        for i in range(200):
+            at_s = 0.501 + 0.001 * i
+            events += model.advance_to(at_s)
+            model.add(replace(req(f"h{i}", prompt=101, output=1, at_s=at_s), prefix=hot), at_s)
+        firsts = first_tokens(events + run_all(model))
+        return firsts["miss"], max(firsts.values())
+
+    bounded, _ = miss_first_token_s(10)
+    unbounded, last = miss_first_token_s(10**9)
+    assert unbounded == last  # starved to the end
+    assert bounded < 0.3 * unbounded

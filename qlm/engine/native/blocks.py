@@ -64,6 +64,10 @@ class BlockPool:
             self._by_key[key] = block
             self._key_of[block] = key
 
+    def cached(self, key: bytes) -> bool:
+        """Whether a block with contents `key` is cached (nothing held)."""
+        return key in self._by_key
+
     def lookup(self, key: bytes) -> int | None:
         """The cached block with contents `key`, now held once more (None: not cached)."""
         block = self._by_key.get(key)

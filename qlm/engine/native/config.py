@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from qlm.config import StrictModel
+
+if TYPE_CHECKING:
+    from qlm.engine.native.runner import RunnerConfig
 
 GIB = 1 << 30
 
@@ -24,10 +27,15 @@ class NativeEngineConfig(StrictModel):
     max_batched_tokens: int = Field(
         default=2048, ge=1, description="Tokens one step computes (prompt chunks + decodes)."
     )
-    policy: Literal["fcfs", "srpt-mlfq"] = Field(
+    policy: Literal["fcfs", "srpt-mlfq", "prefix-groups"] = Field(
         default="fcfs", description="Local scheduling (qlm/engine/native/local_policy.py)."
     )
-    max_wait_steps: int = Field(default=64, ge=1, description="srpt-mlfq's starvation bound.")
+    prefix_groups: int = Field(
+        default=10, ge=1, le=100, description="prefix-groups' priority groups (Preble's P)."
+    )
+    max_wait_steps: int = Field(
+        default=64, ge=1, description="Starvation bound (steps) of srpt-mlfq and prefix-groups."
+    )
     shared_prefix: bool = Field(
         default=True, description="Read a prefix shared by forks once per step."
     )
@@ -51,3 +59,19 @@ class NativeEngineConfig(StrictModel):
 
     def kv_cache_bytes(self) -> int:
         return int(self.kv_cache_gib * GIB)
+
+    def runner_config(self, num_blocks: int) -> RunnerConfig:
+        """The runner's settings for a cache of `num_blocks` blocks."""
+        from qlm.engine.native.runner import RunnerConfig  # torch: only where it runs
+
+        return RunnerConfig(
+            block_size=self.block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=self.max_num_seqs,
+            max_batched_tokens=max(self.max_batched_tokens, self.max_num_seqs),
+            shared_prefix=self.shared_prefix,
+            prefix_caching=self.prefix_caching,
+            policy=self.policy,
+            max_wait_steps=self.max_wait_steps,
+            prefix_groups=self.prefix_groups,
+        )

@@ -33,7 +33,7 @@ from qlm.engine.native.blocks import KvCache
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.config import NativeEngineConfig
 from qlm.engine.native.live import LiveRequest, decode
-from qlm.engine.native.runner import Emitted, NativeRunner, RunnerConfig, StepResult
+from qlm.engine.native.runner import Emitted, NativeRunner, StepResult
 from qlm.engine.native.sequence import Sampling
 from qlm.engine.types import (
     Aborted,
@@ -291,18 +291,10 @@ class NativeEngine:
     def _build(self, model: str, path: Path) -> _Loaded:
         checkpoint = load_checkpoint(path)
         config = self.config
-        runner_config = RunnerConfig(
-            block_size=config.block_size,
-            num_blocks=KvCache.blocks_fitting(
-                checkpoint.shape, config.kv_cache_bytes(), config.block_size
-            ),
-            max_num_seqs=config.max_num_seqs,
-            max_batched_tokens=max(config.max_batched_tokens, config.max_num_seqs),
-            shared_prefix=config.shared_prefix,
-            prefix_caching=config.prefix_caching,
-            policy=config.policy,
-            max_wait_steps=config.max_wait_steps,
+        blocks = KvCache.blocks_fitting(
+            checkpoint.shape, config.kv_cache_bytes(), config.block_size
         )
+        runner_config = config.runner_config(blocks)
         tokenizer_file = path / "tokenizer.json"
         tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file.exists() else None
         return _Loaded(model, NativeRunner(checkpoint, runner_config), tokenizer)

@@ -15,6 +15,13 @@ blocks run out. Chosen by name (`LOCAL_POLICIES`):
   floor(log2(1 + output / quantum)): new and short outputs first when the budget is short),
   and the victim is the one at the highest level (the most served), the latest admitted
   among those.
+* `prefix-groups` (Preble): running prompts first, then waiting sequences in priority
+  groups by the share of their prompt the prefix cache holds now, each group admitted in
+  proportion to its priority (qlm/engine/priority_groups.py, shared with the engine model):
+  sequences that would compute little go first, yet those that hit nothing keep a share of
+  every round of one step. Rounds restart every step, so while hits keep coming the top
+  group would always be first: a sequence waiting `max_wait_steps` or more goes first (oldest
+  first), as in srpt-mlfq. Running order and victim as `fcfs`.
 
 Steps are the clock: the runner is clock-free, so waits and bounds count engine steps.
 """
@@ -27,6 +34,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from qlm.engine.native.sequence import Seq
+from qlm.engine.priority_groups import by_priority_groups
+
+CachedTokens = Callable[[Seq], int]  # leading tokens of a sequence the prefix cache holds
 
 
 class LocalPolicy(Protocol):
@@ -76,15 +86,43 @@ class SrptMlfq:
         return [s for s in running if self.level(s) == top][-1]
 
 
-LOCAL_POLICIES: dict[str, Callable[[int, int], LocalPolicy]] = {
-    "fcfs": lambda _wait, _quantum: Fcfs(),
-    "srpt-mlfq": SrptMlfq,
+@dataclass(frozen=True, slots=True)
+class PrefixGroups(Fcfs):
+    cached_tokens: CachedTokens = lambda _seq: 0
+    groups: int = 10
+    max_wait_steps: int = 64
+
+    def prefill_order(self, running: Sequence[Seq], waiting: Iterable[Seq], step: int) -> list[Seq]:
+        def hits(seq: Seq) -> tuple[int, int]:
+            return self.cached_tokens(seq), seq.length
+
+        seqs = list(waiting)
+        starving = [s for s in seqs if step - s.queued_step >= self.max_wait_steps]
+        rest = [s for s in seqs if step - s.queued_step < self.max_wait_steps]
+        starving.sort(key=lambda s: s.queued_step)  # stable: ties in queue order
+        return [*running, *starving, *by_priority_groups(rest, hits, self.groups)]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPolicyConfig:
+    """What the policies are made from (each takes what it needs)."""
+
+    max_wait_steps: int = 64
+    quantum_tokens: int = 16
+    prefix_groups: int = 10
+    cached_tokens: CachedTokens = lambda _seq: 0
+
+
+LOCAL_POLICIES: dict[str, Callable[[LocalPolicyConfig], LocalPolicy]] = {
+    "fcfs": lambda _c: Fcfs(),
+    "srpt-mlfq": lambda c: SrptMlfq(c.max_wait_steps, c.quantum_tokens),
+    "prefix-groups": lambda c: PrefixGroups(c.cached_tokens, c.prefix_groups, c.max_wait_steps),
 }
 
 
-def local_policy(name: str, max_wait_steps: int, quantum_tokens: int) -> LocalPolicy:
+def local_policy(name: str, config: LocalPolicyConfig) -> LocalPolicy:
     """The policy named `name`; ValueError listing the known names otherwise."""
     make = LOCAL_POLICIES.get(name)
     if make is None:
         raise ValueError(f"unknown local policy {name!r}; known: {', '.join(LOCAL_POLICIES)}")
-    return make(max_wait_steps, quantum_tokens)
+    return make(config)

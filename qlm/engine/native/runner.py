@@ -4,7 +4,8 @@ Question answered: what does one engine step compute, and what comes out of it? 
 (`NativeRunner.step`) takes, within a token budget and a sequence limit: one token of every
 decoding sequence, the next prompt chunk of every running sequence still in prefill, then
 waiting sequences whose chunk fits the budget and the free KV blocks. The local policy
-(local_policy.py, by name: fcfs, srpt-mlfq) orders the running sequences and the admissions.
+(local_policy.py, by name: fcfs, srpt-mlfq, prefix-groups) orders the running sequences and
+the admissions.
 A long prompt is computed in chunks across steps (chunked prefill), so decodes never wait
 behind it. When the KV blocks run out for a running sequence, the one the policy names
 (fcfs: the one admitted last) is preempted: its blocks are freed and it waits again, to be
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from qlm.engine.native.blocks import BlockPool, KvCache, OutOfBlocksError
 from qlm.engine.native.checkpoint import Checkpoint
 from qlm.engine.native.llama import LlamaModel, Piece
-from qlm.engine.native.local_policy import local_policy
+from qlm.engine.native.local_policy import LocalPolicyConfig, local_policy
 from qlm.engine.native.sequence import Finish, Sampling, Seq
 
 
@@ -41,9 +42,10 @@ class RunnerConfig:
     # Full blocks stay cached (by a digest of their tokens and all before them) after their
     # sequences end, and a new sequence starting with the same tokens takes them back.
     prefix_caching: bool = True
-    policy: str = "fcfs"  # local scheduling (local_policy.py): fcfs, srpt-mlfq
+    policy: str = "fcfs"  # local scheduling (local_policy.py): fcfs, srpt-mlfq, prefix-groups
     max_wait_steps: int = 64  # srpt-mlfq: a sequence waiting this many steps goes first
     mlfq_quantum_tokens: int = 16  # srpt-mlfq: output tokens of the first feedback level
+    prefix_groups: int = 10  # prefix-groups: priority groups by cache-hit share (Preble's P)
 
     def __post_init__(self) -> None:
         if min(self.block_size, self.num_blocks, self.max_num_seqs) < 1:
@@ -85,7 +87,10 @@ class NativeRunner:
         self.steps = 0
         self._hit_tokens = 0
         config = self.config
-        self.policy = local_policy(config.policy, config.max_wait_steps, config.mlfq_quantum_tokens)
+        inputs = LocalPolicyConfig(
+            config.max_wait_steps, config.mlfq_quantum_tokens, config.prefix_groups, self.cached
+        )
+        self.policy = local_policy(config.policy, inputs)
 
     def check_new(self, seq_id: str, prompt_tokens: int, sampling: Sampling) -> None:
         """ValueError naming the sequence when it cannot be taken."""
@@ -266,18 +271,36 @@ class NativeRunner:
         self._hit_tokens += matched
         return count
 
+    def cached(self, seq: Seq) -> int:
+        """Leading tokens of `seq` it would not compute if admitted now: those it holds, or
+        for a fresh sequence its leading full blocks the prefix cache holds (taking none)."""
+        if seq.table.blocks or not self.config.prefix_caching:
+            return seq.computed
+        hits = 0
+        for key in self._leading_keys(seq):
+            if not self.pool.cached(key):
+                break
+            hits += 1
+        return hits * self.config.block_size
+
+    def _leading_keys(self, seq: Seq) -> list[bytes]:
+        """The prefix-cache names of `seq`'s full blocks but the one holding its last token
+        (at least one token is left to compute, for the logits); kept on the sequence."""
+        size, tokens, keys = self.config.block_size, seq.tokens, seq.lookahead_keys
+        for i in range(len(keys), (seq.length - 1) // size):
+            keys.append(block_key(keys[-1] if keys else b"", tokens[i * size : (i + 1) * size]))
+        return keys[: (seq.length - 1) // size]
+
     def _match_prefix(self, seq: Seq) -> int:
-        """Take the longest run of `seq`'s leading full blocks the prefix cache holds (at
-        least one token is left to compute, for the logits); the tokens taken."""
-        size, tokens, key = self.config.block_size, seq.tokens, b""
-        for i in range((seq.length - 1) // size):
-            key = block_key(key, tokens[i * size : (i + 1) * size])
+        """Take the longest run of `seq`'s leading full blocks the prefix cache holds; the
+        tokens taken."""
+        for key in self._leading_keys(seq):
             block = self.pool.lookup(key)
             if block is None:
                 break
             seq.table.blocks.append(block)
             seq.hashes.append(key)
-        seq.computed = seq.table.num_tokens = len(seq.table.blocks) * size
+        seq.computed = seq.table.num_tokens = len(seq.table.blocks) * self.config.block_size
         return seq.computed
 
     def _remember_full(self, seq: Seq) -> None:

@@ -56,6 +56,7 @@ class Seq:
     finish: Finish | None = None
     queued_step: int = 0  # the engine step it arrived at (kept through preemptions)
     hashes: list[bytes] = field(default_factory=list)  # prefix-cache names of its full blocks
+    lookahead_keys: list[bytes] = field(default_factory=list)  # same, computed or not (memo)
     generator: torch.Generator = field(default_factory=torch.Generator)
     _tokens: list[int] = field(init=False, default_factory=list)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from qlm.engine.native.local_policy import local_policy
+from qlm.engine.native.local_policy import LocalPolicyConfig, local_policy
 from qlm.engine.native.runner import NativeRunner, RunnerConfig
 from qlm.engine.native.sequence import Sampling
 from tests.engine.native.helpers import random_checkpoint
@@ -82,5 +82,64 @@ def test_the_starvation_bound_gets_the_long_prompt_its_first_token_in_time() -> 
 
 
 def test_an_unknown_policy_is_refused_with_the_known_names() -> None:
-    with pytest.raises(ValueError, match="fcfs, srpt-mlfq"):
-        local_policy("lifo", 10, 16)
+    with pytest.raises(ValueError, match="fcfs, srpt-mlfq, prefix-groups"):
+        local_policy("lifo", LocalPolicyConfig())
+
+
+PREFIX = [(7 * i + 3) % 64 for i in range(96)]  # six full 16-token blocks
+
+
+def admissions(policy: str, hots: int, max_wait_steps: int = 64) -> tuple[list[str], dict]:
+    """One slot free beside a long request: "cold" (nothing cached) arrives, then `hots`
+    requests whose first 96 of 98 tokens are cached. The order of their first tokens, and
+    the tokens each generated."""
+    config = RunnerConfig(
+        num_blocks=256, max_num_seqs=2, policy=policy, max_wait_steps=max_wait_steps
+    )
+    runner = NativeRunner(random_checkpoint(), config)
+    greedy = Sampling(max_tokens=2, temperature=0.0, ignore_eos=True)
+    runner.add("system", [*PREFIX, 1], greedy)
+    while runner.has_work:
+        runner.step()
+    runner.add("busy", [5, 6, 7], Sampling(max_tokens=400, temperature=0.0, ignore_eos=True))
+    runner.step()
+    runner.add("cold", [(11 * i + 5) % 64 for i in range(98)], greedy)
+    for i in range(hots):
+        runner.add(f"hot{i}", [*PREFIX, 10 + i, 20 + i], greedy)
+    order: list[str] = []
+    tokens: dict[str, list[int]] = {}
+    while len(order) < hots + 1 or any(len(t) < 2 for t in tokens.values()):
+        for emitted in runner.step().emitted:
+            if emitted.seq_id not in tokens and emitted.seq_id != "busy":
+                order.append(emitted.seq_id)
+            if emitted.seq_id != "busy":
+                tokens.setdefault(emitted.seq_id, []).append(emitted.token)
+    return order, tokens
+
+
+def test_prefix_groups_admit_cached_prompts_first_within_the_starvation_bound() -> None:
+    """Preble's order: the hits (group 9 of 10) before the miss (group 0), which the
+    starvation bound then brings forward; the tokens each generates do not change."""
+    fcfs, fcfs_tokens = admissions("fcfs", hots=6)
+    assert fcfs[0] == "cold"
+    grouped, grouped_tokens = admissions("prefix-groups", hots=6)
+    assert grouped[:6] == [f"hot{i}" for i in range(6)]
+    assert grouped_tokens == fcfs_tokens
+    bounded, _ = admissions("prefix-groups", hots=12, max_wait_steps=5)
+    assert bounded.index("cold") < 8  # unbounded it would be last, after 12 hits
+    unbounded, _ = admissions("prefix-groups", hots=12, max_wait_steps=10_000)
+    assert unbounded[-1] == "cold"
+
+
+def test_the_runner_tells_the_policy_what_the_cache_holds_without_taking_it() -> None:
+    runner = NativeRunner(random_checkpoint(), RunnerConfig(num_blocks=64))
+    greedy = Sampling(max_tokens=1, temperature=0.0, ignore_eos=True)
+    runner.add("system", [*PREFIX, 1], greedy)
+    while runner.has_work:
+        runner.step()
+    runner.add("hot", [*PREFIX, 2, 3], greedy)
+    runner.add("half", [*PREFIX[:40], 9, 9, 9], greedy)
+    free = runner.pool.free_blocks
+    assert runner.cached(runner.seq("hot")) == 96
+    assert runner.cached(runner.seq("half")) == 32  # two full blocks of 16
+    assert runner.pool.free_blocks == free  # nothing held
