@@ -34,7 +34,7 @@ from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.config import NativeEngineConfig
 from qlm.engine.native.live import LiveRequest, decode
 from qlm.engine.native.runner import Emitted, NativeRunner, StepResult
-from qlm.engine.native.sequence import Sampling
+from qlm.engine.native.settings import sampling_of, stops_of
 from qlm.engine.types import (
     Aborted,
     EngineError,
@@ -49,6 +49,8 @@ from qlm.engine.types import (
     TokenChunk,
 )
 from qlm.types import Instance, Request
+
+CONTEXT_PREFIX = "ctx:"  # context ids in the runner (request sequences are "<id>#<n>")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,19 +144,54 @@ class NativeEngine:
             at_s=self.clock.now_s(),
         )
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, context_id: str | None = None) -> None:
+        """Queue `request`; with `context_id`, its prompt continues that filled context
+        (contexts.py) and the context's KV is reused instead of computed."""
         loaded = self._ready_for(request)
-        prompt = self._prompt_ids(request, loaded.tokenizer)
-        room = _room_tokens(loaded.runner) - len(prompt)
-        if not prompt or room < 1:
+        prompt = self._prompt_ids(request, first=context_id is None)
+        before = 0 if context_id is None else self.context_tokens(context_id)
+        room = _room_tokens(loaded.runner) - before - len(prompt)
+        if not before + len(prompt) or room < 1:
             raise EngineError(f"request {request.id}: a {len(prompt)}-token prompt does not fit")
-        sampling = _sampling(request, min(request.max_output_tokens, room))
+        sampling = sampling_of(request, min(request.max_output_tokens, room))
         self._submissions += 1
         runner_id = f"{request.id}#{self._submissions}"
-        self._later(lambda runner: runner.add(runner_id, prompt, sampling))
-        live = LiveRequest(request, runner_id, len(prompt), sampling.max_tokens, _stops(request))
+        if context_id is None:
+            self._later(lambda runner: runner.add(runner_id, prompt, sampling))
+        else:
+            parent = CONTEXT_PREFIX + context_id
+            self._later(lambda runner: runner.fork(parent, runner_id, sampling, prompt))
+        tokens = before + len(prompt)
+        live = LiveRequest(request, runner_id, tokens, sampling.max_tokens, stops_of(request))
         self._live[request.id] = live
         self._wake.set()
+
+    def on_runner(self, call: Callable[[NativeRunner], None]) -> None:
+        """Apply `call` to the runner between steps (contexts.py's operations)."""
+        self._later(call)
+        self._wake.set()
+
+    def tokenize(self, text: str, first: bool = True) -> list[int]:
+        """`text` as the served model's tokens, with the tokenizer's special tokens when it
+        is `first` (a prompt's start), without when it continues a context."""
+        loaded = self._loaded
+        if loaded is None or self._loading is not None:
+            raise EngineError(f"{self.instance_id} is not ready (state {self.observe().state})")
+        if loaded.tokenizer is None:
+            raise EngineError(f"model {loaded.model} has no tokenizer.json for text")
+        return list(loaded.tokenizer.encode(text, add_special_tokens=first).ids) if text else []
+
+    def raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise EngineError(f"{self.instance_id} failed: {self._failed}")
+
+    def context_tokens(self, context_id: str) -> int:
+        """Tokens in a filled context (EngineError when there is none by that id)."""
+        loaded = self._loaded
+        seq = None if loaded is None else loaded.runner.contexts.get(CONTEXT_PREFIX + context_id)
+        if seq is None:
+            raise EngineError(f"{self.instance_id} has no filled context {context_id!r}")
+        return seq.length
 
     def abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -201,12 +238,10 @@ class NativeEngine:
             raise EngineError(f"request {request.id} is already here")
         return loaded
 
-    def _prompt_ids(self, request: Request, tokenizer: Tokenizer | None) -> list[int]:
+    def _prompt_ids(self, request: Request, first: bool) -> list[int]:
         if request.prompt is None:
             return [self.config.filler_token_id] * request.prompt_tokens
-        if tokenizer is None:
-            raise EngineError(f"model {request.model} has no tokenizer.json for text prompts")
-        return list(tokenizer.encode(request.prompt).ids)
+        return self.tokenize(request.prompt, first)
 
     def _later(self, call: Callable[[NativeRunner], None]) -> None:
         """Apply `call` to the runner now, or after the step in flight."""
@@ -344,13 +379,6 @@ class NativeEngine:
         )
 
 
-def _temperature(value: object) -> float:
-    """The request's temperature; below 1e-5 it is greedy (0): dividing logits by less
-    overflows them."""
-    temperature = 1.0 if value is None else float(str(value))
-    return 0.0 if 0 <= temperature < 1e-5 else temperature
-
-
 def _abort_call(request_id: str) -> Callable[[NativeRunner], None]:
     def call(runner: NativeRunner) -> None:
         runner.abort(request_id)
@@ -362,31 +390,3 @@ def _room_tokens(runner: NativeRunner) -> int:
     """The longest sequence (prompt and output) the runner takes."""
     config = runner.config
     return min(config.num_blocks * config.block_size, runner.model.shape.max_position_embeddings)
-
-
-def _sampling(request: Request, max_tokens: int) -> Sampling:
-    s = request.sampling
-    temperature = s.get("temperature")
-    top_p = s.get("top_p")
-    seed = s.get("seed")
-    try:
-        return Sampling(
-            max_tokens=max_tokens,
-            temperature=_temperature(temperature),
-            top_p=1.0 if top_p is None else float(str(top_p)),
-            seed=None if seed is None else int(str(seed)),
-            ignore_eos=request.ignores_eos,
-        )
-    except ValueError as exc:
-        raise EngineError(f"request {request.id}: {exc}") from exc
-
-
-def _stops(request: Request) -> tuple[str, ...]:
-    stop = request.sampling.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list):
-        return tuple(str(s) for s in stop)
-    raise EngineError(f"request {request.id}: stop must be a string or a list of strings")

@@ -83,6 +83,7 @@ class NativeRunner:
         self.cache = KvCache(checkpoint.shape, self.config.num_blocks, self.config.block_size)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # in admission order
+        self.contexts: dict[str, Seq] = {}  # filled contexts, holding their KV until freed
         self._seqs: dict[str, Seq] = {}
         self.steps = 0
         self._hit_tokens = 0
@@ -111,17 +112,20 @@ class NativeRunner:
         self._seqs[seq_id] = seq
         self.waiting.append(seq)
 
-    def fork(self, parent_id: str, child_id: str, sampling: Sampling) -> None:
-        """A child that continues from the parent's tokens so far (its prompt), holding the
-        parent's KV blocks without a copy (copy-on-write when it writes into a shared one)."""
+    def fork(
+        self, parent_id: str, child_id: str, sampling: Sampling, more: Sequence[int] = ()
+    ) -> None:
+        """A child that continues from the parent's tokens so far and `more` (its prompt),
+        holding the parent's KV blocks without a copy (copy-on-write when it writes into a
+        shared one)."""
         parent = self._seqs.get(parent_id)
         if parent is None:
             raise ValueError(f"no sequence {parent_id} to fork (unknown or finished)")
-        self.check_new(child_id, parent.length, sampling)
+        self.check_new(child_id, parent.length + len(more), sampling)
         table = self.pool.fork(parent.table)
         child = Seq(
             child_id,
-            tuple(parent.tokens),
+            (*parent.tokens, *more),
             sampling,
             table,
             computed=parent.computed,
@@ -130,13 +134,29 @@ class NativeRunner:
         self._seqs[child_id] = child
         self.waiting.append(child)
 
+    def fill(self, context_id: str, tokens: Sequence[int], parent_id: str | None = None) -> None:
+        """A context of `tokens` (after its parent's, whose KV blocks it shares without a
+        copy): computed, then kept with its KV until `free`. `fork` (a child sequence that
+        generates) and `fill` with it as parent continue from it; `fill` with no tokens is
+        Parrot's Fork."""
+        if parent_id is None:
+            self.add(context_id, tokens, _FILL)
+        else:
+            self.fork(parent_id, context_id, _FILL, tokens)
+        seq = self._seqs[context_id]
+        seq.context = True
+        if seq.to_compute <= 0:
+            self.waiting.remove(seq)
+            self.contexts[context_id] = seq
+
     def abort(self, seq_id: str) -> bool:
+        """Drop a sequence, or free a context; False when there is no such one."""
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
             return False
         if seq in self.running:
             self.running.remove(seq)
-        else:
+        elif self.contexts.pop(seq_id, None) is None:
             self.waiting.remove(seq)
         self.pool.free(seq.table)
         return True
@@ -169,6 +189,9 @@ class NativeRunner:
                 self._remember_full(seq)
             decode += count if seq.output and count == 1 else 0
             prefill += 0 if seq.output and count == 1 else count
+            if seq.context and seq.to_compute == 0:
+                self.running.remove(seq)  # filled: it keeps its KV, off the running set
+                self.contexts[seq.seq_id] = seq
             if not piece.wants_logits:
                 continue
             finish = seq.append(seq.sample(logits[row]), self.model.shape.eos_token_ids)
@@ -232,7 +255,7 @@ class NativeRunner:
             if budget <= 0:
                 break
             if seq in self.running:
-                count = min(seq.pending, budget)
+                count = min(seq.to_compute, budget)
                 if not self._grow_running(seq, count, preempted):
                     continue
             else:
@@ -247,10 +270,20 @@ class NativeRunner:
         return plan, preempted
 
     def _reclaim_waiting(self) -> None:
-        """Free the blocks waiting sequences hold (forks waiting with their parent's blocks,
-        partly computed prompts): they are recomputed when admitted."""
-        for seq in self.waiting:
+        """Free the blocks waiting sequences and filled contexts hold (forks waiting with
+        their parent's blocks, partly computed prompts): they are recomputed when admitted,
+        and what continues from a context recomputes its tokens."""
+        for seq in [*self.waiting, *self.contexts.values()]:
             self._drop_blocks(seq)
+
+    def _drop_a_context(self) -> bool:
+        """Free the KV of the earliest filled context that holds any (its tokens stay: what
+        continues from it recomputes them); False when none holds KV."""
+        for seq in self.contexts.values():
+            if seq.table.blocks:
+                self._drop_blocks(seq)
+                return True
+        return False
 
     def _admit(self, seq: Seq, budget: int) -> int:
         """Admit waiting `seq`, its cached prefix taken from the prefix cache; the tokens it
@@ -260,7 +293,7 @@ class NativeRunner:
             return 0
         fresh = not seq.table.blocks  # not a fork, nothing computed
         matched = self._match_prefix(seq) if fresh and self.config.prefix_caching else 0
-        count = min(seq.pending, budget)
+        count = min(seq.to_compute, budget)
         if self.pool.extra_blocks(seq.table, count) > self.pool.free_blocks:
             if matched:
                 self._drop_blocks(seq)
@@ -325,6 +358,8 @@ class NativeRunner:
                 self.pool.grow(seq.table, count, self.cache)
                 return True
             except OutOfBlocksError:
+                if self._drop_a_context():
+                    continue
                 victim = self.policy.victim(self.running)
                 self._preempt(victim)
                 preempted.append(victim.seq_id)
@@ -340,6 +375,9 @@ class NativeRunner:
         self.running.remove(seq)
         self.pool.free(seq.table)
         del self._seqs[seq.seq_id]
+
+
+_FILL = Sampling(max_tokens=1)  # what check_new reserves for a context: one more token
 
 
 def block_key(previous: bytes, tokens: Sequence[int]) -> bytes:

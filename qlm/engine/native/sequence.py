@@ -57,6 +57,9 @@ class Seq:
     queued_step: int = 0  # the engine step it arrived at (kept through preemptions)
     hashes: list[bytes] = field(default_factory=list)  # prefix-cache names of its full blocks
     lookahead_keys: list[bytes] = field(default_factory=list)  # same, computed or not (memo)
+    # A context (Parrot's Fill): computes its tokens but the last (which whoever continues
+    # from it computes, for the logits), samples nothing, and keeps its KV until freed.
+    context: bool = False
     generator: torch.Generator = field(default_factory=torch.Generator)
     _tokens: list[int] = field(init=False, default_factory=list)
 
@@ -82,6 +85,11 @@ class Seq:
     def pending(self) -> int:
         """Tokens to compute before the next one can be sampled."""
         return self.length - self.computed
+
+    @property
+    def to_compute(self) -> int:
+        """Tokens the runner has left to compute for it (a context leaves its last one)."""
+        return self.pending - 1 if self.context else self.pending
 
     def sample(self, logits: torch.Tensor) -> int:
         s = self.sampling
