@@ -239,6 +239,9 @@ class Instance:
     gpu_count: int
     gpu_memory_bytes: int  # per GPU
     loaded_model: str | None = None
+    # Models asleep on it (the standby tier, qlm/engine/tiers.py): they wake in the
+    # profile's wake_s instead of loading in load_s.
+    standby_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpu_count < 1:

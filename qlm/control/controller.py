@@ -39,6 +39,7 @@ class InstanceView:
     instance_id: str
     loaded_model: str | None
     busy_s: float = 0.0
+    standby_models: tuple[str, ...] = ()  # asleep there, fast to wake (qlm/engine/tiers.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,12 +224,16 @@ class Controller:
 
     def _fleet_now(self, instances: Sequence[InstanceView]) -> Fleet:
         """The instances that are up (those with a view), each with the model it holds."""
-        models = {v.instance_id: v.loaded_model for v in instances}
+        views = {v.instance_id: v for v in instances}
         return Fleet(
             tuple(
-                replace(i, loaded_model=models[i.id])
+                replace(
+                    i,
+                    loaded_model=views[i.id].loaded_model,
+                    standby_models=views[i.id].standby_models,
+                )
                 for i in self.fleet.instances
-                if i.id in models
+                if i.id in views
             ),
             self.fleet.profiles,
         )

@@ -71,6 +71,15 @@ class EngineConfig(StrictModel):
         description="srpt-mlfq's feedback levels: level floor(log2(1 + output / quantum)).",
     )
 
+    standby_models: int = Field(
+        default=0,
+        ge=0,
+        description="Models an instance keeps asleep beside the one it serves (weights in host "
+        "memory: vLLM sleep mode level 1, or co-resident standby servers): loading one takes "
+        "the profile's wake_s instead of load_s; the least recently served goes cold when "
+        "the tier is full (qlm/engine/tiers.py). 0: every load is cold.",
+    )
+
     @model_validator(mode="after")
     def _swap_needs_space(self) -> EngineConfig:
         if self.preemption_mode == "swap" and self.cpu_swap_tokens == 0:

@@ -12,15 +12,14 @@ the operations and the observation. The work is done by its parts:
 | kv_cache.py | how many KV tokens are used, reserved and free (GPU and CPU)? |
 | scheduler.py | what runs in the next iteration, and what does a completed one change? |
 | segment.py | what is in flight, when does it end (closed-form decode runs)? |
-| config.py, stats.py | the scheduler's settings; the counters |
+| config.py, stats.py, tiers.py | the scheduler's settings; the counters; the standby tier |
 
 Time: `advance_to(t)` completes every segment that ends by t and plans the next one at its end;
 an operation (add, abort, swap_out, swap_in) arriving mid-segment first cuts it: the decode
 steps completed by then are applied, the step in flight completes with its duration and its
 remaining members, and the next iteration sees the change. An operation within TIME_EPS_S of an
 iteration boundary acts at that boundary. `load` kills everything at once (Aborted events),
-serves nothing for the profile's load_s, then emits ModelLoaded.
-"""
+serves nothing for the load time (wake_s or load_s, by tier), then emits ModelLoaded."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ from qlm.engine.segment import Segment, plan_segment
 from qlm.engine.seq_queues import SeqQueues
 from qlm.engine.sequence import Seq, SeqPhase
 from qlm.engine.stats import EngineCounters, EngineStats
+from qlm.engine.tiers import StandbyTier
 from qlm.engine.types import (
     Aborted,
     EngineError,
@@ -72,6 +72,8 @@ class EngineModel:
         self._model: str | None = None
         self._profile: Profile | None = None
         self._load_done_at_s: float | None = None
+        self._load_s = 0.0  # the load in progress: a wake from standby or a cold load
+        self._tier = StandbyTier(self.config.standby_models, instance.standby_models)
         self._max_num_seqs = 1
         if instance.loaded_model is not None:
             self._install(instance.loaded_model)
@@ -143,6 +145,7 @@ class EngineModel:
             at_s=now_s,
             prefix_prompt_tokens=self._counters.prefix.prompt_tokens,
             prefix_hit_tokens=self._counters.prefix.hit_tokens,
+            standby_models=self._tier.models,
         )
         return self._observed
 
@@ -218,8 +221,8 @@ class EngineModel:
         self._resume(plan_s)
 
     def load(self, model: str, now_s: float) -> None:
-        """Switch models: abort every request at once, serve nothing for the profile's
-        load_s, then emit ModelLoaded. EngineError for a model this instance cannot serve."""
+        """Switch models: abort every request, serve nothing for the load time (by tier), emit
+        ModelLoaded; the model left sleeps. EngineError for a model this cannot serve."""
         self._begin(now_s)
         if model not in self._profiles:
             raise EngineError(
@@ -231,10 +234,14 @@ class EngineModel:
             self._counters.aborted += 1
             self._events.append(Aborted(seq.id, now_s, f"model load ({model})"))
         self._reset_queues()
+        standby = self._tier.wake(model)  # before the model left takes its place
+        if self._model is not None:
+            self._tier.sleep(self._model)
         self._install(model)
         self._state = EngineState.LOADING
         assert self._profile is not None
-        self._load_done_at_s = now_s + self._profile.load_s
+        self._load_s = self._profile.load_time_s(standby)
+        self._load_done_at_s = now_s + self._load_s
         self._advance(now_s)  # a zero load time completes at once
 
     # ------------------------------------------------------------------ time, inside
@@ -271,7 +278,7 @@ class EngineModel:
         self._state = EngineState.READY
         self._observed = None
         self._load_done_at_s = None
-        self._events.append(ModelLoaded(self._model, at_s, self._profile.load_s))
+        self._events.append(ModelLoaded(self._model, at_s, self._load_s))
         self._now_s = max(self._now_s, at_s)
         self._schedule(at_s)
 

@@ -56,6 +56,7 @@ class EngineObservation:
     # in its prefix cache (qlm/engine/prefix_cache.py). None: the engine does not say.
     prefix_prompt_tokens: int | None = None
     prefix_hit_tokens: int | None = None
+    standby_models: tuple[str, ...] = ()  # models asleep here, fast to wake (tiers.py)
     # Requests on the GPU (running or waiting in the engine), not swapped out; and those
     # swapped to CPU. Derived from `requests` once, as every reader walks them.
     active: tuple[EngineRequest, ...] = field(init=False, repr=False, compare=False)

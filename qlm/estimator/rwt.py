@@ -211,7 +211,7 @@ def _rates(profile: Profile, group: RequestGroup, instance: Instance) -> Service
         output_tokens_mean=mu,
         output_tokens_std=sigma,
         prefill_s=profile.prefill_s(group.prompt_tokens_mean),
-        load_s=profile.load_s,
+        load_s=profile.load_time_s(group.model in instance.standby_models),
     )
 
 

@@ -46,6 +46,10 @@ class Profile:
     gpu_memory_utilization: float = 0.9
     provenance: str = ""
     step_time: StepTime | None = None
+    # The standby tier: seconds to serve again a model that sleeps on the instance (weights
+    # in host memory: vLLM sleep mode level 1, or a co-resident standby server). None: this
+    # (model, GPU) has no standby tier; every load is a cold one (load_s).
+    wake_s: float | None = None
 
     def __post_init__(self) -> None:
         _require(self.gpu_count >= 1, "gpu_count must be >= 1")
@@ -70,6 +74,7 @@ class Profile:
         _require(self.output_tokens_mean > 0, "output_tokens_mean must be > 0")
         _require(self.output_tokens_std >= 0, "output_tokens_std must be >= 0")
         _require(self.load_s >= 0, "load_s must be >= 0")
+        _require(self.wake_s is None or self.wake_s >= 0, "wake_s must be >= 0")
         _require(self.max_batch_size >= 1, "max_batch_size must be >= 1")
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization in (0, 1]")
 
@@ -105,6 +110,11 @@ class Profile:
         if self.step_time is not None:
             return self.step_time.iteration_s(prefill_tokens, decode_seqs, context_tokens)
         return self.decode_step_s_at(decode_seqs) + prefill_tokens / self.prefill_tokens_per_s
+
+    def load_time_s(self, standby: bool) -> float:
+        """Seconds until the model serves on an instance: wake_s when it sleeps there
+        (`standby`) and the profile has a standby tier, else the cold load_s."""
+        return self.wake_s if standby and self.wake_s is not None else self.load_s
 
     def decode_run(self, decode_seqs: int, context_tokens: int) -> DecodeRun:
         """A run of decode-only iterations of decode_seqs sequences that hold context_tokens

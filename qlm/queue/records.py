@@ -193,6 +193,7 @@ class InstanceStatus:
     # recent first, at most qlm.agents.prefix_index.REPORTED_KEYS: what its prefix cache
     # probably holds, for the control loop's `prefix_held` (the agent's own PrefixIndex).
     prefix_keys: tuple[int, ...] = ()
+    standby_models: tuple[str, ...] = ()  # models asleep there (EngineObservation)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -201,4 +202,5 @@ class InstanceStatus:
     def from_json(cls, text: str | bytes) -> InstanceStatus:
         data = json.loads(text)
         data["prefix_keys"] = tuple(data.get("prefix_keys", ()))
+        data["standby_models"] = tuple(data.get("standby_models", ()))
         return cls(**data)

@@ -386,4 +386,5 @@ class Agent:
             prefix_prompt_tokens=obs.prefix_prompt_tokens,
             prefix_hit_tokens=obs.prefix_hit_tokens,
             prefix_keys=self.prefixes.report(),
+            standby_models=obs.standby_models,
         )

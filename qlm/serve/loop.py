@@ -218,7 +218,8 @@ class ControlLoop:
             if status is None:
                 views.append(InstanceView(instance.id, instance.loaded_model, 0.0))
             else:
-                views.append(InstanceView(instance.id, status.model, status.busy_s))
+                standby = status.standby_models
+                views.append(InstanceView(instance.id, status.model, status.busy_s, standby))
         return views
 
 

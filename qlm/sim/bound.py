@@ -184,7 +184,8 @@ def _servers(fleet: Fleet, model: str, start_s: float) -> list[_Server]:
         if profile is None or not fleet.can_serve(instance, model):
             continue
         loaded = instance.loaded_model == model
-        ready_s = start_s if loaded else start_s + profile.load_s
+        standby = model in instance.standby_models
+        ready_s = start_s if loaded else start_s + profile.load_time_s(standby)
         kinds.add(_Server(profile, ready_s, profile.kv_capacity_tokens(instance.gpu_memory_bytes)))
     return sorted(kinds, key=lambda s: (s.profile.gpu_type, s.ready_s, s.kv_capacity_tokens))
 

@@ -174,7 +174,8 @@ def test_prefix_groups_interleave_by_priority_in_proportion() -> None:
 
 def test_prefix_groups_admit_a_cached_request_before_an_earlier_uncached_one() -> None:
     def first_of(order: str) -> str:
-        config = EngineConfig.model_validate({"waiting_order": order, "max_num_seqs": 1})
+        settings = {"waiting_order": order, "max_num_seqs": 1, "max_wait_iterations": 10**6}
+        config = EngineConfig.model_validate(settings)  # no bound: "busy" takes 200 steps
         model = engine(config=config)
         model.add(_with_prefix(req("warm", prompt=500, output=1), (1, 500)), 0.0)
         model.advance_to(1.0)

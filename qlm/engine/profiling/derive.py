@@ -39,6 +39,7 @@ from qlm.engine.profiling.public_figures import (
     FP16_FLOPS,
     GPU_COUNT_REASON,
     GPU_MEMORY_UTILIZATION,
+    HOST_TO_GPU_BYTES_PER_S,
     MAX_BATCH_SIZE,
     MIN_KV_TOKENS,
     MODELS,
@@ -49,6 +50,7 @@ from qlm.engine.profiling.public_figures import (
     PREBLE_SMALL_STEP_S,
     PROCESS_START_S,
     REFERENCES,
+    WAKE_START_S,
     ModelSpec,
     Traffic,
     azure_traffic,
@@ -195,6 +197,7 @@ def _file(
         output_tokens_mean=round(traffic.output_mean, 1),
         output_tokens_std=round(traffic.output_std, 1),
         load_s=round(PROCESS_START_S + facts.weight_bytes / NVME_BYTES_PER_S, 1),
+        wake_s=round(WAKE_START_S + facts.weight_bytes / gpu_count / HOST_TO_GPU_BYTES_PER_S, 1),
         max_batch_size=MAX_BATCH_SIZE,
         min_kv_tokens=MIN_KV_TOKENS,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
@@ -260,6 +263,11 @@ def _common_sources(facts: ModelSpec, traffic: Traffic) -> dict[str, FieldSource
             "derived",
             f"load: {PROCESS_START_S:.0f} s process start + weights at "
             f"{NVME_BYTES_PER_S / 1e9:.0f} GB/s",
+        ),
+        "wake_s": _src(
+            "derived",
+            f"sleep: {WAKE_START_S} s + each GPU's weight shard from host memory at "
+            f"{HOST_TO_GPU_BYTES_PER_S / 1e9:.0f} GB/s (PCIe 4.0 x16)",
         ),
         "max_batch_size": _src("published", "vllm: default max_num_seqs 256"),
         "gpu_memory_utilization": _src("published", "vllm: default 0.9"),

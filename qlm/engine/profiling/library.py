@@ -44,6 +44,7 @@ PROFILE_FIELDS: frozenset[str] = frozenset(
         "output_tokens_mean",
         "output_tokens_std",
         "load_s",
+        "wake_s",
         "max_batch_size",
         "min_kv_tokens",
         "gpu_memory_utilization",
@@ -197,7 +198,13 @@ class ProfileFile(StrictModel):
     prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     output_tokens_mean: float = Field(gt=0)
     output_tokens_std: float = Field(ge=0)
-    load_s: float = Field(ge=0)
+    load_s: float = Field(ge=0, description="Cold load: seconds until a fresh engine serves.")
+    wake_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="Standby tier: seconds until a model sleeping on the instance (weights in "
+        "host memory) serves again; None: no standby tier.",
+    )
     max_batch_size: int = Field(default=256, ge=1)
     min_kv_tokens: int = Field(default=4096, ge=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
@@ -236,6 +243,7 @@ class ProfileFile(StrictModel):
             output_tokens_mean=self.output_tokens_mean,
             output_tokens_std=self.output_tokens_std,
             load_s=self.load_s,
+            wake_s=self.wake_s,
             max_batch_size=self.max_batch_size,
             min_kv_tokens=self.min_kv_tokens,
             gpu_memory_utilization=self.gpu_memory_utilization,
@@ -286,6 +294,7 @@ class ProfileFile(StrictModel):
             output_tokens_mean=profile.output_tokens_mean,
             output_tokens_std=profile.output_tokens_std,
             load_s=profile.load_s,
+            wake_s=profile.wake_s,
             max_batch_size=profile.max_batch_size,
             min_kv_tokens=profile.min_kv_tokens,
             gpu_memory_utilization=profile.gpu_memory_utilization,

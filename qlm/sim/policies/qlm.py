@@ -332,7 +332,8 @@ class QlmPolicy(BasePolicy):
             obs = ctx.observe(instance.id)
             model = ctx.model_of(instance.id)
             profile = None if model is None else ctx.fleet.profile(model, instance)
-            views.append(InstanceView(instance.id, model, drain_estimate_s(obs, profile)))
+            busy_s = drain_estimate_s(obs, profile)
+            views.append(InstanceView(instance.id, model, busy_s, obs.standby_models))
         return tuple(views)
 
     @property

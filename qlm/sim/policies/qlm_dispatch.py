@@ -227,7 +227,8 @@ class SimDispatch:
         target = self._pool(head.model)
         if not target:
             return lost == 0
-        ready_s = ctx.clock.now_s() + profile.load_s
+        standby = head.model in ctx.observe(instance_id).standby_models
+        ready_s = ctx.clock.now_s() + profile.load_time_s(standby)
         gained = self._unkept(head.model, target, ready_s) - self._unkept(
             head.model, (*target, instance_id), ready_s
         )
