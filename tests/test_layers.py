@@ -63,6 +63,7 @@ ADAPTERS: dict[str, set[str]] = {
     "engine/vllm/process.py": {"aiohttp", "asyncio", "subprocess"},
     "engine/vllm/reaper.py": {"subprocess", "time"},
     "engine/native/engine.py": {"asyncio"},
+    "engine/native/contexts.py": {"asyncio"},
     "engine/vllm/streaming.py": {"aiohttp", "asyncio"},
     "engine/profiling/vllm_profiler.py": {"httpx", "asyncio", "time"},
     "engine/profiling/probe_client.py": {"httpx", "asyncio"},

@@ -43,7 +43,7 @@ BASELINE_DIGESTS = {
 # (an arrival no longer makes an instance that is not its group's preempt) move.
 QLM_DIGESTS = {
     "wa-quick": "ff0a7be08026fa20f7d6179c4cba76c7bbb81ac83ed961d5e861b7cc6fe42877",
-    "wb-quick": "181adaa883c524c9cc837b79a7e12d0d754d4ee1c16565a7aad793554bfdad29",
+    "wb-quick": "814bec2a7d13dd8685a65294c351eab6d2f78ac7569fa41e21bd6ac0cce4a502",
     "wc-quick": "93d4ee27c924d2f1be213090860fddba008a9d2844f376fb36107afd6b32ef2d",
 }
 

@@ -124,7 +124,9 @@ def test_preble_brings_its_local_scheduler_to_its_engines() -> None:
     profile = make_profile("m7b", max_batch_size=1, step_s=(0.01,), batch_sizes=(1,))
     fleet = Fleet.of([make_instance("i0", loaded_model="m7b")], [profile])
     warm = req("warm", 0.0, SHARED)
-    busy = replace(req("busy", 5.0, ()), max_output_tokens=500)
+    # 50 tokens: fewer iterations than the starvation bound (64), past which the oldest
+    # waiting request goes first whatever its cache hits
+    busy = replace(req("busy", 5.0, ()), max_output_tokens=50)
     cold = req("cold", 5.001, OTHER)
     hot = req("hot", 5.002, SHARED)
     firsts = {}

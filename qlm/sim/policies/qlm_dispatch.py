@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
+from qlm.agents.arrival_rates import ArrivalRates
 from qlm.agents.dispatch import (
     PoolRate,
     Schedule,
@@ -51,9 +52,15 @@ class SimDispatch:
         self.hold_ends: dict[str, float] = {}
         self._pacing = Pacing.of(ctx.config)
         self._jobs = False  # a planned job's member with a leader has arrived (job_gate.py)
+        self._arrivals = ArrivalRates()
+        self._seen: set[str] = set()  # requests counted as arrivals (not again when back)
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
+        if request.id not in self._queues and request.id not in self._seen:
+            self._seen.add(request.id)
+            budget_s = request.ttft_deadline_at_s - request.arrival_at_s
+            self._arrivals.arrived(request.model, request.arrival_at_s, budget_s)
         self._queues.add(_item(request), request.model)
         self._jobs = self._jobs or request.job_leader is not None
         if request.prefix and self._prefixes is None:
@@ -215,7 +222,10 @@ class SimDispatch:
         than it breaks (no swap on a whim): the target model's requests it would keep (kept
         with the instance in the target's pool and not without it, due after the load) must
         outnumber the requests of its own model that its pool keeps with it and not
-        without it. A model no instance serves gets one as soon as that breaks nothing."""
+        without it, plus, when the instance is its model's last, the arrivals of that model
+        expected while it is away (the target's load and the load back) that cannot wait that
+        long (`ArrivalRates.at_risk`). Instances loading the target count in its
+        pool, so two instances do not swap for the same requests."""
         ctx = self.ctx
         model = ctx.model_of(instance_id)
         profile = ctx.fleet.profile(head.model, ctx.fleet.instance(instance_id))
@@ -224,11 +234,16 @@ class SimDispatch:
         pool = self._pool(model)
         rest = tuple(i for i in pool if i != instance_id)
         lost = self._unkept(model, rest) - self._unkept(model, pool)
-        target = self._pool(head.model)
-        if not target:
-            return lost == 0
         standby = head.model in ctx.observe(instance_id).standby_models
-        ready_s = ctx.clock.now_s() + profile.load_time_s(standby)
+        now_s = ctx.clock.now_s()
+        ready_s = now_s + profile.load_time_s(standby)
+        if not rest:  # its last instance: what arrives for it meanwhile is at risk
+            back = ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
+            back_s = 0.0 if back is None else back.load_time_s(True)
+            lost += self._arrivals.at_risk(model, now_s, ready_s - now_s + back_s)
+        target = self._pool(head.model) + self._loading(head.model)
+        if not target:  # it serves a model no instance serves unless a promise breaks
+            return lost < 1
         gained = self._unkept(head.model, target, ready_s) - self._unkept(
             head.model, (*target, instance_id), ready_s
         )
@@ -253,6 +268,13 @@ class SimDispatch:
     def _pool(self, model: str) -> tuple[str, ...]:
         """The instances serving `model` now (loaded, not loading)."""
         return self.ctx.serving(model)
+
+    def _loading(self, model: str) -> tuple[str, ...]:
+        """The instances loading `model` now."""
+        ctx = self.ctx
+        return tuple(
+            i.id for i in ctx.fleet.instances if ctx.loading(i.id) and ctx.model_of(i.id) == model
+        )
 
     def _rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
         rate = self._rates.get((model, *pool))

@@ -1,0 +1,55 @@
+"""The qlm dispatcher's swap test (`SimDispatch.swap_pays`) against thrashing: instances that
+are loading a model count in its pool (three idle instances do not all swap for one model's
+requests), and taking a model's last instance away counts the arrivals expected meanwhile
+that cannot wait for it to come back (`ArrivalRates.at_risk`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from qlm.agents.arrival_rates import ArrivalRates
+from qlm.config import QlmConfig, SloClassConfig
+from qlm.sim.runner import simulate
+from tests.factories import make_request
+from tests.sim.cases import two_model_fleet
+
+
+def test_at_risk_counts_recent_arrivals_whose_budget_is_shorter_than_the_absence() -> None:
+    rates = ArrivalRates(window_s=10.0)
+    for k in range(10):
+        rates.arrived("m", float(k), budget_s=2.0 if k % 2 else 60.0)
+    # 5 urgent arrivals in the last 10 s: 0.5 / s; an absence of 4 s puts 2 at risk
+    assert rates.at_risk("m", 9.0, 4.0) == 2.0
+    assert rates.at_risk("m", 9.0, 100.0) == 10 / 10 * 100.0  # all are urgent then
+    assert rates.at_risk("m", 30.0, 4.0) == 0.0  # the window moved past them
+    assert rates.at_risk("other", 9.0, 4.0) == 0.0
+
+
+def test_idle_instances_do_not_all_swap_for_the_same_requests() -> None:
+    fleet = two_model_fleet(num_7b=3, num_13b=0, load_s=5.0)
+    requests = [
+        make_request(model="m13b", slo_class="batch-1", arrival_at_s=0.1 * k, ttft_s=120.0)
+        for k in range(3)
+    ]
+    result = simulate(fleet, requests, "qlm", QlmConfig(), 0)
+    assert result.attainment() == 1.0
+    assert Counter(load.model for load in result.loads)["m13b"] == 1
+
+
+def test_the_last_instance_of_a_busy_model_stays_for_its_urgent_arrivals() -> None:
+    """One instance serves m7b, whose interactive requests (3 s budget) come every 0.5 s; a
+    batch request for m13b (no instance; 5 s to load either way) waits rather than take
+    m7b's only instance away, which would leave the m7b requests of the next 10 s late."""
+    fleet = two_model_fleet(num_7b=1, num_13b=0, load_s=5.0)
+    chats = [
+        make_request(model="m7b", arrival_at_s=0.5 * k, ttft_s=3.0, max_output_tokens=16)
+        for k in range(60)
+    ]
+    batch = make_request(model="m13b", slo_class="batch-1", arrival_at_s=10.0, ttft_s=600.0)
+    classes = (
+        SloClassConfig(name="interactive", ttft_s=3.0, lateness_weight=100, priority=2),
+        SloClassConfig(name="batch-1", ttft_s=600.0, lateness_weight=1, priority=0),
+    )
+    result = simulate(fleet, [*chats, batch], "qlm", QlmConfig(slo_classes=classes), 0)
+    assert result.attainment("interactive") == 1.0
+    assert result.attainment("batch-1") == 1.0  # served once the chats stop
