@@ -233,7 +233,7 @@ class SimDispatch:
             return profile is not None
         pool = self._pool(model)
         rest = tuple(i for i in pool if i != instance_id)
-        lost = self._unkept(model, rest) - self._unkept(model, pool)
+        lost: float = self._unkept(model, rest) - self._unkept(model, pool)
         standby = head.model in ctx.observe(instance_id).standby_models
         now_s = ctx.clock.now_s()
         ready_s = now_s + profile.load_time_s(standby)
