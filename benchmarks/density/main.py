@@ -1,0 +1,172 @@
+"""benchmarks/density.py: many models on few GPUs (issue 18). For the long-tail scenario
+(benchmarks/density/scenario.py), the smallest fleet at which overall SLO attainment reaches
+the target, per approach (benchmarks/density/run.py):
+
+    .venv/bin/python benchmarks/density.py                  # seed 0, 16 models, target 0.99
+    .venv/bin/python benchmarks/density.py --seeds 0,1 --models 12
+
+Approaches: `qlm-edf` pooled with the standby tier (3 sleeping models per instance, wake in
+the profile's wake_s), the same with cold swaps only, and dedicated placement (each model on
+its own replicas, no swaps) scheduled by `qlm-edf` and by `llmd`. qlm runs with its EDF planner
+(`qlm-edf`): the MILP planner spends its 0.8 s limit on most of the replans of a 16-model
+fleet, some 10 minutes of wall time per 20-minute simulation, too slow for a search of a
+dozen fleets on this machine. Written: benchmarks/results/density.json, the "density" block
+of docs/benchmarks.md and docs/density/gpus.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.tables import markdown_table
+from benchmarks.density.run import dedicated_fleet, pooled_fleet
+from benchmarks.density.scenario import long_tail
+from benchmarks.report import (
+    RESULTS_DIR,
+    finish_header,
+    header_lines,
+    run_header,
+    write_docs_block,
+    write_results,
+)
+
+RESULTS_PATH = RESULTS_DIR / "density.json"
+PLOT_PATH = Path(__file__).resolve().parents[2] / "docs" / "density" / "gpus.png"
+POLICY = "qlm-edf"
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    rows = []
+    for standby, label in ((True, "qlm pooled, standby tier"), (False, "qlm pooled, cold swaps")):
+        scenario = long_tail(seed, args.models, args.peak_rate, standby=standby)
+        requests = scenario.requests(seed)
+        print(f"seed {seed}: {label} ({len(requests)} requests)", flush=True)
+        fleet = pooled_fleet(
+            scenario, requests, POLICY, seed, args.target, args.max_small, (1, 2, 3)
+        )
+        rows.append(_row(seed, label, fleet))
+    scenario = long_tail(seed, args.models, args.peak_rate, standby=False)
+    requests = scenario.requests(seed)
+    for policy, label in ((POLICY, "dedicated, qlm"), ("llmd", "dedicated, llmd")):
+        print(f"seed {seed}: {label}", flush=True)
+        fleet, _ = dedicated_fleet(scenario, requests, policy, seed, args.target, args.max_small)
+        rows.append(_row(seed, label, fleet))
+    return rows
+
+
+def _row(seed: int, label: str, fleet: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"seed": seed, "approach": label}
+    if fleet is None:
+        return row | {"gpus": "none found", "cost_per_hour": "", "attainment": "", "counts": ""}
+    found = fleet.as_dict()
+    counts = ", ".join(f"{n} x {g}" for g, n in found.pop("counts").items())
+    return row | found | {"counts": counts}
+
+
+def verdict(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for seed in sorted({r["seed"] for r in rows}):
+        mine = {r["approach"]: r for r in rows if r["seed"] == seed}
+        qlm = mine["qlm pooled, standby tier"]["gpus"]
+        dedicated = mine["dedicated, qlm"]["gpus"]
+        llmd = mine["dedicated, llmd"]["gpus"]
+        if not all(isinstance(v, int) for v in (qlm, dedicated, llmd)):
+            lines.append(f"- seed {seed}: a search found no fleet (see the table): MISS")
+            continue
+        saving = 1 - qlm / dedicated
+        ok = saving >= 0.5 and qlm < llmd
+        lines.append(
+            f"- seed {seed}: qlm with tiers {qlm} GPUs, dedicated {dedicated}, llmd {llmd}: "
+            f"{saving:.0%} fewer than dedicated (target >= 50 %), "
+            f"{'fewer' if qlm < llmd else 'not fewer'} than llmd: {'PASS' if ok else 'MISS'}"
+        )
+    return lines
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bars: GPUs of each approach's smallest fleet, per seed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.0, 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    approaches = list(dict.fromkeys(r["approach"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
+    width = 0.8 / max(len(seeds), 1)
+    for j, seed in enumerate(seeds):
+        values = [
+            next((r["gpus"] for r in rows if r["seed"] == seed and r["approach"] == a), 0)
+            for a in approaches
+        ]
+        heights = [v if isinstance(v, int) else 0 for v in values]
+        xs = [i + j * width for i in range(len(approaches))]
+        ax.bar(xs, heights, width, label=f"seed {seed}")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(approaches))], approaches, fontsize=8)
+    ax.set_ylabel("GPUs of the smallest fleet meeting the target")
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def render(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    columns = ["seed", "approach", "gpus", "cost_per_hour", "counts", "attainment", "evaluations"]
+    table = markdown_table(report["rows"], columns, lambda v, _: str(v))
+    return "\n".join(
+        [
+            "## Density: many models on few GPUs (simulator)",
+            "",
+            *header_lines(report),
+            "",
+            f"{s['models']} models (60 % 7B, 25 % 13B, 15 % 70B copies of the packaged profiles), "
+            f"Zipf {s['zipf_s']} popularity, a compressed day of 1,200 s (night 0.3 x, ramps, "
+            f"peak {s['peak_rate']} req/s, evening 0.4 x) with bursts of a fifth of the models; "
+            "70 % interactive (TTFT 5 s), 30 % batch (600 s); gamma arrivals, cv 2. Pools: 1-GPU "
+            "H100 (7B, 13B) and 4-GPU A100 (70B and any). The smallest fleet whose overall "
+            f"attainment reaches {s['target']} (cost: A100 3.7, H100 6.9 per GPU-hour). qlm runs "
+            "as `qlm-edf` (EDF planner; the MILP is too slow for a search here). Dedicated: each "
+            "model alone on k replicas until it meets the target; its attainment is then "
+            "measured with all models at once.",
+            "",
+            table,
+            "",
+            "![GPUs per approach](density/gpus.png)",
+            "",
+            "### Verdict",
+            "",
+            *report["verdict"],
+        ]
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--models", type=int, default=16)
+    parser.add_argument("--peak-rate", type=float, default=12.0)
+    parser.add_argument("--target", type=float, default=0.99)
+    parser.add_argument("--max-small", type=int, default=24)
+    args = parser.parse_args(argv)
+    report = run_header("density.py", argv, "shared and noisy; simulated time")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rows = [row for seed in seeds for row in run_seed(args, seed)]
+    report["settings"] = {
+        "models": args.models,
+        "peak_rate": args.peak_rate,
+        "target": args.target,
+        "zipf_s": 1.1,
+        "seeds": seeds,
+    }
+    report["rows"] = rows
+    report["verdict"] = verdict(rows)
+    finish_header(report)
+    block = render(report)
+    print(block)
+    plot(rows, PLOT_PATH)
+    write_results(RESULTS_PATH, report)
+    write_docs_block("density", block)
+    return 0
