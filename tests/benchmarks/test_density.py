@@ -1,0 +1,46 @@
+"""benchmarks/density: the long-tail scenario is what its docstring says (model mix, Zipf
+shares, two pools, the standby tier on or off), and the bisection finds the least count."""
+
+from __future__ import annotations
+
+from benchmarks.density.run import _least
+from benchmarks.density.scenario import long_tail, model_names, popularity
+
+
+def test_the_model_mix_and_the_zipf_shares() -> None:
+    names = model_names(16)
+    sizes = [name.split("-")[0] for name, _ in names]
+    assert (sizes.count("m7b"), sizes.count("m13b"), sizes.count("m70b")) == (10, 4, 2)
+    shares = popularity(names, seed=3, zipf_s=1.1)
+    ranked = sorted(shares.values(), reverse=True)
+    assert abs(sum(ranked) - 1.0) < 1e-9
+    assert ranked[0] / ranked[1] == 2**1.1  # Zipf: rank 1 over rank 2
+    assert popularity(names, seed=4, zipf_s=1.1) != shares  # the ranking is seeded
+
+
+def test_the_scenario_places_models_by_popularity_on_their_pools() -> None:
+    scenario = long_tail(0, models=8, peak_rate=2.0)
+    groups = scenario.fleet_config.instances
+    assert {g.gpu_type for g in groups if g.model and g.model.startswith("m70b")} == {"A100"}
+    assert {g.gpu_type for g in groups if g.model and not g.model.startswith("m70b")} == {"H100"}
+    assert scenario.engine.standby_models == 3
+    fleet = scenario.fleet()
+    assert all(p.wake_s is not None for p in fleet.profiles.values())
+    cold = long_tail(0, models=8, peak_rate=2.0, standby=False)
+    assert cold.engine.standby_models == 0
+    assert all(p.wake_s is None for p in cold.fleet().profiles.values())
+    requests = scenario.requests(0)
+    assert {r.slo_class for r in requests} == {"interactive", "batch"}
+    assert max(r.arrival_at_s for r in requests) <= 1200.0
+
+
+def test_the_bisection_finds_the_least_count_that_meets_the_target() -> None:
+    calls: list[int] = []
+
+    def value(k: int) -> float:
+        calls.append(k)
+        return 1.0 if k >= 7 else 0.5
+
+    assert _least(value, 0, 24, 0.99) == 7
+    assert len(calls) <= 7
+    assert _least(lambda k: 0.5, 0, 24, 0.99) is None
