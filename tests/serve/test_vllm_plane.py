@@ -183,38 +183,46 @@ async def wait_terminal(plane: Plane, ids: list[str], timeout_s: float) -> None:
     await asyncio.wait_for(done(), timeout_s)
 
 
+async def backlog_chats_and_swap(
+    plane: Plane, backlog_n: int, chats_n: int, timeout_s: float
+) -> None:
+    """The end-to-end exercise (module docstring) on a running plane, and what must hold:
+    chats in time, every request completed once, evictions and a model swap."""
+    base = f"http://127.0.0.1:{plane.port}"
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        backlog = await submit_batch(http, "tiny-a", backlog_n, 1500)
+        # Both engines full of long batch requests, most of their work ahead of them: a
+        # slot does not free before an interactive deadline, so only eviction serves it.
+        # (A fixed sleep instead let a fast, quiet machine finish most of the backlog
+        # first; a slot then freed in time and nothing was evicted, rightly.)
+        await running(plane, backlog, 8, timeout_s=30)
+        chats = [await interactive(client) for _ in range(chats_n)]
+        other_model = await submit_batch(http, "tiny-b", 3, 32)
+        await wait_terminal(plane, backlog + other_model, timeout_s)
+
+    breakdown = [hops(r) for r in await records(plane, [c[3] for c in chats])]
+    print("interactive:", [round(c[0], 2) for c in chats], *breakdown, sep="\n  ")
+    for ttft_s, text, tokens, _ in chats:
+        assert ttft_s < INTERACTIVE_TTFT_S, breakdown
+        assert text
+        assert tokens == 16
+    done = await records(plane, backlog + other_model)
+    assert all(r.state is RequestState.COMPLETED for r in done)
+    assert all(r.result is not None and r.result.output_tokens >= 1 for r in done)
+    completed = sum(a.counters.completed for a in plane.agents)
+    assert completed == len(done) + len(chats)  # one accepted result per request
+    assert sum(r.evictions for r in done) >= 1
+    assert sum(a.counters.evictions for a in plane.agents) >= 1
+    assert sum(a.counters.swaps for a in plane.agents) >= 1
+
+
 async def test_interactive_met_batch_completes_evictions_and_a_swap_happen(
     tiny_models: dict[str, Path],  # noqa: F811
     redis_url: str,
 ) -> None:
     async with running_plane(plane_config(tiny_models, redis_url)) as plane:
-        base = f"http://127.0.0.1:{plane.port}"
-        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-            # 4 rounds of 8: a fast machine ended 16 such requests within 20 s.
-            backlog = await submit_batch(http, "tiny-a", 32, 1500)
-            # Both engines full of long batch requests, most of their work ahead of them: a
-            # slot does not free before an interactive deadline, so only eviction serves it.
-            # (A fixed sleep instead let a fast, quiet machine finish most of the backlog
-            # first; a slot then freed in time and nothing was evicted, rightly.)
-            await running(plane, backlog, 8, timeout_s=30)
-            chats = [await interactive(client) for _ in range(4)]
-            other_model = await submit_batch(http, "tiny-b", 3, 32)
-            await wait_terminal(plane, backlog + other_model, 800)
-
-        breakdown = [hops(r) for r in await records(plane, [c[3] for c in chats])]
-        print("interactive:", [round(c[0], 2) for c in chats], *breakdown, sep="\n  ")
-        for ttft_s, text, tokens, _ in chats:
-            assert ttft_s < INTERACTIVE_TTFT_S, breakdown
-            assert text
-            assert tokens == 16
-        done = await records(plane, backlog + other_model)
-        assert all(r.state is RequestState.COMPLETED for r in done)
-        assert all(r.result is not None and r.result.output_tokens >= 1 for r in done)
-        completed = sum(a.counters.completed for a in plane.agents)
-        assert completed == len(done) + len(chats)  # one accepted result per request
-        assert sum(r.evictions for r in done) >= 1
-        assert sum(a.counters.evictions for a in plane.agents) >= 1
-        assert sum(a.counters.swaps for a in plane.agents) >= 1
+        # 4 rounds of 8: a fast machine ended 16 such requests within 20 s.
+        await backlog_chats_and_swap(plane, backlog_n=32, chats_n=4, timeout_s=800)
         models = {a.engine.observe().model for a in plane.agents}
         assert "tiny-b" in models or any(a.counters.swaps >= 2 for a in plane.agents)
