@@ -116,6 +116,7 @@ class QlmPolicy(BasePolicy):
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
+        self.dispatch.arrived(request)
         self.dispatch.queue(request)
         actions = self._follow(self.driver.arrive((request,), self.now_s()))
         if request.id in self.dispatch:  # not pulled where the plan put it

@@ -53,14 +53,14 @@ class SimDispatch:
         self._pacing = Pacing.of(ctx.config)
         self._jobs = False  # a planned job's member with a leader has arrived (job_gate.py)
         self._arrivals = ArrivalRates()
-        self._seen: set[str] = set()  # requests counted as arrivals (not again when back)
+
+    def arrived(self, request: Request) -> None:
+        """A new request (not one back from an engine): its model's recent arrivals."""
+        budget_s = request.ttft_deadline_at_s - request.arrival_at_s
+        self._arrivals.arrived(request.model, request.arrival_at_s, budget_s)
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
-        if request.id not in self._queues and request.id not in self._seen:
-            self._seen.add(request.id)
-            budget_s = request.ttft_deadline_at_s - request.arrival_at_s
-            self._arrivals.arrived(request.model, request.arrival_at_s, budget_s)
         self._queues.add(_item(request), request.model)
         self._jobs = self._jobs or request.job_leader is not None
         if request.prefix and self._prefixes is None:
