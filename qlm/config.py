@@ -155,6 +155,75 @@ class ControlConfig(StrictModel):
     )
 
 
+class AutoscalePoolConfig(StrictModel):
+    """One pool the controller sizes (qlm/control/autoscale.py): the fleet's instances
+    <instance_prefix>-0 .. <instance_prefix>-<max_replicas - 1>, one GPU type."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Pool name (the metrics' pool label, a DNS label).",
+    )
+    instance_prefix: str = Field(
+        min_length=1,
+        description="The pool's instances are <prefix>-0, <prefix>-1, ... in the fleet (a "
+        "StatefulSet's pods); scale-down removes the highest ordinals first.",
+    )
+    min_replicas: int = Field(default=0, ge=0, le=100_000)
+    max_replicas: int = Field(ge=1, le=100_000)
+    statefulset: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The Kubernetes StatefulSet whose scale the controller sets (with "
+        "controller.scaling.kubernetes); none: the desired replicas are only published.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalePoolConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"pool {self.name}: min_replicas > max_replicas")
+        return self
+
+
+class AutoscaleConfig(StrictModel):
+    """Replicas per pool from the queued and forecast demand (qlm/control/autoscale.py)."""
+
+    pools: tuple[AutoscalePoolConfig, ...] = Field(
+        default=(), description="Pools to size; none: no autoscaling."
+    )
+    target_utilization: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Busy share of an instance the forecast demand may take (headroom for "
+        "bursts and swaps).",
+    )
+    window_s: float = Field(
+        default=300.0, gt=0, description="Arrival rates are measured over this much time."
+    )
+    scale_down_stabilization_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="A pool shrinks only to the largest need of this much past time (scale-up "
+        "is immediate), so a dip does not drop replicas a returning load needs.",
+    )
+    drain_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A draining instance still busy after this long is removed anyway (its "
+        "requests go back to the queue; none is lost).",
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> AutoscaleConfig:
+        names = [p.name for p in self.pools]
+        prefixes = [p.instance_prefix for p in self.pools]
+        if len(names) != len(set(names)) or len(prefixes) != len(set(prefixes)):
+            raise ValueError("autoscale.pools: names and instance prefixes must be unique")
+        return self
+
+
 class QlmConfig(StrictModel):
     slo_classes: tuple[SloClassConfig, ...] = Field(
         default_factory=lambda: tuple(
@@ -173,6 +242,7 @@ class QlmConfig(StrictModel):
     estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
 
     @model_validator(mode="after")
     def _classes_consistent(self) -> QlmConfig:

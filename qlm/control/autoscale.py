@@ -1,0 +1,214 @@
+"""How many instances each pool needs: the autoscaling LSO, from the estimator's own rates.
+
+Question answered: given the recent arrival rate per model (qlm/control/demand.py), the queued
+backlog with its deadlines and the profiles, how many instances of each pool (one GPU type)
+keep the promises? Pure: every call carries `now_s`.
+
+One request of a model on a pool's instance occupies `request_work_s` of it: its prefill plus
+its share of the batch's decode iterations (the estimator's occupancy, qlm/estimator/rwt.py).
+A model then needs, on a pool,
+
+* forecast: rate x work / target_utilization instances, and
+* backlog: the densest deadline prefix of its queued requests, max_k W_k / (d_k - now), where
+  W_k is the work of the k requests due first and d_k the k-th deadline (EDF's feasibility
+  bound); a deadline sooner than the pool's load time counts as that load time, since no new
+  instance could help earlier.
+
+A model whose requests cannot wait for a load (a TTFT budget shorter than the pool's load time)
+must stay resident: its need is rounded up to whole instances. The other models share
+instances through swaps: their needs add up before rounding. Models are placed on the pool
+where a request costs least (cost per hour x work), the largest need first; what a full pool
+cannot take goes to the next cheapest; what no pool can take is reported as unmet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from qlm.config import AutoscaleConfig
+from qlm.control.demand import ModelDemand
+from qlm.perf.profile import Profile
+from qlm.types import Fleet, Instance, Request
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A pool's instances in ordinal order (max_replicas of them; scale-down removes the
+    last ones first) and what one instance costs."""
+
+    name: str
+    instances: tuple[Instance, ...]
+    min_replicas: int
+    cost_per_hour: float
+
+    @property
+    def max_replicas(self) -> int:
+        return len(self.instances)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolNeed:
+    pool: str
+    units: float  # instances the demand needs, before rounding
+    replicas: int  # rounded (resident models whole), within [min_replicas, max_replicas]
+    resident: tuple[str, ...]  # models that must keep an instance here
+    shared: tuple[str, ...]  # models placed here that share instances by swapping
+    unmet_units: float = 0.0  # demand no pool had room for (reported on every pool)
+
+
+def request_work_s(
+    profile: Profile, instance: Instance, prompt_tokens: float, output_tokens: float
+) -> float:
+    """Instance time one request takes: prefill plus its share of the batch's decode steps."""
+    output = min(profile.output_tokens_mean, output_tokens)
+    batch = profile.batch_size_for(instance.gpu_memory_bytes, prompt_tokens + output)
+    return profile.prefill_s(prompt_tokens) + output * profile.decode_step_s_at(batch) / batch
+
+
+def backlog_units(
+    queued: Sequence[Request], profile: Profile, instance: Instance, now_s: float
+) -> float:
+    """Instances that clear a model's queued requests by their TTFT deadlines (EDF bound)."""
+    floor_s = max(profile.load_s, 1e-3)
+    work_s, units = 0.0, 0.0
+    for r in sorted(queued, key=lambda r: r.ttft_deadline_at_s):
+        work_s += request_work_s(profile, instance, r.prompt_tokens, r.max_output_tokens)
+        units = max(units, work_s / max(r.ttft_deadline_at_s - now_s, floor_s))
+    return units
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    model: str
+    units: dict[str, float]  # pool -> instances needed if all of it went there
+    resident: dict[str, bool]  # pool -> must stay resident there
+
+
+def _model_need(
+    pools: Sequence[Pool],
+    fleet: Fleet,
+    demand: ModelDemand | None,
+    queued: Sequence[Request],
+    now_s: float,
+    config: AutoscaleConfig,
+) -> _Need | None:
+    model = demand.model if demand is not None else queued[0].model
+    units: dict[str, float] = {}
+    resident: dict[str, bool] = {}
+    for pool in pools:
+        template = pool.instances[0]
+        profile = fleet.profile(model, template)
+        if profile is None or not fleet.can_serve(template, model):
+            continue
+        need = backlog_units(queued, profile, template, now_s)
+        if demand is not None:
+            work = request_work_s(
+                profile, template, demand.prompt_tokens_mean, demand.output_cap_mean
+            )
+            need += demand.rate_per_s * work
+            resident[pool.name] = demand.ttft_budget_min_s < profile.load_s
+        else:
+            resident[pool.name] = False
+        units[pool.name] = need / config.target_utilization
+    return _Need(model, units, resident) if units else None
+
+
+def pool_needs(
+    pools: Sequence[Pool],
+    fleet: Fleet,
+    demands: Sequence[ModelDemand],
+    queued: Sequence[Request],
+    now_s: float,
+    config: AutoscaleConfig,
+) -> dict[str, PoolNeed]:
+    """Each pool's need for the demand and the backlog (module docstring)."""
+    by_model: dict[str, list[Request]] = {}
+    for r in queued:
+        by_model.setdefault(r.model, []).append(r)
+    forecast = {d.model: d for d in demands}
+    needs = [
+        n
+        for m in sorted(set(forecast) | set(by_model))
+        if (n := _model_need(pools, fleet, forecast.get(m), by_model.get(m, []), now_s, config))
+    ]
+    return _place(pools, needs)
+
+
+def _place(pools: Sequence[Pool], needs: Sequence[_Need]) -> dict[str, PoolNeed]:
+    cost = {p.name: p.cost_per_hour for p in pools}
+    room = {p.name: float(p.max_replicas) for p in pools}
+    resident_units: dict[str, float] = {p.name: 0.0 for p in pools}
+    shared_units: dict[str, float] = {p.name: 0.0 for p in pools}
+    placed: dict[str, tuple[list[str], list[str]]] = {p.name: ([], []) for p in pools}
+    unmet = 0.0
+    for need in sorted(needs, key=lambda n: (-min(n.units.values()), n.model)):
+        left = 1.0  # share of the model's demand still to place
+        for name in sorted(need.units, key=lambda p: (cost[p] * need.units[p], p)):
+            if left <= 0 or room[name] <= 0:
+                continue
+            units = need.units[name] * left
+            taken = min(units, room[name])
+            rounded = math.ceil(taken - 1e-9) if need.resident[name] else taken
+            room[name] -= rounded
+            if need.resident[name]:
+                resident_units[name] += rounded
+                placed[name][0].append(need.model)
+            else:
+                shared_units[name] += taken
+                placed[name][1].append(need.model)
+            left -= left * taken / units if units > 0 else left
+        if left > 1e-9:
+            unmet += left * min(need.units.values())
+    return {
+        p.name: _pool_need(p, resident_units[p.name], shared_units[p.name], placed[p.name], unmet)
+        for p in pools
+    }
+
+
+def _pool_need(
+    pool: Pool,
+    resident_units: float,
+    shared_units: float,
+    placed: tuple[list[str], list[str]],
+    unmet: float,
+) -> PoolNeed:
+    whole = resident_units + math.ceil(shared_units - 1e-9)
+    replicas = min(pool.max_replicas, max(pool.min_replicas, int(whole)))
+    return PoolNeed(
+        pool=pool.name,
+        units=resident_units + shared_units,
+        replicas=replicas,
+        resident=tuple(placed[0]),
+        shared=tuple(placed[1]),
+        unmet_units=unmet,
+    )
+
+
+def pools_of(config: AutoscaleConfig, fleet: Fleet, gpu_cost: Mapping[str, float]) -> list[Pool]:
+    """The configured pools over the fleet's instances (ValueError naming a missing one)."""
+    known = {i.id: i for i in fleet.instances}
+    pools: list[Pool] = []
+    for spec in config.pools:
+        ids = [f"{spec.instance_prefix}-{k}" for k in range(spec.max_replicas)]
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise ValueError(
+                f"autoscale pool {spec.name}: the fleet has no instance {missing[0]} "
+                f"(a pool of max_replicas {spec.max_replicas} needs all of {ids[0]}..{ids[-1]})"
+            )
+        instances = tuple(known[i] for i in ids)
+        types = {i.gpu_type for i in instances}
+        if len(types) != 1:
+            raise ValueError(f"autoscale pool {spec.name}: instances of GPU types {sorted(types)}")
+        first = instances[0]
+        pools.append(
+            Pool(
+                spec.name,
+                instances,
+                spec.min_replicas,
+                gpu_cost.get(first.gpu_type, 0.0) * first.gpu_count,
+            )
+        )
+    return pools
