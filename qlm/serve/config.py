@@ -98,6 +98,17 @@ class ControllerConfig(StrictModel):
         description="Control rounds start at most this often; arrivals in between are taken "
         "together.",
     )
+    kubernetes_scaling: bool = Field(
+        default=False,
+        description="Set the autoscaled pools' StatefulSet scale (qlm.autoscale.pools[]."
+        "statefulset) through the Kubernetes API, in-cluster credentials; off: the desired "
+        "replicas are only published (qlm_pool_desired_replicas).",
+    )
+    kubernetes_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The StatefulSets' namespace; default: the pod's own (its service account).",
+    )
 
     moved_fields = MappingProxyType(
         {

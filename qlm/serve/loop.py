@@ -23,6 +23,7 @@ from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerConfig
+from qlm.serve.scaling import PoolScaling
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")
@@ -53,10 +54,12 @@ class ControlLoop:
         clock: Clock,
         settings: ControllerConfig,
         metrics: MetricsHooks | None = None,
+        scaling: PoolScaling | None = None,
     ) -> None:
         self.driver = ControlDriver(Controller(config, fleet, clock), config.control)
         self.controller = self.driver.controller
         self.metrics = metrics or NO_METRICS
+        self.scaling = scaling
         self.fleet = fleet
         self.queue = queue
         self.clock = clock
@@ -111,6 +114,10 @@ class ControlLoop:
         queued = await self.queue.queued()
         statuses = await self.queue.instances()
         views = self._views(statuses)
+        if self.scaling is not None:  # draining instances get no new work
+            up = {v.instance_id for v in views}
+            draining = await self.scaling.round(queued, statuses, up, now_s)
+            views = [v for v in views if v.instance_id not in draining]
         # Arrivals join the adopted plan, and agents see them, before any re-plan: a solve
         # (regroup + MILP in a worker thread) takes its time limit at best and seconds on a
         # starved CPU, and the arrival that just joined (an interactive request, which the

@@ -28,6 +28,7 @@ from qlm.serve.agent import Agent
 from qlm.serve.config import ServeConfig
 from qlm.serve.heap import freeze_startup_heap
 from qlm.serve.loop import ControlLoop
+from qlm.serve.scaling import pool_scaling
 from qlm.types import Fleet, Instance
 
 log = logging.getLogger("qlm.serve")
@@ -222,7 +223,13 @@ async def running_plane(
             await _start_agents(plane, config, clock, only)
         if controller:
             plane.loop = ControlLoop(
-                config.qlm, plane.fleet, plane.queue, clock, config.controller, plane.metrics
+                config.qlm,
+                plane.fleet,
+                plane.queue,
+                clock,
+                config.controller,
+                plane.metrics,
+                pool_scaling(config, plane.fleet, plane.metrics.registry),
             )
             plane.tasks.append(asyncio.create_task(plane.loop.run(plane.stop)))
         if settings is not None:
