@@ -14,11 +14,12 @@ A model then needs, on a pool,
   bound); a deadline sooner than the pool's load time counts as that load time, since no new
   instance could help earlier.
 
-A model whose requests cannot wait for a load (a TTFT budget shorter than the pool's load time)
-must stay resident: its need is rounded up to whole instances. The other models share
-instances through swaps: their needs add up before rounding. Models are placed on the pool
-where a request costs least (cost per hour x work), the largest need first; what a full pool
-cannot take goes to the next cheapest; what no pool can take is reported as unmet.
+A model whose requests cannot wait for a load (a TTFT budget shorter than the pool's load
+time: the wake time where the pool's engines keep models asleep, else the cold load) must stay
+resident: its need is rounded up to whole instances. The other models share instances through
+swaps: their needs add up before rounding. Models are placed on the pool where a request costs
+least (cost per hour x work), the largest need first; what a full pool cannot take goes to the
+next cheapest; what no pool can take is reported as unmet.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class Pool:
     instances: tuple[Instance, ...]
     min_replicas: int
     cost_per_hour: float
+    # Its engines keep models asleep (the standby tier, qlm/engine/tiers.py): a model that
+    # slept there comes back in the profile's wake_s instead of its cold load_s.
+    standby: bool = False
 
     @property
     def max_replicas(self) -> int:
@@ -68,10 +72,15 @@ def request_work_s(
 
 
 def backlog_units(
-    queued: Sequence[Request], profile: Profile, instance: Instance, now_s: float
+    queued: Sequence[Request],
+    profile: Profile,
+    instance: Instance,
+    now_s: float,
+    load_s: float | None = None,
 ) -> float:
-    """Instances that clear a model's queued requests by their TTFT deadlines (EDF bound)."""
-    floor_s = max(profile.load_s, 1e-3)
+    """Instances that clear a model's queued requests by their TTFT deadlines (EDF bound);
+    a deadline sooner than `load_s` (default: the profile's cold load) counts as that."""
+    floor_s = max(profile.load_s if load_s is None else load_s, 1e-3)
     work_s, units = 0.0, 0.0
     for r in sorted(queued, key=lambda r: r.ttft_deadline_at_s):
         work_s += request_work_s(profile, instance, r.prompt_tokens, r.max_output_tokens)
@@ -102,13 +111,14 @@ def _model_need(
         profile = fleet.profile(model, template)
         if profile is None or not fleet.can_serve(template, model):
             continue
-        need = backlog_units(queued, profile, template, now_s)
+        load_s = profile.load_time_s(pool.standby)
+        need = backlog_units(queued, profile, template, now_s, load_s)
         if demand is not None:
             work = request_work_s(
                 profile, template, demand.prompt_tokens_mean, demand.output_cap_mean
             )
             need += demand.rate_per_s * work
-            resident[pool.name] = demand.ttft_budget_min_s < profile.load_s
+            resident[pool.name] = demand.ttft_budget_min_s < load_s
         else:
             resident[pool.name] = False
         units[pool.name] = need / config.target_utilization

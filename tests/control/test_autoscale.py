@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -161,3 +162,15 @@ def test_demand_window_rates_dedups_and_forgets() -> None:
     assert window.demand(100.0) == ()
     window.arrived(requests[0])  # forgotten, so it counts again
     assert window.demand(10.0)[0].rate_per_s == pytest.approx(0.1)
+
+
+def test_a_standby_tier_lets_urgent_models_share() -> None:
+    fleet, pools = fleet_and_pools(load_s=30.0)
+    woken = Fleet.of(fleet.instances, [replace(p, wake_s=1.0) for p in fleet.profiles.values()])
+    urgent = [demand("m7b", 0.01, budget_s=5.0)]
+    cold = pool_needs(pools, woken, urgent, [], 0.0, CONFIG)
+    assert cold["a"].resident == ("m7b",)  # pools without the tier load cold (30 s)
+    standby = [replace(p, standby=True) for p in pools]
+    warm = pool_needs(standby, woken, urgent, [], 0.0, CONFIG)
+    assert warm["a"].resident == ()
+    assert warm["a"].shared == ("m7b",)  # it wakes in 1 s, within its 5 s budget
