@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -126,7 +127,10 @@ def test_dashboard_shows_the_attainment_of_metrics_and_updates(
     assert (met, evaluated) == (3, 4)
 
     browser.get(f"{base_url}/dashboard")
-    wait = WebDriverWait(browser, 15, poll_frequency=0.2)
+    # the page re-renders as it polls: an element read mid-render is read again
+    wait = WebDriverWait(
+        browser, 15, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+    )
     wait.until(lambda d: d.find_element(By.ID, "status").text == "live")
     wait.until(lambda d: shows(d, met, evaluated))
     assert card(browser, "batch-2")["ratio"] == "–"  # nothing judged yet
