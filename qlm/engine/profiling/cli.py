@@ -57,6 +57,7 @@ def _vllm(args: argparse.Namespace, grid: ProfileGrid) -> ProfileJob:
         env=dict(_pair(e) for e in args.env or ()),
         cpu_cores=args.cpu_cores,
         log_dir=args.log_dir,
+        standby_models=1 if args.standby else 0,
     )
     config = profile_engine_config(config, args.max_num_batched_tokens)
     progress = None if args.quiet else _progress
@@ -87,6 +88,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--quick", action="store_true", help="the small grid (about 16 probes)")
     p.add_argument("--repeats", type=int, help="times each probe runs (overrides the grid)")
     p.add_argument("--loads", type=int, default=1, help="model loads to time (1: the start)")
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="also time --loads switches back to a standby server (the standby tier: "
+        "engine.vllm.standby_models) and write wake_s",
+    )
     p.add_argument("--output-tokens-mean", type=float, default=211.1)
     p.add_argument("--output-tokens-std", type=float, default=162.9)
     p.add_argument("--typical-context-tokens", type=int, help="where the decode table is taken")
@@ -156,6 +163,10 @@ def report(
         lines.append(f"    {kind:<8} {n:>3} samples, max relative error {worst:.1%}")
     loads = ", ".join(f"{x:.1f}" for x in run.load_s)
     lines.append(f"  load: {spec.load_s:.1f} s (median of {loads})")
+    if spec.wake_s is not None:
+        wakes = ", ".join(f"{x:.2f}" for x in run.wake_s)
+        ratio = spec.load_s / spec.wake_s if spec.wake_s > 0 else float("inf")
+        lines.append(f"  wake from standby: {spec.wake_s:.2f} s (median of {wakes}; {ratio:.0f}x)")
     if spec.measurement is not None and spec.measurement.request_overhead_s is not None:
         overhead_ms = 1e3 * spec.measurement.request_overhead_s
         lines.append(f"  request overhead outside the engine: {overhead_ms:.1f} ms (median)")

@@ -170,6 +170,9 @@ class Measurement(StrictModel):
         default_factory=dict, description="The planned grid (qlm/engine/profiling/probes.py)."
     )
     load_s_samples: tuple[float, ...] = Field(default=(), description="Each model load.")
+    wake_s_samples: tuple[float, ...] = Field(
+        default=(), description="Each switch back to a standby server (the standby tier)."
+    )
     skipped_probes: tuple[str, ...] = Field(
         default=(), description="Probes that never got a clean measurement window."
     )

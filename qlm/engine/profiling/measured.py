@@ -151,6 +151,7 @@ class ProfileRun:
     load_average: tuple[float, float, float]
     wall_s: float
     skipped: tuple[str, ...] = ()  # probes that never got a clean window
+    wake_s: tuple[float, ...] = ()  # switches back to a standby server (the standby tier)
 
 
 def typical_context(samples: Sequence[LabeledSample]) -> int:
@@ -199,6 +200,7 @@ def build_profile_file(run: ProfileRun, fit: ProfileFit, target: ProfileTarget) 
         output_tokens_mean=target.output_tokens_mean,
         output_tokens_std=target.output_tokens_std,
         load_s=statistics.median(run.load_s),
+        wake_s=statistics.median(run.wake_s) if run.wake_s else None,
         max_batch_size=facts.max_num_seqs,
         min_kv_tokens=min(4096, facts.kv.capacity_tokens),
         gpu_memory_utilization=gpu_memory_utilization(
@@ -216,6 +218,7 @@ def build_profile_file(run: ProfileRun, fit: ProfileFit, target: ProfileTarget) 
             engine_settings=dict(run.engine_settings),
             grid=run.grid.summary(),
             load_s_samples=run.load_s,
+            wake_s_samples=run.wake_s,
             skipped_probes=run.skipped,
             request_overhead_s=statistics.median(run.overhead_s) if run.overhead_s else None,
             fit=fit.quality(),
@@ -253,6 +256,13 @@ def _measured_sources(run: ProfileRun, fit: ProfileFit) -> dict[str, FieldSource
         for name in ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s")
     }
     loads = ", ".join(f"{x:.1f}" for x in run.load_s)
+    wakes = ", ".join(f"{x:.2f}" for x in run.wake_s)
+    if run.wake_s:
+        measured["wake_s"] = FieldSource(
+            kind="measured",
+            source=f"qlm-profile: median of {len(run.wake_s)} switches back to a standby "
+            f"server (park, then /health ready: {wakes} s)",
+        )
     return {
         **measured,
         "load_s": FieldSource(

@@ -15,6 +15,7 @@ import asyncio
 import os
 import platform
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -142,13 +143,27 @@ class VllmProfiler:
                 samples, overheads = await self._probes(limits)
                 for i in range(1, self.loads):
                     self._progress(f"reloading ({i + 1}/{self.loads})")
-                    engine.load_model(self.model)
+                    engine.load_model(self.model, cold=True)
                     await engine.wait_ready()
                     load_s.append(self._last_load(engine))
+                wake_s = await self._wakes(engine)
         finally:
             self._requests = None
             await engine.close()
-        return self._result(started_s, measured_at, facts, version, samples, overheads, load_s)
+        run = self._result(started_s, measured_at, facts, version, samples, overheads, load_s)
+        return replace(run, wake_s=tuple(wake_s))
+
+    async def _wakes(self, engine: VllmEngine) -> list[float]:
+        """With a standby tier (config.standby_models): the time of each switch back to a
+        standby server, `loads` times (the server parks, then serves again after a health
+        check); none without one."""
+        wakes: list[float] = []
+        for i in range(self.loads if self.config.standby_models > 0 else 0):
+            self._progress(f"waking from standby ({i + 1}/{self.loads})")
+            engine.load_model(self.model)
+            await engine.wait_ready()
+            wakes.append(self._last_load(engine))
+        return wakes
 
     async def run_on(self, base_url: str) -> ProfileRun:
         """Probe a server someone else runs (e.g. a live plane's engine between two runs): the

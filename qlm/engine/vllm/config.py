@@ -85,6 +85,15 @@ class VllmEngineConfig(StrictModel):
     stop_timeout_s: float = Field(
         default=20.0, gt=0, description="SIGTERM grace before SIGKILL on stop."
     )
+    standby_models: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description="The standby tier: servers of the models served last kept running idle "
+        "(co-resident standby servers), so that a swap back to one is a switch, not a process "
+        "start. Each holds its weights and its KV cache (kv_cache_gib) in memory the whole "
+        "time: on a GPU, split the memory with --gpu-memory-utilization in extra_args.",
+    )
     metrics_interval_s: float = Field(default=0.25, gt=0, description="/metrics scrape period.")
     read_timeout_s: float = Field(
         default=600.0, gt=0, description="Longest silence on a request's stream."

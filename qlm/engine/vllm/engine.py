@@ -10,9 +10,12 @@ port), the streaming client (streaming.py), and a background scrape of /metrics 
 - `observe` combines the client's own bookkeeping (admitted, started, tokens so far) with the
   latest scrape: kv_cache_usage_perc x the usable KV tokens from cache_config_info.
 - `load_model` restarts the server with the other model (LOADING meanwhile; ModelLoaded with
-  the measured stop-plus-start time). vLLM's sleep mode would be cheaper but 0.32.0 refuses
-  `--enable-sleep-mode` on the CPU platform ("Sleep mode is not supported on current
-  platform"); on GPUs it remains a possible later optimisation.
+  the measured stop-plus-start time). With `standby_models`, the server it leaves keeps
+  running idle and a later load of its model switches back to it (a wake: a health check
+  instead of a process start; `observe().standby_models` names them, so the planner prices
+  a swap back by the profile's wake_s). vLLM's sleep mode would be cheaper in memory but
+  0.32.0 refuses `--enable-sleep-mode` on the CPU platform ("Sleep mode is not supported on
+  current platform"); on GPUs it remains a possible later optimisation.
 - `swap_out`/`swap_in` raise EngineError: vLLM's public API has no per-request KV swap.
 - A server that exits on its own turns into EngineFailed, with every admitted request Aborted;
   `load_model` (any model) restarts it.
@@ -113,6 +116,7 @@ class VllmEngine:
         self._streams.abort_all("engine closed")
         await asyncio.gather(*streams, return_exceptions=True)
         await self._supervisor.stop()
+        await self._supervisor.stop_standby()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -186,6 +190,7 @@ class VllmEngine:
             at_s=self.clock.now_s(),
             prefix_prompt_tokens=self._metrics.prefix_queried_tokens,
             prefix_hit_tokens=self._metrics.prefix_hit_tokens,
+            standby_models=self._supervisor.standby_models(),
         )
 
     def submit(self, request: Request) -> None:
@@ -216,13 +221,14 @@ class VllmEngine:
             "(supports_kv_swap=False)"
         )
 
-    def load_model(self, model: str) -> None:
-        """Restart the server with `model` (also the way back from FAILED). A load in
-        progress is abandoned for the new one."""
+    def load_model(self, model: str, *, cold: bool = False) -> None:
+        """Serve `model`: wake its standby server or start one (also the way back from
+        FAILED); `cold`: stop every server first and start afresh (qlm profile times cold
+        loads so). A load in progress is abandoned for the new one."""
         if model not in self.config.models:
             known = ", ".join(sorted(self.config.models))
             raise EngineError(f"engine {self.instance_id} cannot load {model!r}; known: {known}")
-        self._begin_load(model, announce=True)
+        self._begin_load(model, announce=True, cold=cold)
 
     def poll(self) -> list[EngineEvent]:
         return self._events.drain()
@@ -246,23 +252,27 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ model loading
 
-    def _begin_load(self, model: str, *, announce: bool) -> None:
+    def _begin_load(self, model: str, *, announce: bool, cold: bool = False) -> None:
         self._streams.abort_all(f"model load ({model})")
         previous = self._load_task
         self._state, self._model, self._failure = EngineState.LOADING, model, ""
         self._load_task = asyncio.get_running_loop().create_task(
-            self._load(model, previous, announce), name=f"vllm-load-{model}"
+            self._load(model, previous, announce, cold), name=f"vllm-load-{model}"
         )
 
-    async def _load(self, model: str, previous: asyncio.Task[None] | None, announce: bool) -> None:
+    async def _load(
+        self, model: str, previous: asyncio.Task[None] | None, announce: bool, cold: bool
+    ) -> None:
         started_s = self.clock.monotonic_s()
         if previous is not None and not previous.done():
             previous.cancel()
             await asyncio.wait({previous})
-        await self._supervisor.stop()
+        if cold:
+            await self._supervisor.stop()
+            await self._supervisor.stop_standby()
         assert self._http is not None
         try:
-            server = await self._supervisor.start(model, self._http)
+            server = await self._supervisor.start(model, self._http, park=not cold)
             await self._scrape(server)
         except (EngineError, OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self._fail(f"loading {model}: {exc}")

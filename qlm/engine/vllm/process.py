@@ -6,8 +6,11 @@ process group: API server, engine core, workers), on a free local port, its outp
 file. Linux signals it when its agent dies, even by SIGKILL (PR_SET_PDEATHSIG), and the
 reaper at its head (reaper.py) takes the whole group down. Stopping is SIGTERM to the group,
 a grace period, then SIGKILL. `Supervisor` holds the engine's current
-server: a model load stops it and starts another (`stop`, `start`); an exit nobody asked for
-is reported to `on_exit` with the tail of the server's log.
+server: a model load parks it and starts another (`park`, `start`); an exit nobody asked for
+is reported to `on_exit` with the tail of the server's log. With `standby_models`, a parked
+server keeps running idle (the standby tier, qlm/engine/tiers.py: the least recently served
+one beyond the capacity stops), and `start` of its model switches back to it after a health
+check instead of launching a process.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
+from qlm.engine.tiers import StandbyTier
 from qlm.engine.types import EngineError
 from qlm.engine.vllm.config import VllmEngineConfig, serve_argv
 
@@ -62,24 +66,78 @@ class Supervisor:
     def __init__(self, config: VllmEngineConfig, name: str, on_exit: Callable[[str], None]) -> None:
         self.config = config
         self.server: ServerProcess | None = None
+        self.standby: dict[str, ServerProcess] = {}  # parked servers, running idle
+        self._tier = StandbyTier(config.standby_models)
         self._name = name  # in log file names
         self._on_exit = on_exit
         self._launches = 0
         self._log_dir = config.log_dir
         self._watchers: set[asyncio.Task[None]] = set()
 
-    async def start(self, model: str, http: aiohttp.ClientSession) -> ServerProcess:
-        """Launch a server with `model` and wait until /health answers. EngineError when it
-        exits first or is not healthy within the startup timeout."""
+    async def start(
+        self, model: str, http: aiohttp.ClientSession, *, park: bool = False
+    ) -> ServerProcess:
+        """Serve `model`: its standby server if one runs, else a new server (`park`: the
+        current one parks first, once `model` has left the tier, so a full tier keeps
+        `model`'s server); wait until /health answers. EngineError when it exits first or
+        is not healthy within the startup timeout."""
+        parked = self.standby.pop(model, None)
+        self._tier.wake(model)
+        if park and self.server is not None and self.server.model == model:
+            parked, self.server = self.server, None  # parks and serves again at once
+        elif park:
+            await self.park()
+        if parked is not None and (woken := await self._resume(parked, http)) is not None:
+            return woken
         server = await self._launch(model)
         await self._wait_healthy(server, http)
         return server
+
+    async def _resume(
+        self, server: ServerProcess, http: aiohttp.ClientSession
+    ) -> ServerProcess | None:
+        self.server = server
+        try:
+            await self._wait_healthy(server, http)
+        except EngineError:  # it died or hangs while parked: start afresh
+            self.server = None
+            await terminate(server.proc, self.config.stop_timeout_s)
+            return None
+        return server
+
+    async def park(self) -> None:
+        """Stop serving the current server: it joins the standby tier, or stops when the
+        tier has no room (the least recently served standby server stops instead)."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        if self._tier.capacity == 0 or server.proc.returncode is not None:
+            await terminate(server.proc, self.config.stop_timeout_s)
+            return
+        self._tier.sleep(server.model)
+        self.standby[server.model] = server
+        for model in [m for m in self.standby if m not in self._tier.models]:
+            await terminate(self.standby.pop(model).proc, self.config.stop_timeout_s)
+
+    def standby_models(self) -> tuple[str, ...]:
+        """The models whose servers run idle, most recently served first."""
+        return tuple(
+            m
+            for m in self._tier.models
+            if m in self.standby and self.standby[m].proc.returncode is None
+        )
 
     async def stop(self) -> None:
         """Stop the current server (if any) and everything it spawned."""
         server, self.server = self.server, None
         if server is not None:
             await terminate(server.proc, self.config.stop_timeout_s)
+
+    async def stop_standby(self) -> None:
+        """Stop every standby server (the tier empties)."""
+        for model in list(self.standby):
+            self._tier.wake(model)
+            await terminate(self.standby.pop(model).proc, self.config.stop_timeout_s)
 
     async def close(self) -> None:
         """Stop watching (after stop)."""

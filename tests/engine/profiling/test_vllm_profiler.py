@@ -50,6 +50,7 @@ def test_qlm_profile_measures_the_tiny_model_and_the_simulator_reads_the_file(
         # (on shared cores the fit once came out at R^2 0.48)
         "--cpu-cores",
         str(max(os.sched_getaffinity(0))),
+        "--standby",
         "--quiet",
     ]
     assert main(argv) == 0
@@ -57,6 +58,7 @@ def test_qlm_profile_measures_the_tiny_model_and_the_simulator_reads_the_file(
     assert "R^2" in printed
     assert "max relative error" in printed
     assert f"wrote {out}" in printed
+    assert "wake from standby" in printed
 
     spec = load_profile_file(out)
     m = spec.measurement
@@ -75,6 +77,11 @@ def test_qlm_profile_measures_the_tiny_model_and_the_simulator_reads_the_file(
     assert m.fit.samples == len(m.iterations)
     assert m.fit.r_squared is not None
     assert m.fit.r_squared > 0.5  # loose: the host is shared and noisy
+    # the standby tier: a switch back to a parked server beats a cold start at least 5x
+    assert len(m.wake_s_samples) == 1
+    assert spec.wake_s is not None
+    assert spec.load_s >= 5 * spec.wake_s, (spec.load_s, spec.wake_s)
+    assert spec.provenance.fields["wake_s"].kind == "measured"
     assert m.request_overhead_s is not None
     assert m.request_overhead_s > 0
     prefills = {r.prefill_tokens: r.measured_s for r in m.iterations if r.kind == "prefill"}
