@@ -73,14 +73,14 @@ class Sample:
     draining: int
 
 
-def pools_of_fleet(fleet: Fleet, cost: dict[str, float], standby: bool = False) -> list[Pool]:
+def pools_of_fleet(fleet: Fleet, cost: dict[str, float], standby_slots: int = 0) -> list[Pool]:
     """One pool per GPU type, its instances in fleet order (the ordinals)."""
     types = sorted({i.gpu_type for i in fleet.instances})
     pools = []
     for gpu in types:
         members = tuple(i for i in fleet.instances if i.gpu_type == gpu)
         price = cost[gpu] * members[0].gpu_count
-        pools.append(Pool(gpu.lower(), members, 1, price, standby))
+        pools.append(Pool(gpu.lower(), members, 1, price, standby_slots))
     return pools
 
 
@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
     )
     fleet = scenario.fleet()
     costs = {g: scenario.gpu_cost_per_hour(g) for g in MAX_COUNTS}
-    pools = pools_of_fleet(fleet, costs, standby=scenario.engine.standby_models > 0)
+    pools = pools_of_fleet(fleet, costs, scenario.engine.standby_models)
     gpus = {p.name: p.instances[0].gpu_count for p in pools}
     config = AutoscaleConfig(window_s=60.0, scale_down_stabilization_s=60.0)
     samples = replay(requests, result.outcomes, fleet, pools, config, args.tick_s, horizon_s)

@@ -17,7 +17,9 @@ A model then needs, on a pool,
 A model whose requests cannot wait for a load (a TTFT budget shorter than the pool's load
 time: the wake time where the pool's engines keep models asleep, else the cold load) must stay
 resident: its need is rounded up to whole instances. The other models share instances through
-swaps: their needs add up before rounding. Models are placed on the pool where a request costs
+swaps: their needs add up before rounding; those that can wait for a wake but not for a cold
+load must stay warm (loaded or asleep), so the pool keeps enough instances to hold them all
+(one loaded and `standby_slots` asleep each). Models are placed on the pool where a request costs
 least (cost per hour x work), the largest need first; what a full pool cannot take goes to the
 next cheapest; what no pool can take is reported as unmet.
 """
@@ -43,9 +45,9 @@ class Pool:
     instances: tuple[Instance, ...]
     min_replicas: int
     cost_per_hour: float
-    # Its engines keep models asleep (the standby tier, qlm/engine/tiers.py): a model that
+    # Models each instance keeps asleep (the standby tier, qlm/engine/tiers.py): one that
     # slept there comes back in the profile's wake_s instead of its cold load_s.
-    standby: bool = False
+    standby_slots: int = 0
 
     @property
     def max_replicas(self) -> int:
@@ -59,6 +61,7 @@ class PoolNeed:
     replicas: int  # rounded (resident models whole), within [min_replicas, max_replicas]
     resident: tuple[str, ...]  # models that must keep an instance here
     shared: tuple[str, ...]  # models placed here that share instances by swapping
+    warm: tuple[str, ...] = ()  # shared models that must stay loaded or asleep here
     unmet_units: float = 0.0  # demand no pool had room for (reported on every pool)
 
 
@@ -93,6 +96,7 @@ class _Need:
     model: str
     units: dict[str, float]  # pool -> instances needed if all of it went there
     resident: dict[str, bool]  # pool -> must stay resident there
+    warm: dict[str, bool]  # pool -> must stay loaded or asleep there (woken in time)
 
 
 def _model_need(
@@ -106,23 +110,24 @@ def _model_need(
     model = demand.model if demand is not None else queued[0].model
     units: dict[str, float] = {}
     resident: dict[str, bool] = {}
+    warm: dict[str, bool] = {}
     for pool in pools:
         template = pool.instances[0]
         profile = fleet.profile(model, template)
         if profile is None or not fleet.can_serve(template, model):
             continue
-        load_s = profile.load_time_s(pool.standby)
+        load_s = profile.load_time_s(pool.standby_slots > 0)
         need = backlog_units(queued, profile, template, now_s, load_s)
+        budget_s = math.inf if demand is None else demand.ttft_budget_min_s
         if demand is not None:
             work = request_work_s(
                 profile, template, demand.prompt_tokens_mean, demand.output_cap_mean
             )
             need += demand.rate_per_s * work
-            resident[pool.name] = demand.ttft_budget_min_s < load_s
-        else:
-            resident[pool.name] = False
+        resident[pool.name] = budget_s < load_s
+        warm[pool.name] = load_s <= budget_s < profile.load_s
         units[pool.name] = need / config.target_utilization
-    return _Need(model, units, resident) if units else None
+    return _Need(model, units, resident, warm) if units else None
 
 
 def pool_needs(
@@ -151,7 +156,9 @@ def _place(pools: Sequence[Pool], needs: Sequence[_Need]) -> dict[str, PoolNeed]
     room = {p.name: float(p.max_replicas) for p in pools}
     resident_units: dict[str, float] = {p.name: 0.0 for p in pools}
     shared_units: dict[str, float] = {p.name: 0.0 for p in pools}
-    placed: dict[str, tuple[list[str], list[str]]] = {p.name: ([], []) for p in pools}
+    placed: dict[str, tuple[list[str], list[str], list[str]]] = {
+        p.name: ([], [], []) for p in pools
+    }
     unmet = 0.0
     for need in sorted(needs, key=lambda n: (-min(n.units.values()), n.model)):
         left = 1.0  # share of the model's demand still to place
@@ -168,6 +175,8 @@ def _place(pools: Sequence[Pool], needs: Sequence[_Need]) -> dict[str, PoolNeed]
             else:
                 shared_units[name] += taken
                 placed[name][1].append(need.model)
+                if need.warm[name]:
+                    placed[name][2].append(need.model)
             left -= left * taken / units if units > 0 else left
         if left > 1e-9:
             unmet += left * min(need.units.values())
@@ -181,17 +190,23 @@ def _pool_need(
     pool: Pool,
     resident_units: float,
     shared_units: float,
-    placed: tuple[list[str], list[str]],
+    placed: tuple[list[str], list[str], list[str]],
     unmet: float,
 ) -> PoolNeed:
-    whole = resident_units + math.ceil(shared_units - 1e-9)
-    replicas = min(pool.max_replicas, max(pool.min_replicas, int(whole)))
+    """Whole instances: the resident ones, and enough shared ones for the shared work and
+    for every warm model to be loaded or asleep somewhere (each instance holds one loaded
+    model and `standby_slots` asleep; resident instances lend their sleep slots)."""
+    slots = pool.standby_slots
+    warm_room = max(0.0, len(placed[2]) - resident_units * slots)
+    shared = max(math.ceil(shared_units - 1e-9), math.ceil(warm_room / (1 + slots)))
+    replicas = min(pool.max_replicas, max(pool.min_replicas, int(resident_units) + shared))
     return PoolNeed(
         pool=pool.name,
         units=resident_units + shared_units,
         replicas=replicas,
         resident=tuple(placed[0]),
         shared=tuple(placed[1]),
+        warm=tuple(placed[2]),
         unmet_units=unmet,
     )
 

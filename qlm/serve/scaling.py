@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
@@ -138,4 +139,14 @@ def pool_scaling(
             setter = in_cluster(autoscale, config.controller.kubernetes_namespace)
     except ValueError as exc:
         raise ConfigError(f"qlm.autoscale: {exc}") from exc
+    slots = _standby_slots(config)
+    pools = [replace(p, standby_slots=slots) for p in pools]
     return PoolScaling(config.qlm, fleet, pools, setter, ScalingGauges(registry))
+
+
+def _standby_slots(config: ServeConfig) -> int:
+    """Models each instance keeps asleep: the vLLM engines' standby servers."""
+    if config.engine.kind != "vllm":
+        return 0
+    slots = config.engine.vllm.get("standby_models", 0)
+    return slots if isinstance(slots, int) else 0

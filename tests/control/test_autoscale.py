@@ -170,7 +170,23 @@ def test_a_standby_tier_lets_urgent_models_share() -> None:
     urgent = [demand("m7b", 0.01, budget_s=5.0)]
     cold = pool_needs(pools, woken, urgent, [], 0.0, CONFIG)
     assert cold["a"].resident == ("m7b",)  # pools without the tier load cold (30 s)
-    standby = [replace(p, standby=True) for p in pools]
+    standby = [replace(p, standby_slots=1) for p in pools]
     warm = pool_needs(standby, woken, urgent, [], 0.0, CONFIG)
     assert warm["a"].resident == ()
     assert warm["a"].shared == ("m7b",)  # it wakes in 1 s, within its 5 s budget
+    assert warm["a"].warm == ("m7b",)
+
+
+def test_warm_models_need_room_to_sleep() -> None:
+    """Five urgent models that can wait for a wake but not for a cold load, a trickle each:
+    with 1 sleep slot per instance they need 3 instances (2 models each at most)."""
+    models = [f"m{k}" for k in range(5)]
+    instances = tuple(make_instance(f"a-{k}", "A100") for k in range(8))
+    profiles = [replace(make_profile(m, "A100", load_s=30.0), wake_s=1.0) for m in models]
+    fleet = Fleet.of(instances, profiles)
+    trickle = [demand(m, 0.001, budget_s=5.0) for m in models]
+    for slots, replicas in ((1, 3), (2, 2), (4, 1)):
+        pool = Pool("a", instances, 0, 1.0, standby_slots=slots)
+        need = pool_needs([pool], fleet, trickle, [], 0.0, CONFIG)["a"]
+        assert len(need.warm) == 5
+        assert need.replicas == replicas, (slots, need)
