@@ -28,6 +28,8 @@ CI_VALUES = {
     "one-pool": CHART / "ci" / "one-pool-values.yaml",
     "two-pools": CHART / "ci" / "two-pools-values.yaml",
     "external-redis": CHART / "ci" / "external-redis-values.yaml",
+    "autoscale-hpa": CHART / "ci" / "autoscale-hpa-values.yaml",
+    "autoscale-controller": CHART / "ci" / "autoscale-controller-values.yaml",
 }
 RELEASE = "demo"
 NAMESPACE = "qlm-test"

@@ -13,17 +13,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from qlm.api.settings import ApiConfig
 from qlm.config import load_yaml_model
 from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.metrics.settings import MetricsConfig
 from qlm.serve import cli as serve_cli
-from qlm.serve.config import (
-    AgentConfig,
-    ApiConfig,
-    ControllerConfig,
-    LiveEngineConfig,
-    ServeConfig,
-)
+from qlm.serve.config import AgentConfig, ControllerConfig, LiveEngineConfig, ServeConfig
 from qlm.types import DEFAULT_GPU_TYPES
 from tests.deploy.chart import (
     CHART,
@@ -98,13 +93,22 @@ def test_pools_list_every_model_the_planner_may_place_on_them(
         prefix = f"{RELEASE}-qlm-pool-{key.removeprefix('fleet-').removesuffix('.yaml')}-"
         instance = next(i for i in fleet.instances if i.id.startswith(prefix))
         placeable = {m.name for m in config.models if fleet.can_serve(instance, m.name)}
-        assert placeable == set(config.engine.vllm["models"]), key  # type: ignore[arg-type]
+        assert placeable == set(VllmEngineConfig.model_validate(config.engine.vllm).models), key
 
 
 def pool_statefulsets(manifests: list[Manifest]) -> list[Manifest]:
     return [
         s for s in of_kind(manifests, "StatefulSet") if "qlm.io/pool" in s["metadata"]["labels"]
     ]
+
+
+def pool_size(sts: Manifest, fleet_file: dict[str, Any]) -> int:
+    """Pods the StatefulSet may have: its replicas, or its autoscaled pool's max_replicas."""
+    if "replicas" in sts["spec"]:
+        return int(sts["spec"]["replicas"])
+    autoscaled = fleet_file["qlm"]["autoscale"]["pools"]
+    name = sts["metadata"]["name"]
+    return int(next(p["max_replicas"] for p in autoscaled if p["instance_prefix"] == name))
 
 
 @pytest.mark.parametrize("name", list(CI_VALUES))
@@ -120,7 +124,7 @@ def test_agents_find_their_instance_and_only_their_pools_models(
         pool_file = files[f"fleet-{pool_name}.yaml"]
         assert pool_file["fleet"]["instances"] == files["fleet.yaml"]["fleet"]["instances"]
         gpus = container(sts)["resources"]["limits"]["nvidia.com/gpu"]
-        for ordinal in range(sts["spec"]["replicas"]):
+        for ordinal in range(pool_size(sts, files["fleet.yaml"])):
             pod = f"{sts['metadata']['name']}-{ordinal}"  # StatefulSet pod naming
             pod_names.add(pod)
             instance = everyone[pod]
@@ -202,7 +206,7 @@ def schema_properties(*path: str) -> set[str]:
 # values.schema.json section -> (settings class, fields the chart sets itself)
 PASSTHROUGH: dict[tuple[str, ...], tuple[type[BaseModel], set[str]]] = {
     ("api", "settings"): (ApiConfig, {"host", "port"}),
-    ("controller", "settings"): (ControllerConfig, {"node_id"}),
+    ("controller", "settings"): (ControllerConfig, {"node_id", "kubernetes_scaling"}),
     ("agent", "settings"): (AgentConfig, set()),
     ("engine",): (LiveEngineConfig, set()),
     ("#vllm",): (VllmEngineConfig, {"models"}),

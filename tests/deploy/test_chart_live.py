@@ -2,7 +2,8 @@
 command line (env expanded from the rendered Secret as the kubelet does) starts a real
 redis-server, the qlm containers' queue URL, built from the same Secret, opens qlm's own Redis
 queue against it, and the API and controller containers' command lines start `qlm api` and
-`qlm controller`, whose probe endpoints must answer on the ports the manifests name.
+`qlm controller`, whose probe endpoints must answer on the ports the manifests name; an
+autoscaled release's controller exports the gauge its pools' HPAs read.
 
 Only what Kubernetes would provide is substituted: the Service host becomes 127.0.0.1, fixed
 ports become free ones, /etc/qlm becomes a folder with the ConfigMap's files, /data a
@@ -263,5 +264,48 @@ def test_controller_container_command_serves_its_probes(
         assert probe_paths(container(controller)) == {"/metrics"}
         wait_for(f"http://127.0.0.1:{port}/metrics", process, tmp_path / "process.log")
         assert "qlm_" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        stop(process)
+
+
+def exported(text: str, series: str) -> float | None:
+    """The value of one series in a Prometheus text exposition, or None."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    return None
+
+
+@pytest.mark.slow
+def test_controller_publishes_the_gauge_each_pool_hpa_reads(
+    helm: Helm, bundled_redis: BundledRedis, tmp_path: Path
+) -> None:
+    """The autoscale-hpa release's controller command, run for real, exports
+    qlm_pool_desired_replicas with the pool label the pool's HPA selects."""
+    manifests = helm.template(
+        [CI_VALUES["autoscale-hpa"]], {"redis.auth.password": bundled_redis.password}
+    )
+    release = BundledRedis(manifests, bundled_redis.port, bundled_redis.password)
+    controller = find(manifests, "Deployment", f"{RELEASE}-qlm-controller")
+    process, port = start_pod_command(release, controller, tmp_path, "--metrics-port")
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_for(metrics, process, tmp_path / "process.log")
+        hpas = [
+            h
+            for h in of_kind(manifests, "HorizontalPodAutoscaler")
+            if "qlm.io/pool" in h["metadata"]["labels"]
+        ]
+        assert hpas
+        deadline = time.monotonic() + 60  # the leader lease of an earlier test's controller
+        for hpa in hpas:
+            metric = hpa["spec"]["metrics"][0]["external"]["metric"]
+            labels = ",".join(f'{k}="{v}"' for k, v in metric["selector"]["matchLabels"].items())
+            series = f"{metric['name']}{{{labels}}}"
+            while (value := exported(httpx.get(metrics, timeout=5).text, series)) is None:
+                assert process.poll() is None, (tmp_path / "process.log").read_text()
+                assert time.monotonic() < deadline, f"{series} never exported"
+                time.sleep(0.2)
+            assert hpa["spec"]["minReplicas"] <= value <= hpa["spec"]["maxReplicas"], series
     finally:
         stop(process)

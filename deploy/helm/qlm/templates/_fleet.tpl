@@ -4,7 +4,9 @@ The fleet file (qlm/serve/config.py, ServeConfig) the qlm processes read with --
 One file for the API and the controller (every model's weights in engine.vllm.models) and one
 per pool for its agents: the same fleet, with the pool's engine overrides and only the pool's
 models in engine.vllm.models. Every file lists every instance, because the controller plans
-for all of them and an agent looks its own instance up by id (the pod name).
+for all of them and an agent looks its own instance up by id (the pod name). An autoscaled
+pool lists maxReplicas instances (the pods it may have); those without a pod never report, and
+the controller plans only onto instances that report.
 */}}
 
 {{/* include "qlm.fleetFile" (list $ $pool); $pool is nil for the shared file. */}}
@@ -28,10 +30,10 @@ for all of them and an agent looks its own instance up by id (the pod name).
     "instances" (include "qlm.instances" $root | fromYamlArray)
 -}}
 {{- $file := dict
-    "qlm" $v.qlm
+    "qlm" (include "qlm.qlmConfig" $root | fromYaml)
     "queue" (dict "url_env" "QLM_QUEUE_URL" "key_prefix" $v.fleet.queueKeyPrefix)
     "api" $api
-    "controller" $v.controller.settings
+    "controller" (include "qlm.controllerConfig" $root | fromYaml)
     "agent" $v.agent.settings
     "engine" (include "qlm.engineConfig" (list $root $pool) | fromYaml)
     "models" $models
@@ -46,12 +48,84 @@ for all of them and an agent looks its own instance up by id (the pod name).
 {{- $root := . -}}
 {{- $instances := list -}}
 {{- range $pool := $root.Values.pools -}}
-{{- range $ordinal := until (int $pool.replicas) -}}
+{{- range $ordinal := until (include "qlm.poolInstanceCount" $pool | int) -}}
 {{- $id := printf "%s-%d" (include "qlm.poolName" (list $root $pool)) $ordinal -}}
 {{- $instances = append $instances (dict "id" $id "gpu_type" $pool.gpuType "gpu_count" (int $pool.gpusPerInstance) "model" (include "qlm.initialModel" $pool)) -}}
 {{- end -}}
 {{- end -}}
 {{- toYaml $instances -}}
+{{- end -}}
+
+{{/*
+A pool's autoscaling settings with the defaults filled in: include "qlm.poolAutoscaling" $pool
+| fromYaml. Key by key (not mergeOverwrite, which would drop a given 0 or false).
+*/}}
+{{- define "qlm.poolAutoscaling" -}}
+{{- $scaling := dict "enabled" false "minReplicas" 1 "maxReplicas" 4 "via" "hpa" "behavior" (dict) -}}
+{{- range $key, $value := (default (dict) .autoscaling) -}}
+{{- $_ := set $scaling $key $value -}}
+{{- end -}}
+{{- toYaml $scaling -}}
+{{- end -}}
+
+{{/* Instances (pods) a pool may have: replicas, or maxReplicas when it autoscales. */}}
+{{- define "qlm.poolInstanceCount" -}}
+{{- $scaling := include "qlm.poolAutoscaling" . | fromYaml -}}
+{{- if $scaling.enabled -}}{{ $scaling.maxReplicas | int }}{{- else -}}{{ .replicas | int }}{{- end -}}
+{{- end -}}
+
+{{/*
+qlm.autoscale.pools (AutoscalePoolConfig, qlm/config.py) of the autoscaled pools; the
+StatefulSet only for via controller, whose scale the controller sets itself.
+*/}}
+{{- define "qlm.autoscalePools" -}}
+{{- $root := . -}}
+{{- $pools := list -}}
+{{- range $pool := $root.Values.pools -}}
+{{- $scaling := include "qlm.poolAutoscaling" $pool | fromYaml -}}
+{{- if $scaling.enabled -}}
+{{- $name := include "qlm.poolName" (list $root $pool) -}}
+{{- $entry := dict "name" $pool.name "instance_prefix" $name "min_replicas" (int $scaling.minReplicas) "max_replicas" (int $scaling.maxReplicas) -}}
+{{- if eq $scaling.via "controller" -}}
+{{- $_ := set $entry "statefulset" $name -}}
+{{- end -}}
+{{- $pools = append $pools $entry -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $pools -}}
+{{- end -}}
+
+{{/* "true" when some pool is scaled by the controller through the Kubernetes API. */}}
+{{- define "qlm.controllerScales" -}}
+{{- $found := false -}}
+{{- range $pool := .Values.pools -}}
+{{- $scaling := include "qlm.poolAutoscaling" $pool | fromYaml -}}
+{{- if and $scaling.enabled (eq $scaling.via "controller") -}}{{- $found = true -}}{{- end -}}
+{{- end -}}
+{{- ternary "true" "" $found -}}
+{{- end -}}
+
+{{/* The fleet file's qlm section: the values' verbatim, with the autoscaled pools merged into
+     qlm.autoscale (its other settings, e.g. target_utilization, kept as given). */}}
+{{- define "qlm.qlmConfig" -}}
+{{- $qlm := deepCopy (default (dict) .Values.qlm) -}}
+{{- $pools := include "qlm.autoscalePools" . | fromYamlArray -}}
+{{- if $pools -}}
+{{- $autoscale := default (dict) $qlm.autoscale -}}
+{{- $_ := set $autoscale "pools" $pools -}}
+{{- $_ := set $qlm "autoscale" $autoscale -}}
+{{- end -}}
+{{- toYaml $qlm -}}
+{{- end -}}
+
+{{/* The fleet file's controller section: controller.settings, and kubernetes_scaling when the
+     controller sets some pool's scale. */}}
+{{- define "qlm.controllerConfig" -}}
+{{- $controller := deepCopy (default (dict) .Values.controller.settings) -}}
+{{- if include "qlm.controllerScales" . -}}
+{{- $_ := set $controller "kubernetes_scaling" true -}}
+{{- end -}}
+{{- toYaml $controller -}}
 {{- end -}}
 
 {{- define "qlm.initialModel" -}}

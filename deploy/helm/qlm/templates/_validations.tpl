@@ -15,6 +15,7 @@ it checks, so the first template Helm renders already fails with these messages.
 {{- $errors = concat $errors (include "qlm.validateRedis" . | fromYamlArray) -}}
 {{- $errors = concat $errors (include "qlm.validateModels" . | fromYamlArray) -}}
 {{- $errors = concat $errors (include "qlm.validatePools" . | fromYamlArray) -}}
+{{- $errors = concat $errors (include "qlm.validateAutoscaling" . | fromYamlArray) -}}
 {{- $errors = concat $errors (include "qlm.validateWorkloads" . | fromYamlArray) -}}
 {{- if $errors -}}
 {{- fail (printf "\n\nqlm: the values are not valid:\n  - %s\n" (join "\n  - " $errors)) -}}
@@ -119,7 +120,8 @@ it checks, so the first template Helm renders already fails with these messages.
 {{- if lt (int $pool.gpusPerInstance) 1 -}}
 {{- $errors = append $errors (printf "%s: gpusPerInstance must be at least 1 (got %v)" $where $pool.gpusPerInstance) -}}
 {{- end -}}
-{{- if lt (int $pool.replicas) 1 -}}
+{{- $scaling := include "qlm.poolAutoscaling" $pool | fromYaml -}}
+{{- if and (not $scaling.enabled) (lt (int $pool.replicas) 1) -}}
 {{- $errors = append $errors (printf "%s: replicas must be at least 1 (got %v); remove the pool instead" $where $pool.replicas) -}}
 {{- end -}}
 {{- if not $pool.models -}}
@@ -156,6 +158,52 @@ it checks, so the first template Helm renders already fails with these messages.
 {{- if not (hasPrefix "/" (toString $cache.mountPath)) -}}
 {{- $errors = append $errors (printf "%s: modelCache.mountPath %q must be an absolute path" $where (toString $cache.mountPath)) -}}
 {{- end -}}
+{{- end -}}
+{{- toYaml $errors -}}
+{{- end -}}
+
+{{/*
+Pool autoscaling (pools[].autoscaling): the range, the mode, and what the mode needs. The
+controller with controller.kubernetes_scaling sets the scale of every qlm.autoscale pool
+(qlm/serve/kubernetes_scale.py), so the two modes cannot be mixed in one release.
+*/}}
+{{- define "qlm.validateAutoscaling" -}}
+{{- $errors := list -}}
+{{- $modes := dict -}}
+{{- range $i, $pool := .Values.pools -}}
+{{- $scaling := include "qlm.poolAutoscaling" $pool | fromYaml -}}
+{{- if $scaling.enabled -}}
+{{- $where := printf "pools[%d] (%s)" $i (default "?" $pool.name) -}}
+{{- $min := int $scaling.minReplicas -}}
+{{- $max := int $scaling.maxReplicas -}}
+{{- if lt $max 1 -}}
+{{- $errors = append $errors (printf "%s: autoscaling.maxReplicas must be at least 1 (got %v)" $where $scaling.maxReplicas) -}}
+{{- end -}}
+{{- if gt $min $max -}}
+{{- $errors = append $errors (printf "%s: autoscaling.minReplicas (%v) is above maxReplicas (%v)" $where $scaling.minReplicas $scaling.maxReplicas) -}}
+{{- end -}}
+{{- if eq $scaling.via "hpa" -}}
+{{- if lt $min 1 -}}
+{{- $errors = append $errors (printf "%s: autoscaling.minReplicas must be at least 1 with via hpa (got %v); a HorizontalPodAutoscaler does not scale to zero, via controller does" $where $scaling.minReplicas) -}}
+{{- end -}}
+{{- else if eq $scaling.via "controller" -}}
+{{- if lt $min 0 -}}
+{{- $errors = append $errors (printf "%s: autoscaling.minReplicas must be at least 0 (got %v)" $where $scaling.minReplicas) -}}
+{{- end -}}
+{{- if not (and $.Values.rbac.create $.Values.rbac.allowScaling) -}}
+{{- $errors = append $errors (printf "%s: autoscaling.via controller needs rbac.create=true and rbac.allowScaling=true: the QLM controller sets the StatefulSet's scale through the Kubernetes API" $where) -}}
+{{- end -}}
+{{- else -}}
+{{- $errors = append $errors (printf "%s: autoscaling.via %q is unknown; use hpa (a HorizontalPodAutoscaler on qlm_pool_desired_replicas) or controller (the QLM controller sets the StatefulSet's scale)" $where (toString $scaling.via)) -}}
+{{- end -}}
+{{- $_ := set $modes (toString $scaling.via) (append (get $modes (toString $scaling.via) | default (list)) $pool.name) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (hasKey $modes "hpa") (hasKey $modes "controller") -}}
+{{- $errors = append $errors (printf "pools: autoscaling.via is hpa for %s but controller for %s; use one mode for every autoscaled pool (the controller, with controller.kubernetes_scaling, sets the scale of every autoscaled pool)" (join ", " (get $modes "hpa")) (join ", " (get $modes "controller"))) -}}
+{{- end -}}
+{{- if hasKey (default (dict) (default (dict) .Values.qlm).autoscale) "pools" -}}
+{{- $errors = append $errors "qlm.autoscale.pools is set by the chart from pools[].autoscaling: remove it and turn on autoscaling per pool (qlm.autoscale's other settings, e.g. target_utilization, are kept)" -}}
 {{- end -}}
 {{- toYaml $errors -}}
 {{- end -}}
