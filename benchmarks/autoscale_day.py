@@ -292,9 +292,9 @@ def _summary(
             f"({used / full:.0%}). Open loop: attainment at the desired size is not measured "
             "here (the simulator does not resize its fleet during a run). The need is a fluid "
             "one (occupancy at the target utilisation plus the backlog's deadline density): it "
-            "leaves out swap time and the queueing of bursts. The density block above finds that qlm-edf needs far more "
-            "than this on the same requests, so these replicas are the demand's shape, not yet "
-            "a size that meets the SLOs."
+            "leaves out swap time and the queueing of bursts. The density block above finds "
+            "that qlm-edf needs far more than this on the same requests, so these replicas are "
+            "the demand's shape, not yet a size that meets the SLOs."
         ),
     }
 
