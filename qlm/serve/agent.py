@@ -224,12 +224,21 @@ class Agent:
         return {r.id: r for r in got}
 
     async def _pull(self, request_ids: Sequence[str], claimed: dict[str, Request]) -> None:
-        """Lease what is not `claimed` yet; submit all it got in the pull's order."""
-        got = {r.id: r for r in await self._lease(request_ids)} | claimed
-        for rid in request_ids:
-            if rid in got:
+        """Lease what is not `claimed` yet; submit each id once, in the pull's order, unless
+        the engine runs it already. What was leased but not submitted goes back to the queue
+        (held unsubmitted, it would only wait for its lease to run out)."""
+        ids = list(dict.fromkeys(request_ids))
+        got = {r.id: r for r in await self._lease(ids)} | claimed
+        running = {r.request_id for r in self.engine.observe().requests}
+        unsent = [rid for rid in ids if rid in got and rid not in running]
+        try:
+            for rid in list(unsent):
                 self.engine.submit(got[rid])
+                unsent.remove(rid)
                 claimed.pop(rid, None)
+        finally:  # claimed ones go back in _apply
+            if leftover := [rid for rid in unsent if rid not in claimed]:
+                await self._requeue(leftover, evicted=False)
 
     async def _lease(self, request_ids: Sequence[str]) -> list[Request]:
         """Take requests from the global queue for this instance (those another instance

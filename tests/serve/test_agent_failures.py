@@ -170,3 +170,31 @@ def test_a_request_claimed_for_a_preemption_that_fails_goes_back_to_the_queue() 
 
 
 PLANNED_FIELDS = ("id", "prompt_tokens", "max_output_tokens", "slo_class", "ttft_deadline_at_s")
+
+
+def test_a_request_listed_twice_in_the_queue_is_submitted_once() -> None:
+    """A virtual queue that lists a request in two groups (a plan cut while a request moved
+    between groups) made one pull list it twice; the second submit raised, the round failed
+    and left the rest leased but never submitted, waiting for their leases to run out (the
+    agent kill fault test lost requests so)."""
+
+    async def run() -> None:
+        clock = VirtualClock(0.0)
+        queue = MemoryQueue(clock=clock)
+        engine = ScriptedEngine()
+        fleet = Fleet.of([make_instance("i0")], [make_profile("m7b")])
+        agent = Agent(make_instance("i0"), engine, queue, fleet, clock, AgentConfig(), {})
+        for rid in ("r0", "r1"):
+            await queue.enqueue(make_request(id=rid))
+        first = PlannedGroup("g1", "m7b", "interactive", ("r0",), (500,), (512,))
+        second = PlannedGroup("g2", "m7b", "interactive", ("r0", "r1"), (500, 500), (512, 512))
+        groups = {"g1": first, "g2": second}
+        await queue.publish_plan(PublishedPlan(0, 0.0, {"i0": ("g1", "g2")}, groups))
+        await agent.step()
+        assert engine.submitted == ["r0", "r1"]
+        for rid in ("r0", "r1"):
+            record = await queue.get(rid)
+            assert record is not None
+            assert (record.state, record.dispatches) == (RequestState.DISPATCHED, 1)
+
+    asyncio.run(run())
