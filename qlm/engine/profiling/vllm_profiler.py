@@ -1,12 +1,9 @@
-"""Profiling a live vLLM engine, the I/O part: start the server (VllmEngine, which times the
-load), run every probe of a ProfileGrid against its OpenAI API, read the engine's own times
-from /metrics, and return a ProfileRun for measured.py to fit.
-
-Question answered: how are the probes of probes.py run on a real server? Requests are raw
-streamed /v1/completions with token-id prompts (exact lengths), `max_tokens` and `ignore_eos`
-(exact output lengths), sent by probe_client.py. Each probe waits for an idle engine first.
-Prefix caching is turned off and the token budget set explicitly, so what is measured is
-compute and the simulator's chunk size matches the engine's (`profile_engine_config`).
+"""Profiling a live vLLM engine, the I/O part: start the server (VllmEngine times loads and,
+with a standby tier, wakes), run every probe of a ProfileGrid through its OpenAI API (raw
+streamed /v1/completions with token-id prompts, `max_tokens` and `ignore_eos`: exact lengths;
+probe_client.py), each on an idle engine, read the engine's own times from /metrics, and return
+a ProfileRun for measured.py to fit. Prefix caching is off and the token budget explicit, so
+compute is measured at the simulator's chunk size (`profile_engine_config`).
 """
 
 from __future__ import annotations
@@ -65,8 +62,7 @@ class VoidProbeError(Exception):
 def profile_engine_config(
     config: VllmEngineConfig, max_num_batched_tokens: int = VLLM_DEFAULT_TOKEN_BUDGET
 ) -> VllmEngineConfig:
-    """The config with the token budget given explicitly and prefix caching off (unless the
-    extra arguments already say otherwise)."""
+    """The config with an explicit token budget and prefix caching off (unless extra_args say)."""
     extra = list(config.extra_args)
     if not any(a.startswith("--max-num-batched-tokens") for a in extra):
         extra += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
@@ -154,12 +150,9 @@ class VllmProfiler:
         return replace(run, wake_s=tuple(wake_s))
 
     async def _wakes(self, engine: VllmEngine) -> list[float]:
-        """With a standby tier (config.standby_models): the time of each switch back to a
-        standby server, `loads` times (the server parks, then serves again after a health
-        check); none without one."""
+        """`loads` switches back to a standby server (park, health check): its wake_s."""
         wakes: list[float] = []
-        for i in range(self.loads if self.config.standby_models > 0 else 0):
-            self._progress(f"waking from standby ({i + 1}/{self.loads})")
+        for _ in range(self.loads if self.config.standby_models > 0 else 0):
             engine.load_model(self.model)
             await engine.wait_ready()
             wakes.append(self._last_load(engine))
