@@ -5,8 +5,8 @@ The test plays the StatefulSet controller that an HPA drives from the published 
 `qlm_pool_desired_replicas{pool}`: it keeps agents i-0 .. i-(desired - 1) running, starting
 agent processes on scale-up and killing them with SIGKILL on scale-down (harsher than a pod's
 SIGTERM). A steady stream of batch requests needs more than one instance, so the pool grows
-to 3; once the stream ends it shrinks to 1. The instances it gives up still hold requests
-when the drain starts, and every request must end exactly once, dispatched once: nothing the
+to 3; once the stream ends it shrinks to 1. A last wave of long requests (one per slot)
+keeps the instances it gives up busy when the drain starts, and every request must end exactly once, dispatched once: nothing the
 killed agents held comes back through a lease."""
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]
 TOKENS = 200  # 4 s at 20 ms per token; 4 run at once on an instance
 RATE_PER_S = 2.0  # about 2 instances' worth
 SUBMIT_S = 20.0
+TAIL = 12  # then a last wave of long requests, one per slot of the grown pool:
+TAIL_TOKENS = 600  # 12 s each, so they still run when the shrink begins (~6 s later)
 INSTANCES = ("i-0", "i-1", "i-2")
 
 
@@ -101,22 +103,28 @@ class StatefulSet:
                 self.removed_at_s[iid] = time.monotonic()
 
 
+async def submit(http: httpx.AsyncClient, index: int, tokens: int) -> str:
+    body = {
+        "kind": "completion",
+        "model": PROFILE["model"],
+        "prompt": f"scaling document {index}",
+        "max_tokens": tokens,
+        "slo_class": "batch-2",
+    }
+    response = await http.post("/v1/qlm/requests", json=body)
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
 async def submit_steadily(api_url: str) -> list[str]:
     ids: list[str] = []
     started = time.monotonic()
     async with httpx.AsyncClient(base_url=api_url, timeout=10.0) as http:
         while time.monotonic() - started < SUBMIT_S:
-            body = {
-                "kind": "completion",
-                "model": PROFILE["model"],
-                "prompt": f"scaling document {len(ids)}",
-                "max_tokens": TOKENS,
-                "slo_class": "batch-2",
-            }
-            response = await http.post("/v1/qlm/requests", json=body)
-            assert response.status_code == 202, response.text
-            ids.append(str(response.json()["id"]))
+            ids.append(await submit(http, len(ids), TOKENS))
             await asyncio.sleep(1.0 / RATE_PER_S)
+        for _ in range(TAIL):
+            ids.append(await submit(http, len(ids), TAIL_TOKENS))
     return ids
 
 
@@ -145,7 +153,10 @@ async def test_pool_grows_with_load_and_drains_before_shrinking(
                 await asyncio.sleep(0.2)  # the shrink after the last request
             stop.set()
             await follower
-            judge_async(report, await views_via(api.url, ids), TOKENS)
+            views = await views_via(api.url, ids)
+            steady = {rid: v for rid, v in views.items() if rid not in ids[-TAIL:]}
+            judge_async(report, steady, TOKENS)
+            judge_async(report, {rid: views[rid] for rid in ids[-TAIL:]}, TAIL_TOKENS)
             for rid in ids:
                 if (done := await plane.done_events(rid)) != 1:
                     report.duplicate(rid, f"{done} DONE events")
