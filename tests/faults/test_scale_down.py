@@ -6,8 +6,8 @@ The test plays the StatefulSet controller that an HPA drives from the published 
 agent processes on scale-up and killing them with SIGKILL on scale-down (harsher than a pod's
 SIGTERM). A steady stream of batch requests needs more than one instance, so the pool grows
 to 3; once the stream ends it shrinks to 1. A last wave of long requests (one per slot)
-keeps the instances it gives up busy when the drain starts, and every request must end exactly once, dispatched once: nothing the
-killed agents held comes back through a lease."""
+keeps the instances it gives up busy when the drain starts, and every request must end
+exactly once, dispatched once: nothing the killed agents held comes back through a lease."""
 
 from __future__ import annotations
 
