@@ -211,8 +211,14 @@ def _pool_need(
     )
 
 
-def pools_of(config: AutoscaleConfig, fleet: Fleet, gpu_cost: Mapping[str, float]) -> list[Pool]:
-    """The configured pools over the fleet's instances (ValueError naming a missing one)."""
+def pools_of(
+    config: AutoscaleConfig,
+    fleet: Fleet,
+    gpu_cost: Mapping[str, float],
+    standby_slots: int = 0,
+) -> list[Pool]:
+    """The configured pools over the fleet's instances (ValueError naming a missing one);
+    `standby_slots`: models each of their engines keeps asleep."""
     known = {i.id: i for i in fleet.instances}
     pools: list[Pool] = []
     for spec in config.pools:
@@ -234,6 +240,7 @@ def pools_of(config: AutoscaleConfig, fleet: Fleet, gpu_cost: Mapping[str, float
                 instances,
                 spec.min_replicas,
                 gpu_cost.get(first.gpu_type, 0.0) * first.gpu_count,
+                standby_slots,
             )
         )
     return pools

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
@@ -131,7 +130,7 @@ def pool_scaling(
         return None
     costs = {i.gpu_type: config.fleet_config.cost_per_hour(i.gpu_type) for i in fleet.instances}
     try:
-        pools = pools_of(autoscale, fleet, costs)
+        pools = pools_of(autoscale, fleet, costs, _standby_slots(config))
         setter: ReplicaSetter | None = None
         if config.controller.kubernetes_scaling:
             from qlm.serve.kubernetes_scale import in_cluster
@@ -139,8 +138,6 @@ def pool_scaling(
             setter = in_cluster(autoscale, config.controller.kubernetes_namespace)
     except ValueError as exc:
         raise ConfigError(f"qlm.autoscale: {exc}") from exc
-    slots = _standby_slots(config)
-    pools = [replace(p, standby_slots=slots) for p in pools]
     return PoolScaling(config.qlm, fleet, pools, setter, ScalingGauges(registry))
 
 
