@@ -38,12 +38,13 @@ from qlm.agents.job_gate import LeaderGate
 from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.prefix_affinity import HOLD
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
-from qlm.agents.virtual_queue import virtual_queue
+from qlm.agents.virtual_queue import head_model, planned_items, virtual_queue
 from qlm.control.plan import PublishedPlan
 from qlm.perf.profile import Profile
 from qlm.types import Fleet
 
 LATE_CLASS = "late"  # the class dispatch gives requests it cannot keep (ranks lowest)
+MEMO_ENTRIES = 1 << 16  # distinct request shapes a pool keeps priced
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ class PoolRate:
     # among them: a request is priced once per kind, then summed over the members in order.
     _kinds: tuple[PoolMember, ...] = field(init=False, repr=False, compare=False)
     _kind_of: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # `cost_s` by (prompt tokens, output tokens): requests of a job or a trace repeat them.
+    _memo: dict[tuple[int, int], tuple[float, float]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         index: dict[tuple[int, int, int], int] = {}
@@ -87,6 +90,7 @@ class PoolRate:
             kind_of.append(index[key])
         object.__setattr__(self, "_kinds", tuple(kinds))
         object.__setattr__(self, "_kind_of", tuple(kind_of))
+        object.__setattr__(self, "_memo", {})
 
     @classmethod
     def of(cls, fleet: Fleet, instance_ids: Iterable[str], model: str) -> PoolRate:
@@ -103,10 +107,19 @@ class PoolRate:
 
     def cost_s(self, item: QueuedItem) -> tuple[float, float]:
         """(seconds of the whole pool the request takes, its mean prefill seconds)."""
+        key = (item.prompt_tokens, item.max_output_tokens)
+        known = self._memo.get(key)
+        if known is None:
+            if len(self._memo) >= MEMO_ENTRIES:
+                self._memo.clear()
+            known = self._memo[key] = self._cost_s(*key)
+        return known
+
+    def _cost_s(self, prompt_tokens: int, output_tokens: int) -> tuple[float, float]:
         kind_of = self._kind_of
         if not kind_of:
             return math.inf, math.inf
-        costs = [k.cost_s(item.prompt_tokens, item.max_output_tokens) for k in self._kinds]
+        costs = [k.cost_s(prompt_tokens, output_tokens) for k in self._kinds]
         speeds = [1.0 / max(c, 1e-9) for c, _ in costs]
         pool_s = 1.0 / sum(speeds[k] for k in kind_of)
         return pool_s, sum(costs[k][1] for k in kind_of) / len(kind_of)
@@ -284,19 +297,9 @@ def _as_late(item: QueuedItem) -> QueuedItem:
 def plan_items(
     plan: PublishedPlan, model: str, is_queued: Callable[[str], bool]
 ) -> list[QueuedItem]:
-    """The queued members of every planned group of `model`, across all instances (the
-    live agent's view: the plan as published lists each queue's head)."""
-    items: list[QueuedItem] = []
-    for group in plan.groups.values():
-        if group.model != model:
-            continue
-        prompts, outputs, classes = group.member_fields()
-        deadlines, arrivals = group.deadlines_at_s(), group.arrivals()
-        for i, request_id in enumerate(group.request_ids):
-            if is_queued(request_id):
-                fields = (prompts[i], outputs[i], classes[i], deadlines[i], arrivals[i])
-                items.append(QueuedItem(request_id, *fields, *group.job_order_of(i)))
-    return items
+    """The queued members of every planned group of `model`, across all instances, each
+    once (the live agent's view: the plan as published lists each queue's head)."""
+    return [it for rid, it in planned_items(plan, model, {}).items() if is_queued(rid)]
 
 
 def follows_swap(
@@ -342,23 +345,33 @@ def agent_queue(
     pool."""
     planned = virtual_queue(plan, instance_id, is_queued)
     items = [] if model is None else plan_items(plan, model, is_queued)
-    others = [
-        other
-        for other in plan.queues
-        if other != instance_id and _heads_model(plan, other, model, is_queued)
-    ]
+    others = pool_others(plan, instance_id, model, is_queued)
     if follows_swap(model, planned, len(items), lambda: bool(others) or not items):
         return planned
     if model is None:
         return ()
     kept = schedule(items, PoolRate.of(fleet, (instance_id, *others), model), now_s)
-    unseen = _unseen(plan, model, items, pacing)
+    unseen = unseen_paced(plan, model, items, pacing)
     due, _ = unheld(lambda _: True, kept.kept, kept.due_and_cost, pacing, now_s, unseen)
     return dispatch_groups(model, kept, now_s, limit, due, affinity, prefilling)
 
 
-def _unseen(
-    plan: PublishedPlan, model: str, items: Sequence[QueuedItem], pacing: Pacing | None
+def pool_others(
+    plan: PublishedPlan, instance_id: str, model: str | None, is_queued: Callable[[str], bool]
+) -> list[str]:
+    """The other instances in the pool of `model` as an agent sees it: those whose plan
+    head is a group of that model."""
+    if model is None:
+        return []
+    return [
+        other
+        for other in plan.queues
+        if other != instance_id and head_model(plan, other, is_queued) == model
+    ]
+
+
+def unseen_paced(
+    plan: PublishedPlan, model: str, items: Iterable[QueuedItem], pacing: Pacing | None
 ) -> int:
     """Queued requests of paced classes of `model` that the published head does not show
     (`PublishedPlan.queued_counts`): their work counts when pacing."""
@@ -367,10 +380,3 @@ def _unseen(
     counts = plan.queued_counts.get(model, {})
     queued = sum(counts.get(name, 0) for name in pacing.classes)
     return max(0, queued - sum(it.slo_class in pacing.classes for it in items))
-
-
-def _heads_model(
-    plan: PublishedPlan, instance_id: str, model: str | None, is_queued: Callable[[str], bool]
-) -> bool:
-    head = virtual_queue(plan, instance_id, is_queued, None, lambda _: True)
-    return bool(head) and head[0].model == model

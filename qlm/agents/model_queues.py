@@ -57,6 +57,14 @@ class ModelQueues:
     def count(self, model: str) -> int:
         return len(self._items.get(model, ()))
 
+    def items(self, model: str) -> Mapping[str, QueuedItem]:
+        """The queued requests of `model` by id (a live view: do not change it)."""
+        return self._items.get(model, {})
+
+    def models(self) -> list[str]:
+        """The models with queued requests."""
+        return [model for model, items in self._items.items() if items]
+
     def queued(self, model: str) -> Callable[[str], bool]:
         return self._items.get(model, {}).__contains__
 

@@ -7,6 +7,9 @@ simulator.
 * `virtual_queue`: one instance's planned groups as `QueuedGroup`s for the reconcile step, with
   each member's token counts and own SLO class, leaving out members the agent knows are gone
   (pulled by another instance, held by its own engine) and groups left empty.
+* `head_model`: the model of an instance's first group with a queued member (what
+  `follows_swap` reads), without building the queue.
+* `planned_items`: every planned member of a model, each once, as dispatch prices them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,20 @@ def queued_members(
             keep = keep[:budget]
             budget -= len(keep)
         yield group, keep
+
+
+def head_model(
+    plan: PublishedPlan | None, instance_id: str, queued: Callable[[str], bool]
+) -> str | None:
+    """The model of the instance's first planned group with a member still queued (the
+    head of its virtual queue: `follows_swap` keeps the instance on its model when it is
+    that model's); None when there is none."""
+    if plan is None:
+        return None
+    for group in plan.queue_of(instance_id):
+        if any(queued(rid) for rid in group.request_ids):
+            return group.model
+    return None
 
 
 def virtual_queue(
@@ -119,3 +136,27 @@ def subset(group: PlannedGroup, positions: Sequence[int]) -> PlannedGroup:
         job_orders=tuple(group.job_orders[i] for i in positions if group.job_orders),
         job_leaders=tuple(group.job_leaders[i] for i in positions if group.job_leaders),
     )
+
+
+def planned_items(
+    plan: PublishedPlan, model: str, known: dict[str, QueuedItem]
+) -> dict[str, QueuedItem]:
+    """The planned members of `model` by request id, all of them (queued or not); those in
+    `known` reused as they are."""
+    items: dict[str, QueuedItem] = {}
+    for group in plan.groups.values():
+        if group.model != model:
+            continue
+        fresh = [i for i, rid in enumerate(group.request_ids) if rid not in known]
+        for rid in group.request_ids:
+            if rid in known:
+                items[rid] = known[rid]
+        if not fresh:
+            continue
+        prompts, outputs, classes = group.member_fields()
+        deadlines, arrivals = group.deadlines_at_s(), group.arrivals()
+        for i in fresh:
+            fields = (prompts[i], outputs[i], classes[i], deadlines[i], arrivals[i])
+            rid = group.request_ids[i]
+            items[rid] = QueuedItem(rid, *fields, *group.job_order_of(i))
+    return items

@@ -162,8 +162,7 @@ class BatchRunner:
 
     async def _records(self, job: BatchJob) -> list[RequestRecord]:
         ids = [job.request_id(line) for line, _ in job.line_ids]
-        found = await asyncio.gather(*(self.ctx.queue.get(rid) for rid in ids))
-        return [r for r in found if r is not None]
+        return [r for r in await self.ctx.queue.get_many(ids) if r is not None]
 
     async def _finalize(self, job: BatchJob) -> BatchJob:
         now_s = self.ctx.clock.now_s()

@@ -59,6 +59,10 @@ class GlobalQueue(Protocol):
 
     async def get(self, request_id: str) -> RequestRecord | None: ...
 
+    async def get_many(self, request_ids: Sequence[str]) -> list[RequestRecord | None]:
+        """`get` for each id, in order, in few round trips (a batch job's lines)."""
+        ...
+
     async def queued(self) -> tuple[Request, ...]:
         """Every QUEUED request, in arrival order (the control loop's snapshot)."""
         ...

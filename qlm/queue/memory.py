@@ -112,6 +112,9 @@ class MemoryQueue:
     async def get(self, request_id: str) -> RequestRecord | None:
         return self._records.get(request_id)
 
+    async def get_many(self, request_ids: Sequence[str]) -> list[RequestRecord | None]:
+        return [self._records.get(rid) for rid in request_ids]
+
     async def list_records(self, page: RecordFilter) -> RecordPage:
         # Records are kept in enqueue order (a state change rewrites a value in place).
         return take_page(((self._seq[i], self._records[i]) for i in reversed(self._records)), page)

@@ -10,9 +10,9 @@ from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
-from qlm.agents.dispatch import agent_queue
 from qlm.agents.drain import drain_estimate_s, engine_timing
 from qlm.agents.job_gate import prefilling_ids
+from qlm.agents.live_queue import AgentQueue
 from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
 from qlm.aio import first_done
@@ -77,6 +77,7 @@ class Agent:
         self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
         self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
         self.prefixes = AgentPrefixes(instance.id)
+        self.dispatch = AgentQueue(fleet, instance.id)
         self.pacing = pacing
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -153,7 +154,7 @@ class Agent:
         return self.clock.monotonic_s() - self._last_reconcile_s >= self.settings.poll_s
 
     def _heads(self, plan: PublishedPlan, obs: EngineObservation) -> tuple[QueuedGroup, ...]:
-        """What this instance serves next (qlm/agents/dispatch.py): its virtual queue when
+        """What this instance serves next (qlm/agents/live_queue.py): its virtual queue when
         the plan moves it to another model, else its model's dispatch queue; less what
         another instance took or the engine holds (the loop republishes the cut as the head
         leaves)."""
@@ -165,8 +166,8 @@ class Agent:
         model = obs.model
         profile = None if model is None else self.fleet.profile(model, self.instance)
         affinity = self.prefixes.affinity(plan, profile, now_s)
-        rest = (self.fleet, now_s, obs.max_num_seqs, affinity, self.pacing, prefilling_ids(obs))
-        heads = agent_queue(plan, self.instance.id, model, still_queued, *rest)
+        rest = (now_s, obs.max_num_seqs, affinity, self.pacing, prefilling_ids(obs))
+        heads = self.dispatch.heads(plan, model, still_queued, *rest)
         if affinity is not None:
             affinity.prune()
         return heads

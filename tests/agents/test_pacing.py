@@ -122,3 +122,34 @@ def test_the_live_agent_paces_on_the_whole_queue_not_only_the_published_head() -
     # the plan says 1,000,000 such requests are queued behind it: `a` must start now
     crowded = replace(shown, queued_counts={"m7b": {"job": 1_000_000}})
     assert pulled_now(crowded) == ["a"]
+
+
+def test_the_kept_answer_is_the_answer_made_anew_as_time_passes() -> None:
+    import random
+
+    from qlm.agents.dispatch import PoolMember, PoolRate, schedule
+    from qlm.agents.pacing import HeldBackCache, unheld
+    from tests.factories import make_profile
+
+    rng = random.Random(4)
+    rate = PoolRate((PoolMember(make_profile("m7b"), 60_000, 64),))
+    items = [
+        QueuedItem(f"r{k}", rng.randint(50, 3000), rng.randint(10, 400),
+                   rng.choice(("job", "job", "interactive")), rng.uniform(5.0, 900.0),
+                   rng.uniform(0.0, 5.0))
+        for k in range(300)
+    ]  # fmt: skip
+    cache = HeldBackCache()
+    plan = schedule(items, rate, 0.0)
+    changed = 0
+    for step in range(400):
+        now_s = step * 1.5
+        if step % 97 == 96:  # a new schedule now and then
+            plan = schedule(items[step % 50 :], rate, now_s)
+        unseen = 5 if step > 200 else 0
+        fresh, _ = unheld(lambda _: True, plan.kept, plan.due_and_cost, PACING, now_s, unseen)
+        kept = cache.unheld(lambda _: True, plan, PACING, now_s, unseen)
+        held = {it.request_id for it in plan.kept if not fresh(it.request_id)}
+        assert held == {it.request_id for it in plan.kept if not kept(it.request_id)}, now_s
+        changed += bool(held)
+    assert changed > 50, "the schedules must hold requests back for the check to mean much"

@@ -102,6 +102,22 @@ async def test_enqueue_get_and_arrival_order(queue: GlobalQueue) -> None:
     assert set(counts) == set(S)
 
 
+async def test_get_many_reads_each_id_in_order(queue: GlobalQueue) -> None:
+    requests = await enqueue_n(queue, 5)
+    await queue.pull("i", ["r1"], lease_s=30.0, now_s=0.0)
+    found = await queue.get_many(["r4", "nope", "r1", "r0"])
+    assert [None if r is None else r.request.id for r in found] == ["r4", None, "r1", "r0"]
+    assert found[0] is not None
+    assert found[0].request == requests[4]
+    assert [None if r is None else r.state for r in found] == [
+        S.QUEUED,
+        None,
+        S.DISPATCHED,
+        S.QUEUED,
+    ]
+    assert await queue.get_many([]) == []
+
+
 async def test_request_fields_survive_the_store(queue: GlobalQueue) -> None:
     request = Request(
         "odd id/é",

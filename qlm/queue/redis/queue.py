@@ -116,6 +116,19 @@ class RedisQueue:
             fields = as_hash(await self._redis.hgetall(self._keys.record(request_id)))
         return record_from_fields(fields) if fields else None
 
+    async def get_many(self, request_ids: Sequence[str]) -> list[RequestRecord | None]:
+        found: list[RequestRecord | None] = []
+        with reachable():
+            for chunk in chunks(list(request_ids), self.config.snapshot_batch):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for rid in chunk:
+                        pipe.hgetall(self._keys.record(rid))
+                    replies = await pipe.execute()
+                for reply in replies:
+                    fields = as_hash(reply)
+                    found.append(record_from_fields(fields) if fields else None)
+        return found
+
     async def queued(self) -> tuple[Request, ...]:
         """The queued ids in arrival order, then the requests: a request's fields never
         change once enqueued, so only ids this client has not seen queued before are read

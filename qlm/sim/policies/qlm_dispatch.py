@@ -25,7 +25,7 @@ from qlm.agents.prefix_affinity import PrefixAffinity
 from qlm.agents.prefix_index import PrefixIndex
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
-from qlm.agents.virtual_queue import virtual_queue
+from qlm.agents.virtual_queue import head_model, virtual_queue
 from qlm.control.plan import PublishedPlan
 from qlm.sim.policies.base import SimContext
 from qlm.sim.result import TtftPrediction
@@ -134,7 +134,7 @@ class SimDispatch:
         model = ctx.model_of(instance_id)
         until = None if whole else _until_model(model)
         queued = ctx.queued().__contains__
-        stays = not whole and _head_model(plan, instance_id, queued) == model
+        stays = not whole and head_model(plan, instance_id, queued) == model
         planned = (
             ()
             if plan is None or stays  # the plan keeps it on its model: it serves the model
@@ -342,20 +342,6 @@ def _item(request: Request) -> QueuedItem:
         request.job_order,
         request.job_leader,
     )
-
-
-def _head_model(
-    plan: PublishedPlan | None, instance_id: str, queued: Callable[[str], bool]
-) -> str | None:
-    """The model of the instance's first planned group with a member still queued (the
-    head of its virtual queue: `follows_swap` keeps the instance on its model when it is
-    that model's); None when there is none."""
-    if plan is None:
-        return None
-    for group in plan.queue_of(instance_id):
-        if any(queued(rid) for rid in group.request_ids):
-            return group.model
-    return None
 
 
 def _until_model(model: str | None) -> Callable[[QueuedGroup], bool]:
