@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from qlm.batch.prefix_plan import job_budget
 from qlm.clock import Clock
 from qlm.config import QlmConfig
-from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan
+from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan, planned_group
 from qlm.estimator import make_estimator
 from qlm.grouping import make_grouping
 from qlm.grouping.group import RequestGroup
@@ -270,30 +270,8 @@ def _part_index(group_id: str) -> int:
 
 
 def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
-    return PlannedGroup(
-        group.id,
-        group.model,
-        group.slo_class,
-        group.request_ids,
-        tuple(by_id[rid].prompt_tokens for rid in group.request_ids),
-        tuple(by_id[rid].max_output_tokens for rid in group.request_ids),
-        tuple(by_id[rid].slo_class for rid in group.request_ids),
-        tuple(by_id[rid].ttft_deadline_at_s for rid in group.request_ids),
-        tuple(by_id[rid].arrival_at_s for rid in group.request_ids),
-        *_job_fields(group, by_id),
-    )
-
-
-def _job_fields(
-    group: RequestGroup, by_id: Mapping[str, Request]
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Members' keys in their jobs' planned orders and their parts' leaders; () when no
-    member is in a planned job."""
     members = [by_id[rid] for rid in group.request_ids]
-    if all(r.job_order is None for r in members):
-        return (), ()
-    orders = tuple(r.job_order or "" for r in members)
-    return orders, tuple(r.job_leader or "" for r in members)
+    return planned_group(group.id, group.model, members, group.slo_class)
 
 
 def _job_budgets(fleet: Fleet, group_requests: int) -> dict[str, tuple[int, int, int]]:

@@ -21,8 +21,11 @@ The rules, stated once:
    empty stops the ticking.
 3. A re-plan asked for starts at once, or `min_replan_interval_s` after the previous start if
    that is later; asks in between coalesce into one.
-4. While a solved plan is in flight (not yet adopted), arrivals wait; they join the new plan
-   when it is adopted, if still queued.
+4. While a plan is being solved or is in flight (not yet adopted), arrivals wait for it;
+   they join the new plan when it is adopted, if still queued. They are not hidden
+   meanwhile (`waiting`): the live loop shows them to agents, whose dispatch serves every
+   queued request of their model by deadline, as the simulator's dispatch sees every
+   queued request the moment it arrives.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class ControlDriver:
         self._wanted_since_s: float | None = None  # a re-plan was asked for then
         self._last_replan_s = float("-inf")
         self._in_flight: PublishedPlan | None = None
+        self._solving = False  # `begin_solve` was called; `solve` has not returned yet
         self._adopted: PublishedPlan | None = None
         self._deferred: list[Request] = []
         self._next_check_at_s: float | None = None  # None: nothing queued at the last look
@@ -76,6 +80,14 @@ class ControlDriver:
     def in_flight(self) -> bool:
         return self._in_flight is not None
 
+    @property
+    def waiting(self) -> tuple[Request, ...]:
+        """The arrivals that wait for the plan being solved or in flight (rule 4)."""
+        return tuple(self._deferred)
+
+    def _busy(self) -> bool:
+        return self._solving or self._in_flight is not None
+
     # Arrivals
 
     def arrive(self, requests: Iterable[Request], now_s: float) -> Decision:
@@ -83,7 +95,7 @@ class ControlDriver:
         requests = list(requests)
         if requests:
             self.note_queued(now_s)
-        if self._in_flight is not None:
+        if self._busy():
             self._deferred.extend(requests)
             return NOTHING
         joined: list[tuple[str, str]] = []
@@ -125,7 +137,7 @@ class ControlDriver:
     def check_useful(self) -> bool:
         """Whether a check could change anything: not while a re-plan is asked for or in
         flight (adapters skip gathering its inputs then)."""
-        return self._in_flight is None and self._wanted_since_s is None
+        return not self._busy() and self._wanted_since_s is None
 
     def check_due(self, now_s: float) -> bool:
         return self._next_check_at_s is not None and now_s >= self._next_check_at_s
@@ -153,7 +165,7 @@ class ControlDriver:
 
     def replan_at_s(self) -> float | None:
         """When the re-plan asked for may start (rule 3); None when none is asked for."""
-        if self._wanted_since_s is None or self._in_flight is not None:
+        if self._wanted_since_s is None or self._busy():
             return None
         return max(self._wanted_since_s, self._last_replan_s + self.config.min_replan_interval_s)
 
@@ -161,22 +173,33 @@ class ControlDriver:
         at_s = self.replan_at_s()
         return at_s is not None and now_s >= at_s
 
+    def begin_solve(self) -> None:
+        """The re-plan asked for starts now (the live loop calls this on its event loop
+        before `solve` runs in a worker thread: from here arrivals wait for the new plan and
+        no check or other re-plan starts, so nothing else touches the controller)."""
+        self._wanted_since_s = None
+        self._solving = True
+
     def solve(
         self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float
     ) -> PublishedPlan | None:
-        """Start the re-plan asked for: regroup and solve over `queued` (the live loop calls
-        this from a worker thread and awaits it). The new plan is in flight until `adopt`.
-        With nothing queued there is nothing to plan: the ask lapses and None comes back. If
-        the solve raises, call `failed`: the last good plan stays adopted."""
-        self._wanted_since_s = None
-        if not queued:
-            return None
-        self._last_replan_s = now_s
-        self._count("replans")
-        plan = self.controller.replan(queued, views, now_s)
-        self._in_flight = plan
-        self._count(f"plans_{plan.status or 'unknown'}")
-        return plan
+        """Regroup and solve over `queued` (`begin_solve` first, unless called at once: the
+        simulator). The new plan is in flight until `adopt`. With nothing queued there is
+        nothing to plan: the ask lapses and None comes back. If the solve raises, call
+        `failed`: the last good plan stays adopted."""
+        if not self._solving:
+            self.begin_solve()
+        try:
+            if not queued:
+                return None
+            self._last_replan_s = now_s
+            self._count("replans")
+            plan = self.controller.replan(queued, views, now_s)
+            self._in_flight = plan
+            self._count(f"plans_{plan.status or 'unknown'}")
+            return plan
+        finally:
+            self._solving = False
 
     def adopt(self, still_queued: Callable[[str], bool], now_s: float) -> Decision:
         """Adopt the plan in flight; arrivals that waited for it join it (rule 4)."""
@@ -184,11 +207,15 @@ class ControlDriver:
             return NOTHING
         self._adopted, self._in_flight = self._in_flight, None
         deferred, self._deferred = self._deferred, []
-        return self.arrive((r for r in deferred if still_queued(r.id)), now_s)
+        # the live loop also defers queued requests the old plan lacked, which the new one
+        # may hold already (it was solved over them)
+        fresh = (r for r in deferred if still_queued(r.id) and not self.controller.holds(r.id))
+        return self.arrive(fresh, now_s)
 
     def failed(self) -> None:
         """A solve raised: keep the last good plan; the next check may ask again."""
         self._in_flight = None
+        self._solving = False
         self._deferred.clear()
 
     def _ask_replan(self, now_s: float) -> float | None:

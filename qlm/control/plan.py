@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
+
+from qlm.types import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,27 @@ class PlannedGroup:
             job_orders=_grown(self.job_orders, len(self.request_ids), job_order[0]),
             job_leaders=_grown(self.job_leaders, len(self.request_ids), job_order[1]),
         )
+
+
+def planned_group(
+    group_id: str, model: str, members: Sequence[Request], slo_class: str = ""
+) -> PlannedGroup:
+    """A group of these requests, in order, with each member's fields (job fields only when
+    a member is in a planned batch job)."""
+    jobs = any(r.job_order is not None for r in members)
+    return PlannedGroup(
+        group_id,
+        model,
+        slo_class,
+        tuple(r.id for r in members),
+        tuple(r.prompt_tokens for r in members),
+        tuple(r.max_output_tokens for r in members),
+        tuple(r.slo_class for r in members),
+        tuple(r.ttft_deadline_at_s for r in members),
+        tuple(r.arrival_at_s for r in members),
+        tuple(r.job_order or "" for r in members) if jobs else (),
+        tuple(r.job_leader or "" for r in members) if jobs else (),
+    )
 
 
 def _grown(values: tuple[str, ...], count: int, value: str | None) -> tuple[str, ...]:

@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 
 from qlm.agents.prefix_affinity import held_by_reports
 from qlm.agents.virtual_queue import cut_for_agents, shown, subset
+from qlm.aio import first_done
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver
 from qlm.control.liveness import InstanceLiveness
-from qlm.control.plan import PublishedPlan
+from qlm.control.plan import PlannedGroup, PublishedPlan, planned_group
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
@@ -27,6 +28,7 @@ from qlm.serve.scaling import PoolScaling
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")
+TICK_S = 0.05  # while a solve runs, a round at least this often (and on every queue change)
 
 
 @dataclass
@@ -136,16 +138,22 @@ class ControlLoop:
         statuses: Sequence[InstanceStatus],
         views: Sequence[InstanceView],
     ) -> PublishedPlan | None:
-        """Publish the cut of the driver's plan that agents see, unless they see it already."""
+        """Publish the cut of the driver's plan that agents see, and what waits for the next
+        plan (before the first, that alone), unless they see it already."""
+        queued_ids = {r.id for r in queued}
+        waiting = [r for r in self.driver.waiting if r.id in queued_ids]
         plan = self.driver.plan
-        if plan is None:
+        if plan is None and not waiting:
             return None
-        view = cut_for_agents(plan, {r.id for r in queued}, self.members)
+        if plan is None:
+            plan = PublishedPlan(0, self.clock.now_s(), {}, {})
+        view = cut_for_agents(plan, queued_ids, self.members)
+        view = replace(view, groups={**view.groups, **waiting_groups(waiting)})
         up = {v.instance_id for v in views}
         view = with_prefix_held(view, queued, [s for s in statuses if s.instance_id in up])
         view = replace(view, queued_counts=queued_counts(queued))
         held = tuple(sorted((r, tuple(sorted(h.items()))) for r, h in view.prefix_held.items()))
-        seen = (shown(view), held)
+        seen = (shown(view), held, tuple(r.id for r in waiting))
         if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
         published = await self.queue.publish_plan(view)
@@ -189,10 +197,18 @@ class ControlLoop:
         self, queued: Sequence[Request], views: Sequence[InstanceView], now_s: float
     ) -> None:
         """Solve in a worker thread (the solver's native core releases the GIL, so API and
-        agents sharing this event loop keep serving meanwhile), then adopt at once: arrivals
-        during the solve are offered in the next round."""
+        agents sharing this event loop keep serving meanwhile), then adopt at once. Rounds
+        go on while it solves: arrivals meanwhile wait for the new plan, but agents are
+        shown them (`ControlDriver.waiting`), so a request that comes during a long solve is
+        served by deadline like any other of its model, not after the solve."""
+        self.driver.begin_solve()
+        solving = asyncio.ensure_future(asyncio.to_thread(self.driver.solve, queued, views, now_s))
+        while not solving.done():
+            await first_done([asyncio.shield(solving), self.queue.wait_for_change(TICK_S)], TICK_S)
+            if not solving.done():
+                await self._round_while_solving()
         try:
-            plan = await asyncio.to_thread(self.driver.solve, queued, views, now_s)
+            plan = solving.result()
         except Exception:
             self.driver.failed()
             self.counters.failures += 1
@@ -210,6 +226,14 @@ class ControlLoop:
             self.counters.last_solve_s = solve.solve_wall_s
             self.counters.last_status = str(solve.status)
         log.debug("re-planned: epoch %d", plan.epoch)
+
+    async def _round_while_solving(self) -> None:
+        """A round during a solve: offer arrivals (they wait for the new plan) and show them."""
+        queued = await self.queue.queued()
+        statuses = await self.queue.instances()
+        views = self._views(statuses)
+        self._offer(queued, views, self.clock.now_s())
+        await self._publish(queued, statuses, views)
 
     def _views(self, statuses: Sequence[InstanceStatus]) -> list[InstanceView]:
         """The instances that are up (their agents reported within instance_timeout_s):
@@ -250,6 +274,18 @@ def with_prefix_held(
             if tokens:
                 held[request.id] = tokens
     return replace(view, prefix_held=held)
+
+
+def waiting_groups(waiting: Sequence[Request]) -> dict[str, PlannedGroup]:
+    """Requests that wait for a plan being solved, one group per model listed in no queue:
+    agents' dispatch serves every member of their model's groups (qlm/agents/dispatch.py)."""
+    by_model: dict[str, list[Request]] = {}
+    for request in waiting:
+        by_model.setdefault(request.model, []).append(request)
+    return {
+        f"waiting:{model}": planned_group(f"waiting:{model}", model, requests)
+        for model, requests in by_model.items()
+    }
 
 
 def queued_counts(queued: Sequence[Request]) -> dict[str, dict[str, int]]:

@@ -166,3 +166,57 @@ def test_the_published_plan_counts_what_is_queued_past_its_head() -> None:
     assert counts == {"m7b": {"batch-2": 3, "interactive": 1}}
     plan = PublishedPlan(1, 0.0, {}, {}, queued_counts=counts)
     assert PublishedPlan.from_json(plan.to_json()).queued_counts == counts
+
+
+def test_arrivals_during_a_solve_are_shown_to_agents_before_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    async def run() -> tuple[tuple[str, ...], bool, PublishedPlan | None]:
+        clock = VirtualClock(100.0)
+        queue = MemoryQueue(clock=clock)
+        loop = _loop(queue, clock, interval_s=0.0)
+        release = threading.Event()
+        solve = loop.driver.solve
+        monkeypatch.setattr(loop.driver, "solve", lambda *a: release.wait(10) and solve(*a))
+        # the first plan takes its time
+        await queue.enqueue(make_request(id="a", arrival_at_s=100.0))
+        stepping = asyncio.ensure_future(loop.step())
+        await asyncio.sleep(0.2)
+        await queue.enqueue(make_request(id="chat", slo_class="interactive", arrival_at_s=100.0))
+        shown: tuple[str, ...] = ()
+        for _ in range(100):
+            plan = await queue.current_plan()
+            if plan is not None and "waiting:m7b" in plan.groups:
+                shown = plan.groups["waiting:m7b"].request_ids
+                if "chat" in shown:
+                    break
+            await asyncio.sleep(0.02)
+        solving = not stepping.done()
+        release.set()
+        await stepping
+        await loop.step()  # the waiting arrival joined the adopted plan
+        after = await queue.current_plan()
+        # another re-plan (a new model fits no planned group) that takes its time
+        release.clear()
+        await queue.enqueue(make_request(id="b", model="m13b", arrival_at_s=100.0))
+        stepping = asyncio.ensure_future(loop.step())
+        await asyncio.sleep(0.2)
+        await queue.enqueue(make_request(id="chat2", slo_class="interactive", arrival_at_s=100.0))
+        await asyncio.sleep(0.3)
+        during = await queue.current_plan()
+        assert during is not None
+        assert not stepping.done()
+        assert during.groups["waiting:m7b"].request_ids == ("chat2",)
+        assert {"a", "chat"} <= {rid for g in during.queue_of("i0") for rid in g.request_ids}
+        release.set()
+        await stepping
+        return shown, solving, after
+
+    shown, solving, after = asyncio.run(run())
+    assert shown == ("a", "chat")  # before the first plan, what it is solved over too
+    assert solving  # shown while the solve still ran
+    assert after is not None
+    assert "waiting:m7b" not in after.groups
+    assert "chat" in {rid for g in after.groups.values() for rid in g.request_ids}
