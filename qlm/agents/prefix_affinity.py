@@ -25,6 +25,7 @@ of who holds what: the plan's `prefix_held` live, the router's `PrefixIndex` sim
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
@@ -101,6 +102,9 @@ class PrefixAffinity:
             del self._deferred[request_id]
 
 
+NOT_BROKEN = -1  # HeldByReports: every block through this one is held
+
+
 def held_by_reports(
     reported: Mapping[str, frozenset[int]], prefix: Sequence[PrefixBlock]
 ) -> dict[str, int]:
@@ -108,3 +112,46 @@ def held_by_reports(
     prompt's leading blocks it holds (`reported`: each instance's prefix keys)."""
     held = {instance_id: leading_tokens(keys, prefix) for instance_id, keys in reported.items()}
     return {instance_id: tokens for instance_id, tokens in held.items() if tokens}
+
+
+class HeldByReports:
+    """`held_by_reports` for many prompts at once, remembering per instance and block key
+    how far from the start the instance holds the prompt (keys are chained: a block key
+    names the text from the start through it). Prompts that share blocks, a batch job's
+    thousands, are walked back only over what they do not share."""
+
+    def __init__(self, reported: Mapping[str, frozenset[int]]) -> None:
+        self.reported = reported
+        # instance -> block key -> the first block not held (< its depth), or NOT_BROKEN
+        self._broken_at: dict[str, dict[int, int]] = {i: {} for i in reported}
+
+    def held(self, prefix: Sequence[PrefixBlock]) -> dict[str, int]:
+        held = {}
+        through: list[int] | None = None  # tokens from the start through each block
+        for instance_id, keys in self.reported.items():
+            depth = self._first_missing(self._broken_at[instance_id], keys, prefix)
+            if depth:
+                through = through or list(itertools.accumulate(b.tokens for b in prefix))
+                held[instance_id] = through[depth - 1]
+        return held
+
+    @staticmethod
+    def _first_missing(
+        memo: dict[int, int], keys: frozenset[int], prefix: Sequence[PrefixBlock]
+    ) -> int:
+        """The depth of the prompt's first block the instance does not hold (len: none)."""
+        start = 0
+        for depth in range(len(prefix) - 1, -1, -1):  # the deepest block seen before
+            broken_at = memo.get(prefix[depth].key)
+            if broken_at is not None:
+                if broken_at != NOT_BROKEN:
+                    return broken_at
+                start = depth + 1
+                break
+        for depth in range(start, len(prefix)):
+            if prefix[depth].key not in keys:
+                for block in prefix[depth:]:  # prompts sharing these blocks stop here too
+                    memo[block.key] = depth
+                return depth
+            memo[prefix[depth].key] = NOT_BROKEN
+        return len(prefix)

@@ -3,7 +3,7 @@
 The agent keeps a `PrefixIndex` of its own instance (every pulled request's prompt-prefix
 blocks; forgotten on a model load) and reports its keys in its InstanceStatus; the control
 loop turns every instance's report into the plan's `prefix_held` (the loop's
-`with_prefix_held`), which each agent reads to order, and hold back, its dispatch queue
+`PrefixHeld`, prefix_held.py), which each agent reads to order, and hold back, its dispatch queue
 (qlm/agents/prefix_affinity.py). A pull that sent new blocks makes the next status report go
 out early (at most every `EARLY_REPORT_S`), so that the others see it soon.
 """

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from qlm.agents.prefix_affinity import held_by_reports
 from qlm.agents.virtual_queue import cut_for_agents, shown, subset
 from qlm.aio import first_done
 from qlm.clock import Clock
@@ -24,6 +23,7 @@ from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerConfig
+from qlm.serve.prefix_held import PrefixHeld
 from qlm.serve.scaling import PoolScaling
 from qlm.types import Fleet, Request
 
@@ -72,6 +72,7 @@ class ControlLoop:
         self._annotated: dict[str, tuple[str, float | None]] = {}  # what records say now
         self._shown: tuple[object, ...] = ()  # what agents were shown (queues, prefix_held)
         self._published_epoch = -1  # the controller epoch of the last publish
+        self._prefix_held = PrefixHeld()
         self._liveness = InstanceLiveness(
             (i.id for i in fleet.instances), settings.instance_timeout_s, clock.monotonic_s()
         )
@@ -150,10 +151,9 @@ class ControlLoop:
         view = cut_for_agents(plan, queued_ids, self.members)
         view = replace(view, groups={**view.groups, **waiting_groups(waiting)})
         up = {v.instance_id for v in views}
-        view = with_prefix_held(view, queued, [s for s in statuses if s.instance_id in up])
+        view = self._prefix_held.on(view, queued, [s for s in statuses if s.instance_id in up])
         view = replace(view, queued_counts=queued_counts(queued))
-        held = tuple(sorted((r, tuple(sorted(h.items()))) for r, h in view.prefix_held.items()))
-        seen = (shown(view), held, tuple(r.id for r in waiting))
+        seen = (shown(view), dict(view.prefix_held), tuple(r.id for r in waiting))
         if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
         published = await self.queue.publish_plan(view)
@@ -252,28 +252,6 @@ class ControlLoop:
                 standby = status.standby_models
                 views.append(InstanceView(instance.id, status.model, status.busy_s, standby))
         return views
-
-
-def with_prefix_held(
-    view: PublishedPlan, queued: Sequence[Request], statuses: Sequence[InstanceStatus]
-) -> PublishedPlan:
-    """The view with `prefix_held` for its members whose prompt prefix some instance on
-    their model reports holding (InstanceStatus.prefix_keys; qlm/agents/prefix_affinity.py)."""
-    reported: dict[str, dict[str, frozenset[int]]] = {}  # model -> instance -> keys
-    for status in statuses:
-        if status.prefix_keys and status.model is not None:
-            by_model = reported.setdefault(status.model, {})
-            by_model[status.instance_id] = frozenset(status.prefix_keys)
-    if not reported:
-        return view
-    members = {rid for group in view.groups.values() for rid in group.request_ids}
-    held: dict[str, dict[str, int]] = {}
-    for request in queued:
-        if request.prefix and request.id in members and request.model in reported:
-            tokens = held_by_reports(reported[request.model], request.prefix)
-            if tokens:
-                held[request.id] = tokens
-    return replace(view, prefix_held=held)
 
 
 def waiting_groups(waiting: Sequence[Request]) -> dict[str, PlannedGroup]:

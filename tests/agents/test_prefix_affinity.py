@@ -104,3 +104,25 @@ def test_reports_give_the_leading_blocks_each_instance_holds() -> None:
     reported = {"a": frozenset({1, 2}), "b": frozenset({2, 3}), "c": frozenset({1, 2, 3})}
     # b holds later blocks but not the first: a chained key means a different prompt
     assert held_by_reports(reported, prefix) == {"a": 800, "c": 900}
+
+
+def test_held_for_many_prompts_is_held_by_reports_for_each() -> None:
+    import random
+
+    from qlm.agents.prefix_affinity import HeldByReports
+
+    rng = random.Random(9)
+    # prompts as paths in a tree of chained keys: shared heads, own tails
+    heads = [
+        tuple(PrefixBlock(1000 * h + d, rng.randint(1, 50)) for d in range(8)) for h in range(4)
+    ]
+    prompts = []
+    for k in range(300):
+        head = heads[rng.randrange(4)][: rng.randint(0, 8)]
+        tail = tuple(PrefixBlock(10**6 + 100 * k + d, 20) for d in range(rng.randint(0, 4)))
+        prompts.append(head + tail)
+    blocks = [b.key for head in heads for b in head] + [p[-1].key for p in prompts if p]
+    reported = {i: frozenset(rng.sample(blocks, k=len(blocks) // 2)) for i in "abc"}
+    many = HeldByReports(reported)
+    for prefix in prompts:
+        assert many.held(prefix) == held_by_reports(reported, prefix)

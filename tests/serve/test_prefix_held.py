@@ -1,0 +1,39 @@
+"""The loop's `prefix_held` (qlm/serve/prefix_held.py): what each instance holds of each
+shown request's prompt, from the agents' reports, kept only while the reports stay."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from qlm.agents.prefix_affinity import held_by_reports
+from qlm.control.plan import PublishedPlan, planned_group
+from qlm.queue.records import InstanceStatus
+from qlm.serve.prefix_held import PrefixHeld
+from qlm.types import PrefixBlock
+from tests.factories import make_request
+
+SHARED = (PrefixBlock(1, 100), PrefixBlock(2, 100))
+
+
+def status(instance_id: str, keys: tuple[int, ...]) -> InstanceStatus:
+    return InstanceStatus(instance_id, "ready", "m7b", 0.0, 0, 0, 1, 0.0, prefix_keys=keys)
+
+
+def test_held_follows_the_reports_and_only_shown_requests_get_it() -> None:
+    queued = [
+        replace(make_request(id=f"r{k}", model="m7b"), prefix=(*SHARED, PrefixBlock(100 + k, 50)))
+        for k in range(6)
+    ]
+    view = PublishedPlan(1, 0.0, {}, {"g": planned_group("g", "m7b", queued[:4])})
+    held = PrefixHeld()
+    first = held.on(view, queued, [status("a", (1, 2, 101)), status("b", (2,))])
+    assert dict(first.prefix_held) == {rid: {"a": 200} for rid in ("r0", "r2", "r3")} | {
+        "r1": {"a": 250}
+    }
+    # the reports move on: the answers are made anew from them
+    reports = [status("a", (1,)), status("b", (1, 2, 103))]
+    second = held.on(view, queued, reports)
+    reported = {s.instance_id: frozenset(s.prefix_keys) for s in reports}
+    expected = {r.id: held_by_reports(reported, r.prefix) for r in queued[:4]}
+    assert dict(second.prefix_held) == expected
+    assert held.on(replace(view), queued, []) == view  # no reports: nothing held
