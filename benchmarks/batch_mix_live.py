@@ -29,9 +29,10 @@ import asyncio
 import json
 import multiprocessing
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
@@ -104,14 +105,24 @@ def job_file(job: list[Request]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+class ChatAnswer(NamedTuple):
+    """One chat as its client saw it: the request id, TTFT (engine s), and when it was sent
+    and its first text arrived (wall clock, comparable with the plane's stamps: one machine)."""
+
+    request_id: str
+    ttft_s: float | None
+    sent_at_s: float
+    first_at_s: float | None
+
+
 async def chat(
     client: openai.AsyncOpenAI, request: Request, delay_s: float, speedup: float
-) -> tuple[str, float | None]:
-    """One interactive request at its arrival: its id and TTFT at the client (engine s)."""
+) -> ChatAnswer:
+    """One interactive request at its arrival."""
     await asyncio.sleep(delay_s)
     loop = asyncio.get_running_loop()
-    start = loop.time()
-    first, rid = None, ""
+    start, sent_at_s = loop.time(), time.time()
+    first, first_at_s, rid = None, None, ""
     try:
         stream = await client.chat.completions.create(
             model=request.model,
@@ -123,10 +134,10 @@ async def chat(
         async for chunk in stream:
             rid = chunk.id
             if first is None and chunk.choices and chunk.choices[0].delta.content:
-                first = (loop.time() - start) * speedup
+                first, first_at_s = (loop.time() - start) * speedup, time.time()
     except openai.APIError as exc:  # counted as a miss, and reported
         print(f"chat at {request.arrival_at_s:.1f} s failed: {exc!r}", file=sys.stderr)
-    return rid, first
+    return ChatAnswer(rid, first, sent_at_s, first_at_s)
 
 
 def client_for(base: str) -> openai.AsyncOpenAI:
@@ -135,13 +146,11 @@ def client_for(base: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=2, timeout=3600)
 
 
-def send_chats(
-    base: str, chats: list[Request], start_s: float, speedup: float
-) -> list[tuple[str, float | None]]:
+def send_chats(base: str, chats: list[Request], start_s: float, speedup: float) -> list[ChatAnswer]:
     """The interactive stream, from a process of its own (a client's CPU is not the
     plane's: in the plane's event loop, parsing 2,000 streams delayed the plane itself)."""
 
-    async def send() -> list[tuple[str, float | None]]:
+    async def send() -> list[ChatAnswer]:
         client = client_for(base)
         answers = await asyncio.gather(*(
             chat(client, r, (r.arrival_at_s - start_s) / speedup, speedup) for r in chats
@@ -211,29 +220,35 @@ async def finish_job(
 
 
 async def interactive_rows(
-    plane: Plane, answers: list[tuple[str, float | None]], scenario: Scenario, speedup: float
+    plane: Plane, answers: list[ChatAnswer], scenario: Scenario, speedup: float
 ) -> dict[str, Any]:
+    """Attainment at the client and at the server, and where the p99 went (engine s): client
+    to the API's arrival stamp, the queue, the engine to its first token, and the first
+    token's way back to the client."""
     target_s = next(c.ttft_s for c in scenario.slo_classes if c.name != JOB_CLASS)
-    ttfts = [t for _, t in answers if t is not None]
-    server_met, queued_s, engine_s = 0, [], []
-    for rid, _ in answers:
-        record = await plane.queue.get(rid) if rid else None
+    ttfts = [a.ttft_s for a in answers if a.ttft_s is not None]
+    server_met = 0
+    hops: dict[str, list[float]] = {"to api": [], "queued": [], "engine": [], "back": []}
+    for answer in answers:
+        record = await plane.queue.get(answer.request_id) if answer.request_id else None
         result = None if record is None else record.result
         first_s = None if result is None else result.first_token_at_s
         if record is None or result is None or first_s is None:
             continue
         server_met += first_s <= record.request.ttft_deadline_at_s
-        if result.dispatched_at_s is not None:  # where the time went, engine seconds
-            queued_s.append((result.dispatched_at_s - record.request.arrival_at_s) * speedup)
-            engine_s.append((first_s - result.dispatched_at_s) * speedup)
+        hops["to api"].append((record.request.arrival_at_s - answer.sent_at_s) * speedup)
+        if answer.first_at_s is not None:
+            hops["back"].append((answer.first_at_s - first_s) * speedup)
+        if result.dispatched_at_s is not None:
+            hops["queued"].append((result.dispatched_at_s - record.request.arrival_at_s) * speedup)
+            hops["engine"].append((first_s - result.dispatched_at_s) * speedup)
     return {
         "interactive": len(answers),
-        "failed": sum(not rid for rid, _ in answers),
+        "failed": sum(not a.request_id for a in answers),
         "attainment (client)": sum(t <= target_s for t in ttfts) / len(answers),
         "attainment (server)": server_met / len(answers),
         "p99 ttft_s (client)": percentile(ttfts, 0.99),
-        "p99 queued_s (server)": percentile(queued_s, 0.99),
-        "p99 engine ttft_s (server)": percentile(engine_s, 0.99),
+        **{f"p99 {hop}_s": percentile(values, 0.99) for hop, values in hops.items()},
     }
 
 
@@ -274,7 +289,10 @@ def render(report: dict[str, Any]) -> str:
         "alike; times in engine seconds. Seed "
         f"{report['seed']}. Client TTFT is measured at the openai client, which runs in a "
         "process of its own; the plane (API, controller, agents, engines) in another, with "
-        "the product's default agent and controller settings.",
+        "the product's default agent and controller settings. Where a chat's time went, p99 "
+        "of each hop (one machine, one wall clock): `to api` from the client's send to the "
+        "API's arrival stamp, `queued` to the agent's submit, `engine` to the first token, "
+        "`back` from there to the client's first chunk.",
         "",
         *header_lines(report["header"]),
         "",
