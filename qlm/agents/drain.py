@@ -13,12 +13,22 @@ from qlm.perf.profile import Profile
 CHUNK_TOKENS = 2048
 
 
-def drain_estimate_s(obs: EngineObservation, profile: Profile | None) -> float:
+def drain_estimate_s(
+    obs: EngineObservation, profile: Profile | None, load_left_s: float | None = None
+) -> float:
     """Remaining decode work of the active requests over the profile's throughput at that
-    batch size, plus their outstanding prefill; a loading engine adds its load time."""
+    batch size, plus their outstanding prefill; a loading engine adds its load time
+    (`load_left_s` when the caller knows what is left of it, a wake's or a cold load's;
+    else the profile's cold `load_s`)."""
     if profile is None:
         return 0.0
-    return drains_by_rank(obs, profile, lambda _: 0, (0,))[0]
+    return drains_by_rank(obs, profile, lambda _: 0, (0,), load_left_s)[0]
+
+
+def load_left_s(profile: Profile | None, warm: bool, elapsed_s: float) -> float | None:
+    """What is left of a load that began `elapsed_s` ago: from the standby tier (`warm`) or
+    cold (qlm/engine/tiers.py)."""
+    return None if profile is None else max(0.0, profile.load_time_s(warm) - elapsed_s)
 
 
 def drains_by_rank(
@@ -26,6 +36,7 @@ def drains_by_rank(
     profile: Profile,
     rank_of: Callable[[EngineRequest], int],
     ranks: Iterable[int],
+    load_left_s: float | None = None,
 ) -> dict[int, float]:
     """For each of `ranks`, `drain_estimate_s` over the active requests of that rank or
     above (`rank_of`), from one pass over them."""
@@ -36,7 +47,9 @@ def drains_by_rank(
         total[1] += max(0, r.max_output_tokens - r.output_tokens)
         if not r.started:
             total[2] += r.prompt_tokens
-    load_s = profile.load_s if obs.state is EngineState.LOADING else 0.0
+    load_s = 0.0
+    if obs.state is EngineState.LOADING:
+        load_s = profile.load_s if load_left_s is None else load_left_s
     drains = {}
     for rank in ranks:
         above = [t for k, t in totals.items() if k >= rank]

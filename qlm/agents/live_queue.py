@@ -18,11 +18,19 @@ follow; requests that can no longer start in time are set aside behind the dropp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 
-from qlm.agents.dispatch import PoolRate, dispatch_groups, follows_swap, pool_others, unseen_paced
+from qlm.agents.dispatch import (
+    PoolRate,
+    Schedule,
+    dispatch_groups,
+    follows_swap,
+    pool_others,
+    unseen_paced,
+)
 from qlm.agents.model_queues import ModelQueues
-from qlm.agents.pacing import HeldBackCache, Pacing
+from qlm.agents.pacing import Pacing, first_compressed_s, held_back
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.virtual_queue import head_model, planned_items, virtual_queue
 from qlm.control.plan import PublishedPlan
@@ -99,3 +107,40 @@ class AgentQueue:
         if rate is None:
             rate = self._rates[(model, *pool)] = PoolRate.of(self.fleet, pool, model)
         return rate
+
+
+class HeldBackCache:
+    """`held_back` over one schedule, kept while the answer cannot change: before the first
+    held request is due to start and before any paced request's compressed due time passes
+    (until then `now_s` enters no latest start). A live agent asks every round; the
+    schedule stands for many of them, and each answer is a pass over the whole queue."""
+
+    def __init__(self) -> None:
+        self._schedule: Schedule | None = None  # kept alive: compared by identity
+        self._key: tuple[Pacing, int] | None = None
+        self._answer: tuple[frozenset[str], float] = (frozenset(), math.inf)
+        self._valid_until_s = -math.inf
+
+    def unheld(
+        self,
+        is_queued: Callable[[str], bool],
+        schedule: Schedule,
+        pacing: Pacing | None,
+        now_s: float,
+        unseen: int = 0,
+    ) -> Callable[[str], bool]:
+        """`unheld(is_queued, schedule.kept, schedule.due_and_cost, ...)`'s filter."""
+        if pacing is None:
+            return is_queued
+        key = (pacing, unseen)
+        same = schedule is self._schedule and key == self._key
+        if not same or now_s >= self._valid_until_s:
+            kept, due_and_cost = schedule.kept, schedule.due_and_cost
+            self._answer = held_back(kept, due_and_cost, pacing, now_s, unseen)
+            self._schedule, self._key = schedule, key
+            first_s = first_compressed_s(kept, due_and_cost, pacing)
+            self._valid_until_s = min(self._answer[1], first_s)
+        held = self._answer[0]
+        if not held:
+            return is_queued
+        return lambda request_id: request_id not in held and is_queued(request_id)

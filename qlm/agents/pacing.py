@@ -25,13 +25,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from qlm.agents.queued import QueuedItem
 from qlm.config import QlmConfig
-
-if TYPE_CHECKING:
-    from qlm.agents.dispatch import Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,44 +110,7 @@ def unheld(
     return (lambda request_id: request_id not in held and is_queued(request_id)), wake_at_s
 
 
-class HeldBackCache:
-    """`held_back` over one schedule, kept while the answer cannot change: before the first
-    held request is due to start and before any paced request's compressed due time passes
-    (until then `now_s` enters no latest start). A live agent asks every round; the
-    schedule stands for many of them, and each answer is a pass over the whole queue."""
-
-    def __init__(self) -> None:
-        self._schedule: Schedule | None = None  # kept alive: compared by identity
-        self._key: tuple[Pacing, int] | None = None
-        self._answer: tuple[frozenset[str], float] = (frozenset(), math.inf)
-        self._valid_until_s = -math.inf
-
-    def unheld(
-        self,
-        is_queued: Callable[[str], bool],
-        schedule: Schedule,
-        pacing: Pacing | None,
-        now_s: float,
-        unseen: int = 0,
-    ) -> Callable[[str], bool]:
-        """`unheld(is_queued, schedule.kept, schedule.due_and_cost, ...)`'s filter."""
-        if pacing is None:
-            return is_queued
-        key = (pacing, unseen)
-        same = schedule is self._schedule and key == self._key
-        if not same or now_s >= self._valid_until_s:
-            kept, due_and_cost = schedule.kept, schedule.due_and_cost
-            self._answer = held_back(kept, due_and_cost, pacing, now_s, unseen)
-            self._schedule, self._key = schedule, key
-            first_s = _first_compressed_s(kept, due_and_cost, pacing)
-            self._valid_until_s = min(self._answer[1], first_s)
-        held = self._answer[0]
-        if not held:
-            return is_queued
-        return lambda request_id: request_id not in held and is_queued(request_id)
-
-
-def _first_compressed_s(
+def first_compressed_s(
     kept: Sequence[QueuedItem], due_and_cost: Mapping[str, tuple[float, float]], pacing: Pacing
 ) -> float:
     """The earliest compressed due time of the checked paced requests (before it, `now_s`

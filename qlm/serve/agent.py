@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
-from qlm.agents.drain import drain_estimate_s, engine_timing
+from qlm.agents.drain import drain_estimate_s, engine_timing, load_left_s
 from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.live_queue import AgentQueue
 from qlm.agents.pacing import Pacing
@@ -75,6 +75,7 @@ class Agent:
         self.leases = LeaseKeeper(instance.id, queue, clock, settings.lease_s)
         self._last_status_s = -1e18
         self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
+        self._warm_load = False  # the last load began from the standby tier (a wake)
         self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
         self.prefixes = AgentPrefixes(instance.id)
         self.dispatch = AgentQueue(fleet, instance.id)
@@ -145,19 +146,15 @@ class Agent:
         return actions
 
     def _reconcile_due(self, events: Sequence[EngineEvent]) -> bool:
-        """Whether a round must decide again: anything but streamed tokens happened (room
-        freed, a model loaded, a failure), or a poll period passed. Rounds woken by tokens
-        alone only forward them: deciding on every token costs a reconcile over the whole
-        virtual queue per token and starved the event loop under long generations."""
+        """Whether a round must decide again: anything but streamed tokens happened, or a
+        poll period passed (deciding on every token starved the event loop)."""
         if any(not isinstance(e, TokenChunk) for e in events) or not events:
             return True  # room freed, a prefill ended (first token), a model loaded, ...
         return self.clock.monotonic_s() - self._last_reconcile_s >= self.settings.poll_s
 
     def _heads(self, plan: PublishedPlan, obs: EngineObservation) -> tuple[QueuedGroup, ...]:
-        """What this instance serves next (qlm/agents/live_queue.py): its virtual queue when
-        the plan moves it to another model, else its model's dispatch queue; less what
-        another instance took or the engine holds (the loop republishes the cut as the head
-        leaves)."""
+        """What this instance serves next (qlm/agents/live_queue.py), less what another
+        instance took or the engine holds."""
 
         def still_queued(request_id: str) -> bool:
             return request_id not in self._taken and request_id not in self._held
@@ -194,12 +191,13 @@ class Agent:
             elif isinstance(action, Evict):
                 self._evict(action.request_ids)
             elif isinstance(action, LoadModel):  # lso_steps evicted what the engine held
-                before = self.engine.observe().model
+                before = self.engine.observe()
                 self.engine.load_model(action.model)
                 self.prefixes.forget()
                 self._load_started[action.model] = self.clock.now_s()
+                self._warm_load = action.model in before.standby_models
                 self.counters.swaps += 1
-                self.metrics.model_swap_started(self.instance.id, action.model, before)
+                self.metrics.model_swap_started(self.instance.id, action.model, before.model)
             elif isinstance(action, SwapKv):
                 if action.direction is KvDirection.TO_CPU:
                     self.engine.swap_out(action.request_ids)
@@ -382,11 +380,13 @@ class Agent:
     def status(self, now_s: float) -> InstanceStatus:
         obs = self.engine.observe()
         profile = self.fleet.profile(obs.model, self.instance) if obs.model else None
+        started_s = self._load_started.get(obs.model or "", now_s)
+        left_s = load_left_s(profile, self._warm_load, now_s - started_s)
         return InstanceStatus(
             instance_id=self.instance.id,
             state=str(obs.state),
             model=obs.model,
-            busy_s=drain_estimate_s(obs, profile),
+            busy_s=drain_estimate_s(obs, profile, left_s),
             running=len(obs.active),
             kv_used_tokens=obs.kv_used_tokens,
             kv_capacity_tokens=obs.kv_capacity_tokens,

@@ -128,7 +128,8 @@ def test_the_kept_answer_is_the_answer_made_anew_as_time_passes() -> None:
     import random
 
     from qlm.agents.dispatch import PoolMember, PoolRate, schedule
-    from qlm.agents.pacing import HeldBackCache, unheld
+    from qlm.agents.live_queue import HeldBackCache
+    from qlm.agents.pacing import unheld
     from tests.factories import make_profile
 
     rng = random.Random(4)
