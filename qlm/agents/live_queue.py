@@ -11,8 +11,9 @@ question from state it keeps: the plan's members are read once per published pla
 member's fields never change, so those seen before are reused), the queue of the model is
 the simulator's `ModelQueues` (each member priced once per pool, kept sorted, the schedule
 made anew only when its window changes) brought in line with what is still queued by
-difference, and pool prices are kept per pool. Its decisions are those of the simulator's
-dispatch over the same queue: the first `max_jobs` requests by due time are checked, the rest
+difference, and pool prices are kept per pool. It orders as the simulator's dispatch over the
+same queue does, less the engine work that blocks a class (the live agent does not count it,
+as `agent_queue` does not): the first `max_jobs` requests by due time are checked, the rest
 follow; requests that can no longer start in time are set aside behind the dropped ones.
 """
 
