@@ -127,6 +127,9 @@ async def interactive(client: openai.AsyncOpenAI) -> tuple[float, str, int, str]
         stream=True,
         stream_options={"include_usage": True},
         extra_headers={"x-qlm-slo-class": "interactive"},
+        # Exactly max_tokens on any engine: a tiny random model may sample its end-of-sequence
+        # token early (the native engine honours it; CI saw 14 of 16 once).
+        extra_body={"ignore_eos": True},
     )
     usage = 0
     async for chunk in stream:
