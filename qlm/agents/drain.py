@@ -63,6 +63,43 @@ def drains_by_rank(
     return drains
 
 
+def start_blocks_by_rank(
+    obs: EngineObservation,
+    profile: Profile,
+    rank_of: Callable[[EngineRequest], int],
+    ranks: Iterable[int],
+    load_left_s: float | None = None,
+) -> dict[int, float]:
+    """For each of `ranks`, how long the engine's admitted work delays the first token of a
+    new request of that rank. Continuous batching starts a new request beside the sequences
+    decoding: their decode does not wait to end first, it slows the prefill lane (priced by
+    `prefill_rate_beside`). What delays it: a load in progress; the admitted prompts of that
+    rank or above not prefilled yet (they go first), at the lane's rate; and, when the
+    engine has no room for one more request like those it holds (no sequence slot, or less
+    free KV than they hold on average) and holds nothing it may preempt (all of that rank
+    or above), the decode steps until the first of them ends. (`drains_by_rank` is the
+    other question: how long until all of it is done.)"""
+    load_s = 0.0
+    if obs.state is EngineState.LOADING:
+        load_s = profile.load_s if load_left_s is None else load_left_s
+    active = obs.active
+    if not active:
+        return dict.fromkeys(ranks, load_s)
+    decoding = [r for r in active if r.started]
+    lane = prefill_rate_beside(profile, len(decoding), sum(r.context_tokens for r in decoding))
+    full = obs.free_slots == 0 or obs.free_kv_tokens * len(active) < obs.kv_used_tokens
+    step_s = profile.decode_step_s_at(len(active))
+    blocks = {}
+    for rank in ranks:
+        above = [r for r in active if rank_of(r) >= rank]
+        queued_s = sum(r.prompt_tokens for r in above if not r.started) / lane
+        room_s = 0.0
+        if full and len(above) == len(active):
+            room_s = min(max(0, r.max_output_tokens - r.output_tokens) for r in above) * step_s
+        blocks[rank] = load_s + queued_s + room_s
+    return blocks
+
+
 def engine_timing(
     obs: EngineObservation, profile: Profile | None, now_s: float
 ) -> EngineTiming | None:

@@ -242,10 +242,12 @@ def _serve(
     head = queue[0]
     preempt = _preempt_for(obs, head, budget, priority, opts, timing)
     victims = {rid for a in preempt if isinstance(a, Evict | SwapKv) for rid in a.request_ids}
+    above: int | None = None  # room freed by preempting goes to more urgent work only
     if victims:  # they are leaving: nothing may park behind them
         ranks = [rank_of(priority, r.slo_class) for r in obs.active if r.request_id not in victims]
         budget.floor_rank = min(ranks) if ranks else None
-    pulled = _admit(queue, obs.model, budget, priority)
+        above = max(rank_of(priority, r.slo_class) for r in obs.active if r.request_id in victims)
+    pulled = _admit(queue, obs.model, budget, priority, above)
     actions: list[Action] = list(preempt)
     if pulled:
         actions.append(Pull(obs.instance_id, pulled))
@@ -260,13 +262,15 @@ def _admit(
     model: str | None,
     budget: Budget,
     priority: Mapping[str, int],
+    above: int | None = None,
 ) -> tuple[str, ...]:
     """Pull in queue order while there is room. A prompt the queued prefill has no room
     for waits, and so does everything of its class or below behind it (in their order);
     more urgent requests behind it may still pass. The engine prefills in the order pulled:
-    most urgent class first, queue order within a class."""
+    most urgent class first, queue order within a class. With `above` (the top rank preempted
+    now) only requests outranking it are pulled (else it would evict and pull in turn)."""
     pulled: list[tuple[int, int, str]] = []  # (-rank, queue position, id): the pull order
-    waits_up_to: int | None = None  # ranks that wait behind a prompt without prefill room
+    waits_up_to = above  # ranks that wait (behind a prompt without prefill room)
     for group in queue:
         if group.model != model:
             break  # never pull past the point where the plan swaps models
@@ -322,13 +326,16 @@ def _preempt_for(
         key=lambda r: (rank_of(priority, r.slo_class), r.output_tokens, r.request_id),
     )
     chosen: list[str] = []
+    probe = copy.copy(budget)
     for victim in victims:
-        if _fits_all(budget, urgent):
+        if _fits_all(probe, urgent):
             break
-        budget.release(victim)
+        probe.release(victim)
         chosen.append(victim.request_id)
-    if not chosen:
-        return ()
+    if not chosen or not probe.admits(first):
+        return ()  # even evicting all it may would not seat the first: evict nothing
+    for victim in victims[: len(chosen)]:
+        budget.release(victim)
     ids, for_ids = tuple(chosen), tuple(it.request_id for it in urgent)
     if opts.allow_kv_swap and obs.supports_kv_swap:
         return (SwapKv(obs.instance_id, ids, KvDirection.TO_CPU, for_ids),)

@@ -215,6 +215,10 @@ def test_actions_respect_the_engine_budget(
     kv_after = sum(max(r.context_tokens, 300) for r in remaining) + 150 * len(pulled)
     lone = not remaining and len(pulled) == 1  # an empty engine always takes one
     assert not pulled or lone or kv_after <= o.kv_capacity_tokens
+    # Room freed by preempting goes to more urgent work only (else evict and pull in turn).
+    rank = {it.request_id: PRIORITY[g.class_of(it)] for g in queue for it in g.items}
+    victims = [PRIORITY[r.slo_class] for r in rs if r.request_id in evicted]
+    assert all(rank[rid] > max(victims) for rid in pulled) if victims else True
 
 
 def test_members_rank_by_their_own_class_in_a_mixed_group() -> None:
@@ -234,4 +238,30 @@ def test_members_rank_by_their_own_class_in_a_mixed_group() -> None:
     evict, pull = run(obs(running=full), mixed)
     assert isinstance(evict, Evict)
     assert evict.request_ids == ("b0",)
+    assert pull == Pull("i0", ("chat",))
+
+
+def test_no_eviction_that_cannot_seat_the_urgent_request_and_no_pull_into_freed_room() -> None:
+    """An urgent prompt too large for the KV that evicting could free evicts nothing; and the
+    room a preemption frees never goes to work ranked like its victims. (A simulator run
+    evicted a batch request for an interactive one that still did not fit, pulled another
+    batch request into the freed room, and did the same again with the two swapped, forever
+    at one instant.)"""
+    engine = [running("int", "interactive"), EngineRequest("b-old", "batch-1", 300, 100, 0, False)]
+    queue = QueuedGroup(
+        "g",
+        "a",
+        "interactive",
+        (QueuedItem("b-new", 100, 50, "batch-1"), QueuedItem("huge", 5_000, 50, "interactive")),
+    )
+    assert run(obs(running=engine, max_num_seqs=2, kv_capacity=1_000), queue) == ()
+    seated = QueuedGroup(
+        "g",
+        "a",
+        "interactive",
+        (QueuedItem("b-new", 100, 50, "batch-1"), QueuedItem("chat", 300, 50, "interactive")),
+    )
+    evict, pull = run(obs(running=engine, max_num_seqs=2, kv_capacity=1_000), seated)
+    assert isinstance(evict, Evict)
+    assert evict.request_ids == ("b-old",)
     assert pull == Pull("i0", ("chat",))

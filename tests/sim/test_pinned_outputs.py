@@ -40,11 +40,14 @@ BASELINE_DIGESTS = {
 # line (qlm/agents/room.py), and a schedule stood while joins fell past its window
 # (qlm/agents/model_queues.py), requests past saving were set aside and overload was shed
 # over the whole queue: wa-quick unchanged; wb-quick (queues past the window) and wc-quick
-# (an arrival no longer makes an instance that is not its group's preempt) move.
+# (an arrival no longer makes an instance that is not its group's preempt) move. And again
+# when dispatch stopped counting admitted decode as blocking a new request's first token
+# (qlm/agents/drain.py start_blocks_by_rank, pooled by speed) and reconcile stopped evicting
+# for a request the freed room cannot seat: wa-quick unchanged; wb-quick and wc-quick move.
 QLM_DIGESTS = {
     "wa-quick": "ff0a7be08026fa20f7d6179c4cba76c7bbb81ac83ed961d5e861b7cc6fe42877",
-    "wb-quick": "814bec2a7d13dd8685a65294c351eab6d2f78ac7569fa41e21bd6ac0cce4a502",
-    "wc-quick": "93d4ee27c924d2f1be213090860fddba008a9d2844f376fb36107afd6b32ef2d",
+    "wb-quick": "06f005101a32474e4ca497ef9b7997ed97f341f4c0a1c8526c0e988db74bb8a8",
+    "wc-quick": "3f495903e248ae0580dc7b9d09a2ef48cb16d370414fe32d7ffa4f5c0da6eefb",
 }
 
 

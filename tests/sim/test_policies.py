@@ -169,7 +169,8 @@ def test_qlm_runs_the_controller_and_reconcile() -> None:
 
 @pytest.mark.solver
 def test_qlm_ablations_switch_off_what_they_name() -> None:
-    requests = mixed_requests(400, 120.0, 11, models=("m13b", "m13b", "m13b", "m7b"))
+    # Load the m13b instance cannot keep alone (at 400 requests it keeps all: no swap).
+    requests = mixed_requests(600, 120.0, 11, models=("m13b", "m13b", "m13b", "m7b"))
     full = simulate(two_model_fleet(), requests, "qlm", CONFIG, 1)
     no_evict = simulate(two_model_fleet(), requests, "qlm-no-evict", CONFIG, 1)
     no_swap = simulate(two_model_fleet(), requests, "qlm-no-swap", CONFIG, 1)

@@ -8,8 +8,10 @@ The issue's stricter per-class target (each class within 2 points of the best ba
 that class*) is reported by benchmarks/sim_quality.py; it is not met on wc-quick, where fcfs
 keeps more batch-1 promises by breaking most interactive ones.
 
-Seed 0 only (CI time: about three minutes on two cores); benchmarks/sim_quality.py checks
-seeds 0, 1 and 7 and the random scenarios."""
+Attainment at seed 0; throughput as the mean share over seeds 0, 1 and 7 against the baseline
+fastest at seed 0 (one seed's share moves by several points with the order the last swaps
+fall in: 0.89-0.99 on wb-quick). CI time: about five minutes on two cores.
+benchmarks/sim_quality.py checks seeds 0, 1 and 7 in full and the random scenarios."""
 
 from __future__ import annotations
 
@@ -24,14 +26,20 @@ from qlm.sim.scenario import load_scenario
 SIMS = Path(__file__).resolve().parents[2] / "sims"
 BASELINES = ("fcfs", "edf", "shepherd", "llmd")
 CLASS_SLACK = 0.02  # points of attainment a class may lose to the best baseline's
-# The issue's target is 0.95; qlm reaches 0.93-0.94 of edf's on wb-quick (docs/benchmarks.md),
-# because it serves lost requests last, which lengthens the run. The guard catches a collapse
+# The issue's target is 0.95; qlm reaches about that of edf's on wb-quick over seeds 0, 1 and 7
+# (docs/benchmarks.md), less at some seeds, because it serves lost requests last and swaps back
+# to a model left waiting at the end, which lengthens the run. The guard catches a collapse
 # (the 0.60-0.90 of earlier versions), the benchmark reports the 0.95 verdict.
 THROUGHPUT_SHARE = 0.90
+THROUGHPUT_SEEDS = (0, 1, 7)
 
 
-def _margins(qlm: SimResult, baselines: list[SimResult]) -> list[str]:
-    """Every way qlm falls short of the baselines, as readable lines (none: it wins)."""
+def _margins(
+    qlm: SimResult, baselines: list[SimResult], throughput_share: float | None = None
+) -> list[str]:
+    """Every way qlm falls short of the baselines, as readable lines (none: it wins).
+    `throughput_share`: qlm's throughput over the fastest baseline's, if measured over more
+    runs than these."""
     short: list[str] = []
     for base in baselines:
         if qlm.attainment() < base.attainment():
@@ -41,9 +49,11 @@ def _margins(qlm: SimResult, baselines: list[SimResult]) -> list[str]:
         if value < best.attainment(name) - CLASS_SLACK:
             short.append(f"{name} {value:.4f} < {best.policy} {best.attainment(name):.4f} - 2 pts")
     fastest = max(baselines, key=lambda b: b.throughput_rps)
-    if qlm.throughput_rps < THROUGHPUT_SHARE * fastest.throughput_rps:
-        share = THROUGHPUT_SHARE
-        short.append(f"throughput {qlm.throughput_rps:.2f} < {share} x {fastest.policy}")
+    share = throughput_share
+    if share is None:
+        share = qlm.throughput_rps / fastest.throughput_rps
+    if share < THROUGHPUT_SHARE:
+        short.append(f"throughput {share:.3f} x {fastest.policy}'s < {THROUGHPUT_SHARE}")
     return short
 
 
@@ -54,7 +64,12 @@ def test_qlm_beats_every_baseline_on_the_quick_scenarios(scenario: str) -> None:
     loaded = load_scenario(SIMS / f"{scenario}.yaml")
     *baselines, qlm = run_policies(loaded, [*BASELINES, "qlm"], seed=0, progress=False)
     assert qlm.policy == "qlm"
-    assert _margins(qlm, baselines) == []
+    fastest = max(baselines, key=lambda b: b.throughput_rps)
+    shares = [qlm.throughput_rps / fastest.throughput_rps]
+    for seed in THROUGHPUT_SEEDS[1:]:
+        base, mine = run_policies(loaded, [fastest.policy, "qlm"], seed=seed, progress=False)
+        shares.append(mine.throughput_rps / base.throughput_rps)
+    assert _margins(qlm, baselines, sum(shares) / len(shares)) == [], shares
 
 
 def test_the_guard_fails_when_qlm_falls_behind() -> None:

@@ -17,7 +17,7 @@ from qlm.agents.dispatch import (
     dispatch_groups,
     follows_swap,
 )
-from qlm.agents.drain import drains_by_rank
+from qlm.agents.drain import start_blocks_by_rank
 from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.pacing import Pacing, unheld
@@ -301,17 +301,29 @@ class SimDispatch:
         self._room.pop(instance_id, None)
 
     def _blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
-        """Per SLO class, how long the pool (as one machine) stays busy with admitted work
-        a request of that class may not preempt (of its class or a more urgent one)."""
-        speeds = dict.fromkeys(self.priority, 0.0)
+        """Per SLO class, how long admitted work delays the pool's (as one machine) first
+        token for a new request of that class (`start_blocks_by_rank`: a load, admitted
+        prompts of its class or a more urgent one not prefilled yet, and the wait for room
+        on an engine full of work it may not preempt). The pool's is the instances' work
+        ahead over their speed together: the mean of theirs, weighted by their prefill
+        speed (exact for the requests that start once every instance has done its own)."""
+        work = dict.fromkeys(self.priority, 0.0)
+        speed = 0.0
+        ctx = self.ctx
         for instance_id in pool:
-            for name, drain_s in self._drain_by_class(instance_id).items():
-                speeds[name] = math.inf if drain_s <= 0 else speeds[name] + 1.0 / drain_s
-        return {name: 0.0 if v in (0.0, math.inf) else 1.0 / v for name, v in speeds.items()}
+            model = ctx.model_of(instance_id)
+            profile = (
+                None if model is None else ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
+            )
+            rate = 1.0 if profile is None else profile.prefill_tokens_per_s
+            speed += rate
+            for name, block_s in self._drain_by_class(instance_id).items():
+                work[name] += block_s * rate
+        return {name: w / speed if speed > 0 else 0.0 for name, w in work.items()}
 
     def _drain_by_class(self, instance_id: str) -> dict[str, float]:
-        """Per class, how long the instance's admitted work of that class or a more urgent
-        one takes (kept until the engine reports events or is acted on)."""
+        """Per class, how long the instance's admitted work delays a new request of that
+        class (kept until the engine reports events or is acted on)."""
         drains = self._drains.get(instance_id)
         if drains is None:
             ctx = self.ctx
@@ -320,7 +332,7 @@ class SimDispatch:
             profile = ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
             assert profile is not None
             priority = self.priority
-            by_rank = drains_by_rank(
+            by_rank = start_blocks_by_rank(
                 ctx.observe(instance_id),
                 profile,
                 lambda r: priority.get(r.slo_class, 0),
