@@ -222,8 +222,10 @@ class EngineModel:
 
     def load(self, model: str, now_s: float) -> None:
         """Switch models: abort every request, serve nothing for the load time (by tier), emit
-        ModelLoaded; the model left sleeps. EngineError for a model this cannot serve."""
+        ModelLoaded; the model left sleeps. EngineError for a model it cannot serve."""
         self._begin(now_s)
+        if model == self._model and self._state in (EngineState.LOADING, EngineState.READY):
+            return  # it serves or loads it already: nothing to do (not a cold restart)
         if model not in self._profiles:
             raise EngineError(
                 f"engine {self.instance.id} cannot load {model!r}; "
@@ -376,8 +378,7 @@ class EngineModel:
             raise EngineError(f"engine {self.instance.id}: request {request.id} already admitted")
 
     def _known(self, request_ids: Sequence[str]) -> list[Seq]:
-        seqs = self._queues.seqs
-        return [seqs[i] for i in request_ids if i in seqs]
+        return [self._queues.seqs[i] for i in request_ids if i in self._queues.seqs]
 
 
 def _profiles_for(instance: Instance, profiles: Fleet | Iterable[Profile]) -> dict[str, Profile]:
@@ -389,8 +390,7 @@ def _profiles_for(instance: Instance, profiles: Fleet | Iterable[Profile]) -> di
             continue
         if profile.model in found:
             raise ValueError(f"two profiles for ({profile.model}, {profile.gpu_type})")
-        fits = instance.gpu_count >= profile.gpu_count and profile.fits(instance.gpu_memory_bytes)
-        if fits:
+        if instance.gpu_count >= profile.gpu_count and profile.fits(instance.gpu_memory_bytes):
             found[profile.model] = profile
     if instance.loaded_model is not None and instance.loaded_model not in found:
         raise ValueError(

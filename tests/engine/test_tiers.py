@@ -55,6 +55,22 @@ def test_a_sleeping_model_wakes_in_wake_s_and_others_load_cold() -> None:
     assert _loads(standby_models=0) == [20.0, 20.0, 20.0, 20.0]
 
 
+def test_a_second_load_of_the_same_model_changes_nothing() -> None:
+    """Two LoadModel actions for one model in one instant (the simulator applies a round's
+    actions together) restarted the load cold and put the loading model to sleep: every
+    later swap back was cold (49 of 139 loads on the density scenario)."""
+    profiles = [replace(exact_profile(name, load_s=20.0), wake_s=1.0) for name in ("m", "n")]
+    model = engine(profiles=profiles, config=EngineConfig(standby_models=2))
+    model.load("n", 0.0)
+    model.load("n", 0.0)  # loading it: nothing to do
+    assert model.observe(0.0).standby_models == ("m",)
+    loaded = [e.load_s for e in model.advance_to(50.0) if isinstance(e, ModelLoaded)]
+    model.load("n", 50.0)  # serving it: nothing to do
+    model.load("m", 60.0)
+    loaded += [e.load_s for e in model.advance_to(100.0) if isinstance(e, ModelLoaded)]
+    assert loaded == [20.0, 1.0]  # m woke: it slept since n's load
+
+
 def test_the_observation_lists_the_sleeping_models() -> None:
     profiles = [exact_profile(name) for name in ("m", "n", "p")]
     model = engine(profiles=profiles, config=EngineConfig(standby_models=2))

@@ -40,18 +40,24 @@ class NativeContexts:
         if parent is not None:
             self.engine.context_tokens(parent)  # EngineError when there is none
         errors: list[str] = []
+        called: list[bool] = []  # the runner took the call (a taken id is refused only then)
 
         def call(runner: NativeRunner) -> None:
             try:
                 runner.fill(runner_id, tokens, parent_id)
             except ValueError as exc:
                 errors.append(str(exc).replace(CONTEXT_PREFIX, ""))
+            called.append(True)
 
         self.engine.on_runner(call)
         async with asyncio.timeout(timeout_s):
             while True:
                 if errors:
                     raise EngineError(f"context {context_id}: {errors[0]}")
+                if not called:
+                    self.engine.raise_if_failed()
+                    await asyncio.sleep(0.002)
+                    continue
                 try:
                     return self.engine.context_tokens(context_id)
                 except EngineError:
