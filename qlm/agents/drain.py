@@ -31,6 +31,13 @@ def load_left_s(profile: Profile | None, warm: bool, elapsed_s: float) -> float 
     return None if profile is None else max(0.0, profile.load_time_s(warm) - elapsed_s)
 
 
+def _loading_s(obs: EngineObservation, profile: Profile, load_left_s: float | None) -> float:
+    """What is left of a load in progress (`load_left_s`, else the cold `load_s`); 0 when none."""
+    if obs.state is not EngineState.LOADING:
+        return 0.0
+    return profile.load_s if load_left_s is None else load_left_s
+
+
 def drains_by_rank(
     obs: EngineObservation,
     profile: Profile,
@@ -47,9 +54,7 @@ def drains_by_rank(
         total[1] += max(0, r.max_output_tokens - r.output_tokens)
         if not r.started:
             total[2] += r.prompt_tokens
-    load_s = 0.0
-    if obs.state is EngineState.LOADING:
-        load_s = profile.load_s if load_left_s is None else load_left_s
+    load_s = _loading_s(obs, profile, load_left_s)
     drains = {}
     for rank in ranks:
         above = [t for k, t in totals.items() if k >= rank]
@@ -79,9 +84,7 @@ def start_blocks_by_rank(
     free KV than they hold on average) and holds nothing it may preempt (all of that rank
     or above), the decode steps until the first of them ends. (`drains_by_rank` is the
     other question: how long until all of it is done.)"""
-    load_s = 0.0
-    if obs.state is EngineState.LOADING:
-        load_s = profile.load_s if load_left_s is None else load_left_s
+    load_s = _loading_s(obs, profile, load_left_s)
     active = obs.active
     if not active:
         return dict.fromkeys(ranks, load_s)
