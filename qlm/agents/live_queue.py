@@ -12,8 +12,8 @@ member's fields never change, so those seen before are reused), the queue of the
 the simulator's `ModelQueues` (each member priced once per pool, kept sorted, the schedule
 made anew only when its window changes) brought in line with what is still queued by
 difference, and pool prices are kept per pool. It orders as the simulator's dispatch over the
-same queue does, less the engine work that blocks a class (the live agent does not count it,
-as `agent_queue` does not): the first `max_jobs` requests by due time are checked, the rest
+same queue does, less the admitted work that delays a class's next first token (the live
+agent does not count it, as `agent_queue` does not; drain.start_blocks_by_rank): the first `max_jobs` requests by due time are checked, the rest
 follow; requests that can no longer start in time are set aside behind the dropped ones.
 """
 
