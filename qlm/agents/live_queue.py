@@ -13,8 +13,9 @@ the simulator's `ModelQueues` (each member priced once per pool, kept sorted, th
 made anew only when its window changes) brought in line with what is still queued by
 difference, and pool prices are kept per pool. It orders as the simulator's dispatch over the
 same queue does, less the admitted work that delays a class's next first token (the live
-agent does not count it, as `agent_queue` does not; drain.start_blocks_by_rank): the first `max_jobs` requests by due time are checked, the rest
-follow; requests that can no longer start in time are set aside behind the dropped ones.
+agent does not count it, as `agent_queue` does not; drain.start_blocks_by_rank): the first
+`max_jobs` requests by due time are checked, the rest follow; requests that can no longer
+start in time are set aside behind the dropped ones.
 """
 
 from __future__ import annotations
