@@ -39,7 +39,8 @@ class SimDispatch:
         self.members = members
         self._queues = ModelQueues()
         self._rates: dict[tuple[str, ...], PoolRate] = {}
-        self._drains: dict[str, dict[str, float]] = {}  # instance -> class -> drain_s
+        # instance -> (prefill speed, class -> how long admitted work delays its next start)
+        self._blocks: dict[str, tuple[float, dict[str, float]]] = {}
         self._room: dict[str, Room] = {}  # instance -> its room when last reconciled, untouched
         # Where prompt prefixes went (from pulls), once a request with a prefix has arrived:
         # dispatch then orders each instance's queue by prefix locality (`by_affinity`).
@@ -297,7 +298,7 @@ class SimDispatch:
 
     def touched(self, instance_id: str) -> None:
         """The instance's engine changed (events, or an action applied): observe it anew."""
-        self._drains.pop(instance_id, None)
+        self._blocks.pop(instance_id, None)
         self._room.pop(instance_id, None)
 
     def _blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
@@ -309,23 +310,18 @@ class SimDispatch:
         speed (exact for the requests that start once every instance has done its own)."""
         work = dict.fromkeys(self.priority, 0.0)
         speed = 0.0
-        ctx = self.ctx
         for instance_id in pool:
-            model = ctx.model_of(instance_id)
-            profile = (
-                None if model is None else ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
-            )
-            rate = 1.0 if profile is None else profile.prefill_tokens_per_s
+            rate, blocks = self._blocks_of(instance_id)
             speed += rate
-            for name, block_s in self._drain_by_class(instance_id).items():
+            for name, block_s in blocks.items():
                 work[name] += block_s * rate
         return {name: w / speed if speed > 0 else 0.0 for name, w in work.items()}
 
-    def _drain_by_class(self, instance_id: str) -> dict[str, float]:
-        """Per class, how long the instance's admitted work delays a new request of that
-        class (kept until the engine reports events or is acted on)."""
-        drains = self._drains.get(instance_id)
-        if drains is None:
+    def _blocks_of(self, instance_id: str) -> tuple[float, dict[str, float]]:
+        """The instance's prefill speed, and per class how long its admitted work delays a
+        new request of that class (kept until the engine reports events or is acted on)."""
+        known = self._blocks.get(instance_id)
+        if known is None:
             ctx = self.ctx
             model = ctx.model_of(instance_id)
             assert model is not None
@@ -338,9 +334,9 @@ class SimDispatch:
                 lambda r: priority.get(r.slo_class, 0),
                 priority.values(),
             )
-            drains = {name: by_rank[rank] for name, rank in priority.items()}
-            self._drains[instance_id] = drains
-        return drains
+            blocks = {name: by_rank[rank] for name, rank in priority.items()}
+            known = self._blocks[instance_id] = (profile.prefill_tokens_per_s, blocks)
+        return known
 
 
 def _item(request: Request) -> QueuedItem:
