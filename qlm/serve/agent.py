@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
@@ -31,18 +30,17 @@ from qlm.engine.types import (
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
-from qlm.metrics.causes import overlap_s
 from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.agent_prefixes import EARLY_REPORT_S, AgentPrefixes
 from qlm.serve.config import AgentConfig
+from qlm.serve.engine_loads import ModelLoads, RefillBacklog
 from qlm.serve.leases import LeaseKeeper
 from qlm.serve.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
 from qlm.types import Fleet, Instance, Request
 
 log = logging.getLogger("qlm.agent")
-_LOADS_KEPT = 64  # recent model loads, for the model_load share of a result's queue wait
 
 
 class Agent:
@@ -74,9 +72,8 @@ class Agent:
         self._last_reconcile_s = float("-inf")
         self.leases = LeaseKeeper(instance.id, queue, clock, settings.lease_s)
         self._last_status_s = -1e18
-        self._load_started: dict[str, float] = {}  # model -> when this agent started loading it
-        self._warm_load = False  # the last load began from the standby tier (a wake)
-        self._loads: deque[tuple[str, float, float]] = deque(maxlen=_LOADS_KEPT)
+        self._loads = ModelLoads()
+        self._backlog = RefillBacklog(settings.engine_backlog)
         self.prefixes = AgentPrefixes(instance.id)
         self.dispatch = AgentQueue(fleet, instance.id)
         self.pacing = pacing
@@ -127,6 +124,7 @@ class Agent:
         to reconcile against."""
         self._forget_lost()
         events = self.engine.poll()
+        self._backlog.saw(events, self._held)
         await self._handle(events)
         plan = await self.queue.current_plan()
         actions: tuple[Action, ...] | None = None
@@ -139,7 +137,7 @@ class Agent:
             self._last_reconcile_s = self.clock.monotonic_s()
             obs = self.engine.observe()
             inp = ReconcileInput(obs, self._heads(plan, obs), self.priority, self._timing(obs))
-            actions = reconcile(inp, self.settings.reconcile_options())
+            actions = reconcile(inp, self.settings.reconcile_options(self._backlog.size))
             loading = obs.state is EngineState.LOADING
             await self._apply(lso_steps(actions, tuple(self._held), obs.model, loading))
         await self._housekeeping()
@@ -163,7 +161,8 @@ class Agent:
         model = obs.model
         profile = None if model is None else self.fleet.profile(model, self.instance)
         affinity = self.prefixes.affinity(plan, profile, now_s)
-        rest = (now_s, obs.max_num_seqs, affinity, self.pacing, prefilling_ids(obs))
+        limit = obs.max_num_seqs + self._backlog.size  # what one round may pull
+        rest = (now_s, limit, affinity, self.pacing, prefilling_ids(obs))
         heads = self.dispatch.heads(plan, model, still_queued, *rest)
         if affinity is not None:
             affinity.prune()
@@ -194,8 +193,8 @@ class Agent:
                 before = self.engine.observe()
                 self.engine.load_model(action.model)
                 self.prefixes.forget()
-                self._load_started[action.model] = self.clock.now_s()
-                self._warm_load = action.model in before.standby_models
+                warm = action.model in before.standby_models
+                self._loads.started(action.model, self.clock.now_s(), warm=warm)
                 self.counters.swaps += 1
                 self.metrics.model_swap_started(self.instance.id, action.model, before.model)
             elif isinstance(action, SwapKv):
@@ -290,8 +289,7 @@ class Agent:
             await self._requeue(list(self._held), evicted=False)
         elif isinstance(event, ModelLoaded):
             log.info("agent %s: %s loaded in %.1f s", self.instance.id, event.model, event.load_s)
-            start_s = self._load_started.pop(event.model, event.at_s - event.load_s)
-            self._loads.append((event.model, start_s, event.at_s))
+            self._loads.ended(event.model, event.at_s, event.load_s)
             self.metrics.model_loaded(self.instance.id, event.model, event.load_s)
 
     async def _flush(self, batch: Batch) -> None:
@@ -334,9 +332,8 @@ class Agent:
     def _load_wait_s(self, held: Held) -> float:
         """Of the request's queue wait (arrival to its last dispatch), the time this instance
         spent loading the model it then served it on."""
-        model = held.request.model
-        loads = ((start_s, end_s) for m, start_s, end_s in self._loads if m == model)
-        return overlap_s(held.request.arrival_at_s, held.dispatched_at_s, loads)
+        request = held.request
+        return self._loads.wait_s(request.model, request.arrival_at_s, held.dispatched_at_s)
 
     async def _aborted(self, event: Aborted) -> None:
         evicted = event.request_id in self._evicting
@@ -380,8 +377,8 @@ class Agent:
     def status(self, now_s: float) -> InstanceStatus:
         obs = self.engine.observe()
         profile = self.fleet.profile(obs.model, self.instance) if obs.model else None
-        started_s = self._load_started.get(obs.model or "", now_s)
-        left_s = load_left_s(profile, self._warm_load, now_s - started_s)
+        started_s = self._loads.started_at_s(obs.model, now_s)
+        left_s = load_left_s(profile, self._loads.warm, now_s - started_s)
         return InstanceStatus(
             instance_id=self.instance.id,
             state=str(obs.state),

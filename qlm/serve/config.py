@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -139,19 +139,22 @@ class AgentConfig(StrictModel):
         description="A request its engine aborted (not an eviction) this many times fails "
         "instead of going back to the queue again.",
     )
-    engine_backlog: int = Field(
-        default=0,
-        ge=0,
+    engine_backlog: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        default="auto",
         description="Requests admitted beyond the engine's sequence slots (they wait inside "
-        "the engine, so a finished sequence is replaced at the engine's next step).",
+        "the engine, so a finished sequence is replaced at the engine's next step, not the "
+        "agent's next round). auto: as many as ended between two agent rounds, the last "
+        "time any did (qlm/serve/engine_loads.py); 0 keeps all waiting in the global queue.",
     )
 
-    def reconcile_options(self) -> ReconcileConfig:
+    def reconcile_options(self, engine_backlog: int | None = None) -> ReconcileConfig:
+        """Reconcile's settings; `engine_backlog` is the agent's measured one under auto."""
+        backlog = self.engine_backlog if engine_backlog is None else engine_backlog
         return ReconcileConfig(
             allow_evict=self.allow_evict,
             allow_model_swap=self.allow_model_swap,
             allow_kv_swap=self.allow_kv_swap,
-            engine_backlog=self.engine_backlog,
+            engine_backlog=0 if backlog == "auto" else backlog,
         )
 
 
