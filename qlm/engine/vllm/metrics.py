@@ -46,11 +46,40 @@ class VllmMetrics:
         return round(self.kv_cache_usage * (self.kv_capacity_tokens or 0))
 
 
+# The samples parse_metrics reads (the exposition's histograms are most of its lines)
+_GAUGE_SAMPLES = frozenset(
+    {
+        "vllm:cache_config_info",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:generation_tokens_total",
+        PREFIX_QUERIES,
+        PREFIX_HITS,
+        *_USAGE_GAUGES,
+    }
+)
+
+
+def _only(text: str, samples: frozenset[str]) -> str:
+    """The exposition's lines for the given sample names (and their families' HELP and TYPE
+    lines), so the parser reads a dozen lines, not the hundreds of histogram buckets: the
+    engine client parses /metrics several times a second on the control plane's core."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            family = line.split(" ", 3)[2] if line.count(" ") >= 2 else ""
+            if family and any(name.startswith(family) for name in samples):
+                kept.append(line)
+        elif line.split("{", 1)[0].split(" ", 1)[0] in samples:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def parse_metrics(text: str, at_s: float = 0.0) -> VllmMetrics:
     """Read the gauges the client needs from a Prometheus text exposition."""
     values: dict[str, float] = {}  # sample name -> sum over label sets
     capacity: int | None = None
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_only(text, _GAUGE_SAMPLES)):
         for sample in family.samples:
             if sample.name == "vllm:cache_config_info":
                 capacity = (capacity or 0) + _usable_kv_tokens(sample.labels)

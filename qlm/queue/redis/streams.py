@@ -65,7 +65,9 @@ class OutputStreams:
     ) -> AsyncIterator[StreamEvent]:
         """Read with XRANGE from the last entry each time the stream is poked, and on a timer
         should a poke be lost. Ends after DONE; UnknownRequestError once the record is gone,
-        TimeoutError after `timeout_s` without an event."""
+        TimeoutError after `timeout_s` without an event. A read that got less than a full
+        page waits for the next poke: the poke was cleared before the read, so whatever was
+        added since pokes again (reading again at once cost an empty XRANGE per chunk)."""
         record_key, stream_key = self._keys.record(request_id), self._keys.stream(request_id)
         if not await self._redis.exists(record_key):
             raise UnknownRequestError(request_id)
@@ -84,7 +86,8 @@ class OutputStreams:
                         return
                 if entries:
                     waited_s = 0.0
-                    continue
+                    if len(entries) >= XRANGE_COUNT or not self._pokes.subscribed:
+                        continue
                 block_s = self._block_s(timeout_s, waited_s)
                 if not self._pokes.subscribed:
                     block_s = min(block_s, UNSUBSCRIBED_POLL_S)

@@ -54,6 +54,30 @@ def test_metrics_give_counts_usage_and_usable_capacity() -> None:
     assert (m.prefix_queried_tokens, m.prefix_hit_tokens) == (3000, 1280)
 
 
+def test_metrics_read_past_the_histograms_they_skip() -> None:
+    # parse_metrics hands the parser only the samples it reads: a histogram family between
+    # them, one whose name starts like a gauge's, and a gauge named like a wanted one's
+    # prefix change nothing.
+    histogram = "\n".join(
+        [
+            "# HELP vllm:num_requests_running_s A histogram named like a gauge.",
+            "# TYPE vllm:num_requests_running_s histogram",
+            *(
+                f'vllm:num_requests_running_s_bucket{{engine="0",le="{le}"}} 7.0'
+                for le in ("0.1", "1.0", "+Inf")
+            ),
+            'vllm:num_requests_running_s_count{engine="0"} 7.0',
+            'vllm:num_requests_running_s_sum{engine="0"} 2.5',
+            "# TYPE vllm:num_requests gauge",
+            'vllm:num_requests{engine="0"} 99.0',
+        ]
+    )
+    half = METRICS.index("# HELP vllm:generation_tokens_total")
+    mixed = METRICS[:half] + histogram + "\n" + METRICS[half:]
+    assert parse_metrics(mixed, at_s=3.0) == parse_metrics(METRICS, at_s=3.0)
+    assert parse_metrics(mixed).num_requests_running == 3
+
+
 def test_metrics_read_the_older_gpu_cache_gauge_and_tolerate_absences() -> None:
     m = parse_metrics('vllm:gpu_cache_usage_perc{model_name="x"} 0.5\n')
     assert (m.kv_cache_usage, m.kv_capacity_tokens, m.kv_used_tokens) == (0.5, None, 0)
