@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.tables import markdown_table
-from benchmarks.density.run import dedicated_fleet, pooled_fleet
+from benchmarks.density.run import dedicated_fleet, fetch_pairs, pooled_fleet
 from benchmarks.density.scenario import long_tail
 from benchmarks.report import (
     RESULTS_DIR,
@@ -53,6 +53,16 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
         print(f"seed {seed}: {label}", flush=True)
         fleet, _ = dedicated_fleet(scenario, requests, policy, seed, args.target, args.max_small)
         rows.append(_row(seed, label, fleet))
+    return rows
+
+
+def fetch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for seed in (int(s) for s in args.fetch_seeds.split(",")):
+        scenario = long_tail(seed, args.models, args.peak_rate)
+        print(f"seed {seed}: fetching into the standby tiers, off and on", flush=True)
+        fleets = args.fetch_fleets.split(",")
+        rows += fetch_pairs(scenario, scenario.requests(seed), POLICY, seed, fleets)
     return rows
 
 
@@ -139,8 +149,30 @@ def render(report: dict[str, Any]) -> str:
             "### Verdict",
             "",
             *report["verdict"],
+            *fetch_section(report.get("fetch", [])),
         ]
     )
+
+
+def fetch_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The paired table: the standby tiers filled by worth (on, the default) or only by what
+    each instance served (off), on the same fleets and requests."""
+    if not rows:
+        return []
+    gains = [r["points"] for r in rows]
+    columns = ["seed", "fleet", "gpus", "off", "on", "points"]
+    return [
+        "",
+        "### Filling the standby tiers (qlm/agents/warming.py)",
+        "",
+        "qlm-edf's attainment with each instance fetching the worthiest models into free "
+        "standby places (`on`, the default) and with the tiers holding only what each "
+        "instance served (`off`), same fleets, same requests. "
+        f"Mean {sum(gains) / len(gains):+.2f} points over {len(gains)} pairs; "
+        f"{sum(g > 0 for g in gains)} up, {sum(g < 0 for g in gains)} down.",
+        "",
+        markdown_table(rows, columns, lambda v, _: str(v)),
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -150,6 +182,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--peak-rate", type=float, default=12.0)
     parser.add_argument("--target", type=float, default=0.99)
     parser.add_argument("--max-small", type=int, default=24)
+    parser.add_argument("--fetch-seeds", default="0,1,2", help="seeds of the fetch table")
+    parser.add_argument("--fetch-fleets", default="10/2,12/2,8/3,10/3", help="H100/A100 counts")
     args = parser.parse_args(argv)
     report = run_header("density.py", argv, "shared and noisy; simulated time")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -162,6 +196,7 @@ def main(argv: list[str]) -> int:
         "seeds": seeds,
     }
     report["rows"] = rows
+    report["fetch"] = fetch_rows(args)
     report["verdict"] = verdict(rows)
     finish_header(report)
     block = render(report)

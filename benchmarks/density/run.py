@@ -43,7 +43,13 @@ class Fleet:
         }
 
 
-def attainment_of(scenario: Scenario, requests: Sequence[Request], policy: str, seed: int) -> float:
+def attainment_of(
+    scenario: Scenario,
+    requests: Sequence[Request],
+    policy: str,
+    seed: int,
+    policy_options: dict[str, object] | None = None,
+) -> float:
     result = simulate(
         scenario.fleet(),
         requests,
@@ -51,9 +57,30 @@ def attainment_of(scenario: Scenario, requests: Sequence[Request], policy: str, 
         scenario.config,
         seed,
         options=SimConfig(max_time_s=scenario.horizon_s or math.inf),
+        policy_options=policy_options,
         engine_factory=SimulatedEngines(scenario.engine),
     )
     return result.attainment()
+
+
+def fetch_pairs(
+    scenario: Scenario, requests: Sequence[Request], policy: str, seed: int, fleets: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Attainment with and without filling the standby tiers (qlm/agents/warming.py) on the
+    same fleets (`"H100 count/A100 count"`), same requests."""
+    rows = []
+    for fleet in fleets:
+        small, large = (int(n) for n in fleet.split("/"))
+        sized = scenario.with_fleet_counts({SMALL: small, LARGE: large})
+        off, on = (
+            attainment_of(sized, requests, policy, seed, {"fetch_standby": fetch})
+            for fetch in (False, True)
+        )
+        print(f"  fetch {fleet}: off {off:.4f} on {on:.4f}", flush=True)
+        counts = f"{small} x {SMALL}, {large} x {LARGE}"
+        rows.append({"seed": seed, "fleet": counts, "gpus": _gpus(sized), "off": round(off, 4),
+                     "on": round(on, 4), "points": round(100 * (on - off), 2)})  # fmt: skip
+    return rows
 
 
 def _gpus(scenario: Scenario) -> int:

@@ -52,7 +52,18 @@ class LoadModel:
     model: str
 
 
-Action = Pull | Evict | SwapKv | LoadModel
+@dataclass(frozen=True, slots=True)
+class FetchStandby:
+    """Read a model's weights into the instance's standby tier while it serves another (a
+    later swap to it wakes it instead of loading it cold), in the place of `replace` or a
+    free one (qlm/agents/warming.py decides; qlm/engine/tiers.py keeps the tier)."""
+
+    instance_id: str
+    model: str
+    replace: str | None = None
+
+
+Action = Pull | Evict | SwapKv | LoadModel | FetchStandby
 
 
 def lso_steps(

@@ -60,6 +60,13 @@ class EventWaiter(Protocol):
 
 
 @runtime_checkable
+class StandbyFetcher(Protocol):
+    """An engine that fills its standby tier in the background (the simulated engine)."""
+
+    def fetch_standby(self, model: str, replace: str | None) -> None: ...
+
+
+@runtime_checkable
 class EngineClient(Protocol):
     """One engine instance as an agent sees it. All calls return at once."""
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from qlm.engine.config import EngineConfig
+from qlm.engine.engine_profiles import profiles_for
 from qlm.engine.scheduler import complete, schedule
 from qlm.engine.segment import Segment, plan_segment
 from qlm.engine.seq_queues import SeqQueues
@@ -61,7 +62,7 @@ class EngineModel:
     ) -> None:
         self.instance = instance
         self.config = config if config is not None else EngineConfig()
-        self._profiles = _profiles_for(instance, profiles)
+        self._profiles = profiles_for(instance, profiles)
         self._now_s = start_s
         self._events: list[EngineEvent] = []
         self._counters = EngineCounters()
@@ -146,6 +147,8 @@ class EngineModel:
             prefix_prompt_tokens=self._counters.prefix.prompt_tokens,
             prefix_hit_tokens=self._counters.prefix.hit_tokens,
             standby_models=self._tier.models,
+            fetching_models=self._tier.fetching,
+            standby_capacity=self._tier.capacity,
         )
         return self._observed
 
@@ -246,6 +249,15 @@ class EngineModel:
         self._load_done_at_s = now_s + self._load_s
         self._advance(now_s)  # a zero load time completes at once
 
+    def fetch_standby(self, model: str, replace: str | None, now_s: float) -> None:
+        """Read `model`'s weights into the standby tier while serving (it sleeps there its
+        profile's load_s later), in `replace`'s place or a free one (StandbyTier.fetch)."""
+        self._begin(now_s)
+        profile = self._profiles.get(model)
+        if profile is None:
+            raise EngineError(f"engine {self.instance.id} cannot hold {model!r}")
+        self._tier.fetch(model, now_s + profile.load_s, replace)
+
     # ------------------------------------------------------------------ time, inside
 
     def _begin(self, now_s: float) -> None:
@@ -256,6 +268,7 @@ class EngineModel:
     def _advance(self, t_s: float) -> None:
         if t_s < self._now_s - TIME_EPS_S:
             raise ValueError(f"engine {self.instance.id}: time went back ({t_s} < {self._now_s})")
+        self._tier.settle(t_s)
         while True:
             if self._state is EngineState.LOADING:
                 done_at = self._load_done_at_s
@@ -379,22 +392,3 @@ class EngineModel:
 
     def _known(self, request_ids: Sequence[str]) -> list[Seq]:
         return [self._queues.seqs[i] for i in request_ids if i in self._queues.seqs]
-
-
-def _profiles_for(instance: Instance, profiles: Fleet | Iterable[Profile]) -> dict[str, Profile]:
-    """The profiles of the instance's GPU type that fit it, by model."""
-    found: dict[str, Profile] = {}
-    given = profiles.profiles.values() if isinstance(profiles, Fleet) else profiles
-    for profile in given:
-        if profile.gpu_type != instance.gpu_type:
-            continue
-        if profile.model in found:
-            raise ValueError(f"two profiles for ({profile.model}, {profile.gpu_type})")
-        if instance.gpu_count >= profile.gpu_count and profile.fits(instance.gpu_memory_bytes):
-            found[profile.model] = profile
-    if instance.loaded_model is not None and instance.loaded_model not in found:
-        raise ValueError(
-            f"instance {instance.id}: no profile that fits for its loaded model "
-            f"{instance.loaded_model!r} on {instance.gpu_type}"
-        )
-    return found

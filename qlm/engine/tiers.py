@@ -6,6 +6,12 @@ what happens to the one it leaves? `StandbyTier` keeps up to `capacity` sleeping
 recently served first: the model an instance leaves goes to sleep, and when the tier is full
 the one served least recently goes cold. A profile's `wake_s` prices a wake, its `load_s` a
 cold load (`Profile.load_time_s`).
+
+A model may also be fetched into the tier while the instance serves another (`fetch`: its
+weights read from disk into host memory, the GPU untouched): it sleeps there from `ready_at_s`
+on, after the models served, taking the place of a model the caller names or a free one.
+Until then it is not asleep: a load of it is cold (and ends the fetch), and a model the
+instance leaves takes its place if the tier has no other.
 """
 
 from __future__ import annotations
@@ -19,22 +25,56 @@ class StandbyTier:
             raise ValueError("standby capacity must be >= 0")
         self.capacity = capacity
         self._sleeping: list[str] = list(dict.fromkeys(sleeping))[:capacity]
+        self._fetching: dict[str, float] = {}  # model -> when its weights are in place
 
     @property
     def models(self) -> tuple[str, ...]:
         """The sleeping models, most recently served first."""
         return tuple(self._sleeping)
 
+    @property
+    def fetching(self) -> tuple[str, ...]:
+        return tuple(self._fetching)
+
+    def settle(self, now_s: float) -> None:
+        """Fetches done by now_s join the sleeping models (after those served)."""
+        for model, ready_at_s in list(self._fetching.items()):
+            if ready_at_s <= now_s:
+                del self._fetching[model]
+                if model not in self._sleeping:
+                    self._sleeping.append(model)
+        del self._sleeping[self.capacity :]
+
+    def fetch(self, model: str, ready_at_s: float, replace: str | None = None) -> bool:
+        """Start fetching `model` (asleep from ready_at_s), in the place of `replace` (it goes
+        cold now) or of a free one; False, changing nothing, when it sleeps or is fetched
+        already, or there is no such place."""
+        if model in self._sleeping or model in self._fetching:
+            return False
+        if replace in self._sleeping:
+            self._sleeping.remove(replace)
+        elif len(self._sleeping) + len(self._fetching) >= self.capacity:
+            return False
+        self._fetching[model] = ready_at_s
+        return True
+
     def sleep(self, model: str) -> None:
-        """`model` leaves the GPU: it sleeps here (the least recently served goes cold when
-        the tier is full; with no capacity it goes cold itself)."""
+        """`model` leaves the GPU: it sleeps here (when the tier is full, a fetch still
+        running gives way first, the last started first, then the least recently served
+        model goes cold; with no capacity it goes cold itself). What an instance served
+        outranks what it fetched: fetches only use places nothing served needs."""
+        self._fetching.pop(model, None)
         if model in self._sleeping:
             self._sleeping.remove(model)
         self._sleeping.insert(0, model)
+        while self._fetching and len(self._sleeping) + len(self._fetching) > self.capacity:
+            del self._fetching[next(reversed(self._fetching))]
         del self._sleeping[self.capacity :]
 
     def wake(self, model: str) -> bool:
-        """`model` is to serve: whether it was sleeping here (it leaves the tier)."""
+        """`model` is to serve: whether it was sleeping here (it leaves the tier; a fetch of
+        it not done yet ends: it loads cold)."""
+        self._fetching.pop(model, None)
         if model in self._sleeping:
             self._sleeping.remove(model)
             return True

@@ -57,6 +57,8 @@ class EngineObservation:
     prefix_prompt_tokens: int | None = None
     prefix_hit_tokens: int | None = None
     standby_models: tuple[str, ...] = ()  # models asleep here, fast to wake (tiers.py)
+    fetching_models: tuple[str, ...] = ()  # being read into the standby tier
+    standby_capacity: int = 0  # models the standby tier holds at most
     # Requests on the GPU (running or waiting in the engine), not swapped out; and those
     # swapped to CPU. Derived from `requests` once, as every reader walks them.
     active: tuple[EngineRequest, ...] = field(init=False, repr=False, compare=False)

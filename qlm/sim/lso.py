@@ -8,8 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
-from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
+from qlm.agents.actions import (
+    Action,
+    Evict,
+    FetchStandby,
+    KvDirection,
+    LoadModel,
+    Pull,
+    SwapKv,
+    lso_steps,
+)
 from qlm.clock import Clock
+from qlm.engine.client import StandbyFetcher
 from qlm.sim.tracking import SimulationError, Slot, Track
 from qlm.sim.waits import WaitLedger
 from qlm.types import Fleet, Request
@@ -44,6 +54,7 @@ class LsoApplier:
             Evict: self._evict,
             SwapKv: self._swap_kv,
             LoadModel: self._load_model,
+            FetchStandby: self._fetch_standby,
         }
 
     def apply(self, actions: Sequence[Action]) -> None:
@@ -59,7 +70,7 @@ class LsoApplier:
         slot = self._slot_for(action)
         return lso_steps((action,), tuple(slot.held), slot.model, slot.loading)
 
-    def _slot_for(self, action: Pull | Evict | SwapKv | LoadModel) -> Slot:
+    def _slot_for(self, action: Action) -> Slot:
         slot = self._slots.get(action.instance_id)
         if slot is None:
             raise SimulationError(f"{action}: unknown instance")
@@ -115,3 +126,10 @@ class LsoApplier:
         slot.load_started_s = self._clock.now_s()
         self._ledger.slot_changed(slot)
         self._swaps[slot.id] += 1
+
+    def _fetch_standby(self, action: Action) -> None:
+        assert isinstance(action, FetchStandby)
+        slot = self._slot_for(action)
+        if not isinstance(slot.engine, StandbyFetcher):
+            raise SimulationError(f"{action}: the engine has no standby tier to fill")
+        slot.engine.fetch_standby(action.model, action.replace)

@@ -73,6 +73,7 @@ class QlmVariant:
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     pin_models: bool = False  # plan as if every loaded instance can hold only its model
     shortcuts: bool = True  # skip agent steps and queue tails that cannot change reconcile
+    fetch_standby: bool = True  # fill free standby places with the worthiest models (warming)
 
 
 class QlmPolicy(BasePolicy):
@@ -208,7 +209,8 @@ class QlmPolicy(BasePolicy):
         if driver.replan_due(now_s):
             actions = self._start_replan(now_s)
         self._schedule_round()
-        return (*actions, *self._idle_steps())
+        fetches = self.dispatch.standby_fetches() if self.variant.fetch_standby else ()
+        return (*actions, *self._idle_steps(), *fetches)
 
     def _idle_steps(self) -> Actions:
         """Agent steps for idle instances (no engine events wake them): a swap they

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
+from qlm.agents.actions import FetchStandby
 from qlm.agents.arrival_rates import ArrivalRates
 from qlm.agents.dispatch import (
     PoolRate,
@@ -26,6 +27,7 @@ from qlm.agents.prefix_index import PrefixIndex
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
 from qlm.agents.virtual_queue import head_model, virtual_queue
+from qlm.agents.warming import hosts_of, standby_fetch, standby_worths
 from qlm.control.plan import PublishedPlan
 from qlm.sim.policies.base import SimContext
 from qlm.sim.result import TtftPrediction
@@ -54,6 +56,7 @@ class SimDispatch:
         self._pacing = Pacing.of(ctx.config)
         self._jobs = False  # a planned job's member with a leader has arrived (job_gate.py)
         self._arrivals = ArrivalRates()
+        self._hosts: dict[str, int] | None = None  # model -> instances that can serve it
 
     def arrived(self, request: Request) -> None:
         """A new request (not one back from an engine): its model's recent arrivals."""
@@ -249,6 +252,28 @@ class SimDispatch:
             head.model, (*target, instance_id), ready_s
         )
         return gained > lost
+
+    def standby_fetches(self) -> tuple[FetchStandby, ...]:
+        """What each instance with a standby tier fetches into it now (qlm/agents/warming.py):
+        worths by instance shape (GPU type, count, memory: the same profiles fit)."""
+        ctx = self.ctx
+        fleet = ctx.fleet
+        if self._hosts is None:
+            self._hosts = hosts_of(fleet, {model for model, _ in fleet.profiles})
+        now_s = ctx.clock.now_s()
+        worths: dict[tuple[str, int, int], dict[str, float]] = {}
+        fetches = []
+        for instance in fleet.instances:
+            obs = ctx.observe(instance.id)
+            if obs.standby_capacity == 0:
+                continue
+            shape = (instance.gpu_type, instance.gpu_count, instance.gpu_memory_bytes)
+            if shape not in worths:
+                worths[shape] = standby_worths(fleet, instance, self._arrivals, now_s, self._hosts)
+            fetch = standby_fetch(obs, worths[shape])
+            if fetch is not None:
+                fetches.append(fetch)
+        return tuple(fetches)
 
     def _unkept(self, model: str, pool: tuple[str, ...], due_from_s: float = -math.inf) -> int:
         """Queued requests of `model` the pool cannot keep (all of them for no pool), of
