@@ -54,13 +54,12 @@ class LoadModel:
 
 @dataclass(frozen=True, slots=True)
 class FetchStandby:
-    """Read a model's weights into the instance's standby tier while it serves another (a
-    later swap to it wakes it instead of loading it cold), in the place of `replace` or a
-    free one (qlm/agents/warming.py decides; qlm/engine/tiers.py keeps the tier)."""
+    """Read a model's weights into a free place of the instance's standby tier while it
+    serves another (a later swap to it wakes it instead of loading it cold;
+    qlm/agents/warming.py decides, qlm/engine/tiers.py keeps the tier)."""
 
     instance_id: str
     model: str
-    replace: str | None = None
 
 
 Action = Pull | Evict | SwapKv | LoadModel | FetchStandby

@@ -8,9 +8,9 @@ budget shorter than the load) a cold load of it would leave without an instance,
 a wake would (`ArrivalRates.at_risk` over each), shared among the instances that can serve
 it (a 70B model only a few instances can hold is worth more to each of them than a 7B model
 any instance can wake). `standby_fetch` names the next fetch: the worthiest model the tier
-lacks among the `capacity` worthiest, into a free place or in the place of the least worthy
-model asleep there that is not among them; one fetch at a time, none while loading.
-Rates move, so worths are taken afresh each time.
+lacks among the `capacity` worthiest, into a free place only (what the instance served keeps
+its place: replacing it with worthier models starved the tail models the tier held); one
+fetch at a time, none while loading. Rates move, so worths are taken afresh each time.
 """
 
 from __future__ import annotations
@@ -49,13 +49,9 @@ def hosts_of(fleet: Fleet, models: Iterable[str]) -> dict[str, int]:
 def standby_fetch(obs: EngineObservation, worths: Mapping[str, float]) -> FetchStandby | None:
     """The fetch the instance should start now, if any (module docstring)."""
     capacity = obs.standby_capacity
-    if capacity == 0 or obs.fetching_models or obs.state is EngineState.LOADING:
+    full = len(obs.standby_models) >= capacity
+    if full or obs.fetching_models or obs.state is EngineState.LOADING:
         return None
     ranked = sorted((m for m in worths if m != obs.model), key=lambda m: (-worths[m], m))
-    wanted = ranked[:capacity]
-    missing = [m for m in wanted if m not in obs.standby_models]
-    if not missing:
-        return None
-    if len(obs.standby_models) < capacity:
-        return FetchStandby(obs.instance_id, missing[0])
-    return None
+    missing = [m for m in ranked[:capacity] if m not in obs.standby_models]
+    return FetchStandby(obs.instance_id, missing[0]) if missing else None

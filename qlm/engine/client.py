@@ -63,7 +63,7 @@ class EventWaiter(Protocol):
 class StandbyFetcher(Protocol):
     """An engine that fills its standby tier in the background (the simulated engine)."""
 
-    def fetch_standby(self, model: str, replace: str | None) -> None: ...
+    def fetch_standby(self, model: str) -> None: ...
 
 
 @runtime_checkable

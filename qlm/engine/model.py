@@ -249,14 +249,14 @@ class EngineModel:
         self._load_done_at_s = now_s + self._load_s
         self._advance(now_s)  # a zero load time completes at once
 
-    def fetch_standby(self, model: str, replace: str | None, now_s: float) -> None:
-        """Read `model`'s weights into the standby tier while serving (it sleeps there its
-        profile's load_s later), in `replace`'s place or a free one (StandbyTier.fetch)."""
+    def fetch_standby(self, model: str, now_s: float) -> None:
+        """Read `model`'s weights into a free place of the standby tier while serving (it
+        sleeps there its profile's load_s later; StandbyTier.fetch)."""
         self._begin(now_s)
         profile = self._profiles.get(model)
         if profile is None:
             raise EngineError(f"engine {self.instance.id} cannot hold {model!r}")
-        self._tier.fetch(model, now_s + profile.load_s, replace)
+        self._tier.fetch(model, now_s + profile.load_s)
 
     # ------------------------------------------------------------------ time, inside
 

@@ -9,7 +9,7 @@ cold load (`Profile.load_time_s`).
 
 A model may also be fetched into the tier while the instance serves another (`fetch`: its
 weights read from disk into host memory, the GPU untouched): it sleeps there from `ready_at_s`
-on, after the models served, taking the place of a model the caller names or a free one.
+on, after the models served, in a free place.
 Until then it is not asleep: a load of it is cold (and ends the fetch), and a model the
 instance leaves takes its place if the tier has no other.
 """
@@ -38,6 +38,8 @@ class StandbyTier:
 
     def settle(self, now_s: float) -> None:
         """Fetches done by now_s join the sleeping models (after those served)."""
+        if not self._fetching:
+            return  # the engine settles on every advance: nothing to do, nothing built
         for model, ready_at_s in list(self._fetching.items()):
             if ready_at_s <= now_s:
                 del self._fetching[model]
@@ -45,15 +47,12 @@ class StandbyTier:
                     self._sleeping.append(model)
         del self._sleeping[self.capacity :]
 
-    def fetch(self, model: str, ready_at_s: float, replace: str | None = None) -> bool:
-        """Start fetching `model` (asleep from ready_at_s), in the place of `replace` (it goes
-        cold now) or of a free one; False, changing nothing, when it sleeps or is fetched
-        already, or there is no such place."""
+    def fetch(self, model: str, ready_at_s: float) -> bool:
+        """Start fetching `model` (asleep from ready_at_s) into a free place; False, changing
+        nothing, when it sleeps or is fetched already, or no place is free."""
         if model in self._sleeping or model in self._fetching:
             return False
-        if replace in self._sleeping:
-            self._sleeping.remove(replace)
-        elif len(self._sleeping) + len(self._fetching) >= self.capacity:
+        if len(self._sleeping) + len(self._fetching) >= self.capacity:
             return False
         self._fetching[model] = ready_at_s
         return True

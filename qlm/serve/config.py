@@ -147,14 +147,14 @@ class AgentConfig(StrictModel):
         "time any did (qlm/serve/engine_loads.py); 0 keeps all waiting in the global queue.",
     )
 
-    def reconcile_options(self, engine_backlog: int | None = None) -> ReconcileConfig:
-        """Reconcile's settings; `engine_backlog` is the agent's measured one under auto."""
-        backlog = self.engine_backlog if engine_backlog is None else engine_backlog
+    def reconcile_options(self, engine_backlog: int) -> ReconcileConfig:
+        """Reconcile's settings, with the backlog the agent uses this round (the configured
+        number, or its measured one under auto: qlm/serve/engine_loads.py)."""
         return ReconcileConfig(
             allow_evict=self.allow_evict,
             allow_model_swap=self.allow_model_swap,
             allow_kv_swap=self.allow_kv_swap,
-            engine_backlog=0 if backlog == "auto" else backlog,
+            engine_backlog=engine_backlog,
         )
 
 

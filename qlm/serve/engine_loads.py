@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Sequence
 from typing import Literal
 
 from qlm.engine.types import EngineEvent, RequestFinished
@@ -54,10 +54,9 @@ class RefillBacklog:
         self._fixed = None if setting == "auto" else setting
         self._ended = 0  # sequences that ended in the last round any did
 
-    def saw(self, events: Sequence[EngineEvent], held: Iterable[str]) -> None:
+    def saw(self, events: Sequence[EngineEvent], held: Container[str]) -> None:
         """A round's events: the completions of requests this agent holds."""
-        mine = set(held)
-        ended = sum(isinstance(e, RequestFinished) and e.request_id in mine for e in events)
+        ended = sum(isinstance(e, RequestFinished) and e.request_id in held for e in events)
         if ended:
             self._ended = ended
 

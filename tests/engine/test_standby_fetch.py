@@ -1,6 +1,6 @@
 """Filling the standby tier while serving (qlm/engine/tiers.py `fetch`, EngineModel
-`fetch_standby`): a fetched model sleeps there once its weights are read (its load_s), takes a
-free place or one the caller names, and is cold until then."""
+`fetch_standby`): a fetched model sleeps there once its weights are read (its load_s), in a
+free place only, and is cold until then."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from qlm.engine.types import EngineError, ModelLoaded
 from tests.engine.helpers import engine, exact_profile
 
 
-def test_a_fetch_sleeps_from_its_ready_time_in_a_free_or_named_place() -> None:
+def test_a_fetch_sleeps_from_its_ready_time_in_a_free_place() -> None:
     tier = StandbyTier(2, ["a"])
     assert tier.fetch("b", ready_at_s=10.0)
     assert (tier.models, tier.fetching) == (("a",), ("b",))
@@ -25,7 +25,9 @@ def test_a_fetch_sleeps_from_its_ready_time_in_a_free_or_named_place() -> None:
     tier.settle(10.0)
     assert (tier.models, tier.fetching) == (("a", "b"), ())
     assert not tier.fetch("a", ready_at_s=20.0)  # asleep already
-    assert tier.fetch("c", ready_at_s=20.0, replace="a")  # a goes cold at once
+    assert not tier.fetch("c", ready_at_s=20.0)  # full: what it holds keeps its place
+    assert tier.wake("a")  # a serves: its place is free
+    assert tier.fetch("c", ready_at_s=20.0)
     assert (tier.models, tier.fetching) == (("b",), ("c",))
 
 
@@ -44,16 +46,17 @@ def test_a_model_the_instance_leaves_takes_a_running_fetchs_place() -> None:
 def test_the_engine_serves_on_while_it_fetches_and_then_wakes_the_model() -> None:
     profiles = [replace(exact_profile(name, load_s=20.0), wake_s=1.0) for name in ("m", "n", "p")]
     model = engine(profiles=profiles, config=EngineConfig(standby_models=1))
-    model.fetch_standby("n", None, 0.0)
+    model.fetch_standby("n", 0.0)
     seen = model.observe(5.0)
     assert (seen.standby_models, seen.fetching_models, seen.standby_capacity) == ((), ("n",), 1)
     assert model.observe(20.0).standby_models == ("n",)
     model.load("n", 30.0)  # a wake: n slept since its fetch ended
     loads = [e.load_s for e in model.advance_to(60.0) if isinstance(e, ModelLoaded)]
-    model.fetch_standby("p", None, 60.0)  # no free place: m took it when n loaded
-    model.fetch_standby("p", "m", 61.0)
-    model.load("p", 70.0)  # before the fetch is done: cold
+    model.fetch_standby("p", 60.0)  # no free place: m took it when n loaded
+    assert model.observe(60.0).fetching_models == ()
+    model.load("m", 61.0)  # a wake; n sleeps, so the tier is full again
+    model.load("p", 70.0)  # p was never fetched: cold
     loads += [e.load_s for e in model.advance_to(100.0) if isinstance(e, ModelLoaded)]
-    assert loads == [1.0, 20.0]
+    assert loads == [1.0, 1.0, 20.0]
     with pytest.raises(EngineError, match="cannot hold"):
-        model.fetch_standby("q", None, 100.0)
+        model.fetch_standby("q", 100.0)

@@ -57,6 +57,7 @@ class SimDispatch:
         self._jobs = False  # a planned job's member with a leader has arrived (job_gate.py)
         self._arrivals = ArrivalRates()
         self._hosts: dict[str, int] | None = None  # model -> instances that can serve it
+        self._tiered: tuple[str, ...] | None = None  # instances with a standby tier
 
     def arrived(self, request: Request) -> None:
         """A new request (not one back from an engine): its model's recent arrivals."""
@@ -258,15 +259,18 @@ class SimDispatch:
         worths by instance shape (GPU type, count, memory: the same profiles fit)."""
         ctx = self.ctx
         fleet = ctx.fleet
-        if self._hosts is None:
+        if self._tiered is None:  # a tier's size is the engine's setting: look once
+            ids = [i.id for i in fleet.instances]
+            self._tiered = tuple(i for i in ids if ctx.observe(i).standby_capacity > 0)
             self._hosts = hosts_of(fleet, {model for model, _ in fleet.profiles})
+        if not self._tiered:
+            return ()
+        assert self._hosts is not None
         now_s = ctx.clock.now_s()
         worths: dict[tuple[str, int, int], dict[str, float]] = {}
         fetches = []
-        for instance in fleet.instances:
-            obs = ctx.observe(instance.id)
-            if obs.standby_capacity == 0:
-                continue
+        for instance_id in self._tiered:
+            instance, obs = fleet.instance(instance_id), ctx.observe(instance_id)
             shape = (instance.gpu_type, instance.gpu_count, instance.gpu_memory_bytes)
             if shape not in worths:
                 worths[shape] = standby_worths(fleet, instance, self._arrivals, now_s, self._hosts)
