@@ -9,13 +9,14 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from benchmarks.common.stats import percentile_or_nan
+from qlm.engine.vllm.protocol import SseLines
 
 _WORDS = (
     "the queue model plans request group engine token batch slot deadline serve load swap "
@@ -70,7 +71,7 @@ async def stream_one(
             request_id = response.headers.get("x-qlm-request-id")
             if response.status_code != 200:
                 error = f"http {response.status_code}: {(await response.aread())[:200]!r}"
-            async for line in response.aiter_lines():
+            async for line in _sse_lines(response):
                 if not line.startswith("data:") or line.endswith("[DONE]"):
                     continue
                 chunk = json.loads(line[5:])
@@ -86,6 +87,15 @@ async def stream_one(
         error = repr(exc)
     done = time.monotonic()
     return StreamSample(sent, first, done, tokens, prompt_tokens, error, request_id, wall_offset_s)
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The stream's lines split at LF only (`aiter_lines` also splits at U+2028 and U+0085,
+    which a random model's tokens hold and JSON leaves unescaped)."""
+    lines = SseLines()
+    async for data in response.aiter_bytes():
+        for line in lines.feed(data):
+            yield line
 
 
 async def run_workload(base_url: str, workload: Workload, seed: int) -> list[StreamSample]:

@@ -2,7 +2,8 @@
 
 Every append to a request's stream is also PUBLISHed on a channel named like the stream key
 (qlm/queue/redis/lua/scripts.py). A process holds one pattern subscription (`{prefix}s:*`) and wakes
-the local readers of that stream, who then read the new entries with a non-blocking XRANGE.
+the local readers of that stream, who then read the new entries (non-blocking; readers woken
+together share one XREAD, stream_reads.py).
 Before, every open stream held a blocking XREAD connection of its own: thousands of
 connections for thousands of streaming clients, each opened on the first token.
 

@@ -1,9 +1,10 @@
 """How a request's output events are written to its Redis Stream and read back.
 
 Writes go through the EMIT script, which appends only while the request is live (so no token
-lands after DONE) and PUBLISHes a poke. Readers read with XRANGE from the first entry, so a
-reader that connects late, or on another API replica, sees the whole stream; they wait for
-the next entry on a poke (qlm/queue/redis/pokes.py) and re-read on a timer should one be lost.
+lands after DONE) and PUBLISHes a poke. Readers read from the first entry, so a reader that
+connects late, or on another API replica, sees the whole stream (readers woken together
+share one XREAD, qlm/queue/redis/stream_reads.py); they wait for the next entry on a poke
+(qlm/queue/redis/pokes.py) and re-read on a timer should one be lost.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import redis.asyncio as redis
 from qlm.queue.base import QueueError, UnknownRequestError
 from qlm.queue.records import StreamEvent, StreamKind
 from qlm.queue.redis.batching import ScriptCall, pipelined
-from qlm.queue.redis.codec import as_range, event_args, event_from_fields
+from qlm.queue.redis.codec import event_args, event_from_fields
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.lua import scripts
 from qlm.queue.redis.pokes import StreamPokes
+from qlm.queue.redis.stream_reads import START_ID, CoalescedReads
 
 UNSUBSCRIBED_POLL_S = 0.05  # stream re-read period while the poke subscription is down
-XRANGE_COUNT = 256  # entries per read
+READ_COUNT = 256  # entries per read
 
 
 class OutputStreams:
@@ -37,6 +39,7 @@ class OutputStreams:
         self._block_chunk_s = block_chunk_s
         self._emit = client.register_script(scripts.EMIT)
         self._pokes = StreamPokes(blocking, keys.stream_pattern)
+        self._reads = CoalescedReads(client, READ_COUNT)
 
     async def emit(self, event: StreamEvent) -> None:
         if event.kind is StreamKind.DONE:
@@ -63,30 +66,30 @@ class OutputStreams:
     async def read(
         self, request_id: str, timeout_s: float | None = None
     ) -> AsyncIterator[StreamEvent]:
-        """Read with XRANGE from the last entry each time the stream is poked, and on a timer
-        should a poke be lost. Ends after DONE; UnknownRequestError once the record is gone,
-        TimeoutError after `timeout_s` without an event. A read that got less than a full
-        page waits for the next poke: the poke was cleared before the read, so whatever was
-        added since pokes again (reading again at once cost an empty XRANGE per chunk)."""
+        """Read from the last entry each time the stream is poked, and on a timer should a
+        poke be lost (reads woken together share one XREAD: stream_reads.py). Ends after
+        DONE; UnknownRequestError once the record is gone, TimeoutError after `timeout_s`
+        without an event. A read that got less than a full page waits for the next poke: the
+        poke was cleared before the read, so whatever was added since pokes again (reading
+        again at once cost an empty read per chunk)."""
         record_key, stream_key = self._keys.record(request_id), self._keys.stream(request_id)
         if not await self._redis.exists(record_key):
             raise UnknownRequestError(request_id)
         await self._pokes.start(timeout_s=1.0)
-        start, waited_s = "-", 0.0
+        last_id, waited_s = START_ID, 0.0
         with self._pokes.watch(stream_key) as poke:
             while True:
                 poke.clear()
-                reply = await self._redis.xrange(stream_key, start, "+", count=XRANGE_COUNT)
-                entries = as_range(reply)
+                entries = await self._reads.after(stream_key, last_id)
                 for entry_id, fields in entries:
-                    start = f"({entry_id}"
+                    last_id = entry_id
                     event = event_from_fields(request_id, fields)
                     yield event
                     if event.kind is StreamKind.DONE:
                         return
                 if entries:
                     waited_s = 0.0
-                    if len(entries) >= XRANGE_COUNT or not self._pokes.subscribed:
+                    if len(entries) >= READ_COUNT or not self._pokes.subscribed:
                         continue
                 block_s = self._block_s(timeout_s, waited_s)
                 if not self._pokes.subscribed:
