@@ -94,6 +94,14 @@ class VllmEngineConfig(StrictModel):
         "start. Each holds its weights and its KV cache (kv_cache_gib) in memory the whole "
         "time: on a GPU, split the memory with --gpu-memory-utilization in extra_args.",
     )
+    scheduling: Literal["deadline", "fcfs"] = Field(
+        default="deadline",
+        description="The order of the requests waiting inside the server. deadline: vLLM's "
+        "priority scheduling (--scheduling-policy priority), each request's priority its TTFT "
+        "deadline in ms, so an urgent request the agent submits behind others (the engine "
+        "backlog) starts first, and under KV pressure vLLM preempts the latest deadline "
+        "first; fcfs: vLLM's default, arrival order.",
+    )
     metrics_interval_s: float = Field(default=0.25, gt=0, description="/metrics scrape period.")
     read_timeout_s: float = Field(
         default=600.0, gt=0, description="Longest silence on a request's stream."
@@ -151,4 +159,6 @@ def serve_argv(config: VllmEngineConfig, model: str, port: int) -> list[str]:
         argv += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gib * GIB))]
     if config.enforce_eager:
         argv.append("--enforce-eager")
+    if config.scheduling == "deadline":
+        argv += ["--scheduling-policy", "priority"]
     return argv + list(config.extra_args)

@@ -6,12 +6,14 @@ content, plus tool calls and log probabilities kept as vLLM sent them)? Pure: no
 body asks for `stream: true` and continuous usage statistics, so token counts come from the
 usage numbers, not from counting chunks. A request without prompt text sends `prompt_tokens`
 synthetic token ids, so its prompt length is exact, and always runs to max_tokens
-(`ignore_eos`).
+(`ignore_eos`). Under deadline scheduling (the default) a request's vLLM priority is its TTFT
+deadline in ms, so the server starts what waits inside it earliest deadline first.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ from qlm.types import Request
 # Passed to vLLM as the client sent them (the API refused anything vLLM does not honour).
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed", *ENGINE_FIELDS["vllm"]})
 CHAT_PATH = "/v1/chat/completions"
+INT64_MAX = 2**63 - 1  # vLLM's bound on a request's priority
 COMPLETIONS_PATH = "/v1/completions"
 
 
@@ -58,7 +61,18 @@ def request_body(
         "ignore_eos": config.ignore_eos or request.prompt is None or request.ignores_eos,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
+    if config.scheduling == "deadline":  # vLLM starts the lowest first
+        body["priority"] = deadline_priority(request)
     return path, body
+
+
+def deadline_priority(request: Request) -> int:
+    """vLLM's priority for `request` under deadline scheduling: its TTFT deadline in ms,
+    within vLLM's int64 (no deadline: last)."""
+    deadline_ms = request.ttft_deadline_at_s * 1000
+    if not math.isfinite(deadline_ms):
+        return INT64_MAX if deadline_ms > 0 else -INT64_MAX
+    return max(-INT64_MAX, min(INT64_MAX, math.floor(deadline_ms)))
 
 
 class SseLines:

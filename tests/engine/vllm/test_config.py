@@ -30,9 +30,13 @@ def test_the_command_line_carries_the_cpu_settings() -> None:
     assert pairs["--kv-cache-memory-bytes"] == str(16 * 1024 * 1024)
     assert "--enforce-eager" in argv
     assert argv[-1] == "--x"
-    no_kv = serve_argv(config(kv_cache_gib=None, enforce_eager=False), "tiny-a", 1)
+    assert pairs["--scheduling-policy"] == "priority"  # deadline scheduling, the default
+    no_kv = serve_argv(
+        config(kv_cache_gib=None, enforce_eager=False, scheduling="fcfs"), "tiny-a", 1
+    )
     assert "--kv-cache-memory-bytes" not in no_kv
     assert "--enforce-eager" not in no_kv
+    assert "--scheduling-policy" not in no_kv
 
 
 def test_config_is_validated() -> None:

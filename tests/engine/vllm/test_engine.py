@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,31 @@ async def test_concurrent_requests_stream_exact_counts_and_finish_shortest_first
     assert times == sorted(times)
     assert engine.observe().requests == ()
     assert engine.observe().kv_used_tokens == 0
+
+
+@real
+async def test_a_waiting_request_with_an_earlier_deadline_starts_first(engine: VllmEngine) -> None:
+    # deadline scheduling (the default): the server orders what waits by TTFT deadline
+    await ready_with(engine, "tiny-a")
+    slots = engine.observe().max_num_seqs
+    engine.submit(make_request("short", max_output_tokens=300, prompt_tokens=30))
+    for i in range(slots - 1):
+        engine.submit(make_request(f"long{i}", max_output_tokens=1200, prompt_tokens=30))
+    await collect(engine, lambda ev: len(started(ev)) == slots)
+    engine.submit(replace(make_request("late", prompt_tokens=30), ttft_deadline_at_s=2e9))
+    await until(engine, lambda: engine.metrics.num_requests_waiting >= 1, "late waiting")
+    engine.submit(replace(make_request("early", prompt_tokens=30), ttft_deadline_at_s=1e9))
+    await until(engine, lambda: engine.metrics.num_requests_waiting >= 2, "early waiting")
+    assert "short" not in ended(engine.poll())  # still running: both wait for its slot
+    events = await collect(engine, lambda ev: {"late", "early"} <= started(ev))
+    firsts = [e.request_id for e in events if isinstance(e, FirstToken)]
+    assert firsts.index("early") < firsts.index("late")
+    engine.abort([r.request_id for r in engine.observe().requests])
+    await collect(engine, lambda ev: not engine.observe().requests)
+
+
+def started(events: list[EngineEvent]) -> set[str]:
+    return {e.request_id for e in events if isinstance(e, FirstToken)}
 
 
 @real

@@ -133,3 +133,16 @@ def test_chat_chunks_give_content_tool_calls_and_logprobs() -> None:
     content = parse_sse_line('data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}')
     assert content is not None
     assert (content.text, content.extras) == ("hi", None)
+
+
+def test_deadline_scheduling_gives_each_request_its_ttft_deadline_as_priority() -> None:
+    early = replace(make_request("a"), ttft_deadline_at_s=1_700_000_000.25)
+    late = replace(make_request("b"), ttft_deadline_at_s=1_700_000_002.0)
+    _, body_early = request_body(early, 16, config())
+    _, body_late = request_body(late, 16, config())
+    assert body_early["priority"] == 1_700_000_000_250
+    assert body_early["priority"] < body_late["priority"]  # vLLM starts the lowest first
+    never = replace(make_request("c"), ttft_deadline_at_s=float("inf"))
+    assert request_body(never, 16, config())[1]["priority"] == 2**63 - 1  # vLLM's int64 bound
+    _, fcfs = request_body(early, 16, config(scheduling="fcfs"))
+    assert "priority" not in fcfs  # vLLM refuses a priority it does not schedule by
