@@ -46,6 +46,7 @@ class Target:
     base_url: str
     qlm_pids: tuple[int, ...] = ()
     vllm_pids: tuple[int, ...] = ()
+    in_flight: int | None = None  # a client that keeps at most this many streams open
 
 
 async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str, Any]:
@@ -54,7 +55,7 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
     wait0 = sum(map(runqueue_wait_s, target.qlm_pids))
     vllm0 = sum(map(process_cpu_s, target.vllm_pids))
     started = time.monotonic()
-    samples = await run_workload(target.base_url, workload, seed=repeat + 1)
+    samples = await run_workload(target.base_url, workload, repeat + 1, target.in_flight)
     wall = time.monotonic() - started
     summary = summarise_stream(samples)
     print(
@@ -124,6 +125,7 @@ class OverheadOptions:
 
 
 ALONE = "vLLM alone"
+CAPPED = "vLLM, client in flight <="  # a client that refills the engine's slots at once
 
 
 def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
@@ -170,12 +172,15 @@ def _plane_session(
         stack.callback(stop, proc, 60.0)
         vllm_pid, vllm_port = find_vllm_server(proc.pid)
         vllm_pids = (vllm_pid, *descendants(vllm_pid))
+        vllm_url = f"http://127.0.0.1:{vllm_port}"
         targets = [
-            Target(
-                f"vLLM beside QLM {queue}", f"http://127.0.0.1:{vllm_port}", (proc.pid,), vllm_pids
-            ),
+            Target(f"vLLM beside QLM {queue}", vllm_url, (proc.pid,), vllm_pids),
             Target(f"QLM {queue}", f"http://127.0.0.1:{proc.port}", (proc.pid,), vllm_pids),
         ]
+        if queue == "memory":  # what holding work outside the engine costs, QLM aside
+            slots = engine.max_num_seqs
+            capped = f"{CAPPED} {slots} beside QLM {queue}"
+            targets.append(Target(capped, vllm_url, (proc.pid,), vllm_pids, slots))
         return asyncio.run(drive(targets, burst, rate, opts.repeats))
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
@@ -202,6 +207,8 @@ def summarise_overhead(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
 def baseline_of(variant: str) -> str:
     if variant.startswith("QLM "):
         return f"vLLM beside {variant}"
+    if variant.startswith(CAPPED):
+        return "vLLM beside " + variant.split(" beside ", 1)[1]
     return ALONE if variant != ALONE else ""
 
 

@@ -98,8 +98,18 @@ async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
             yield line
 
 
-async def run_workload(base_url: str, workload: Workload, seed: int) -> list[StreamSample]:
+async def run_workload(
+    base_url: str, workload: Workload, seed: int, in_flight: int | None = None
+) -> list[StreamSample]:
+    """The workload's streams; with `in_flight`, at most that many open at once (each waits
+    for a place before its send)."""
     url = f"{base_url}/v1/completions"
+    places = asyncio.Semaphore(in_flight or workload.num_requests)
+
+    async def one(body: dict[str, Any], at: float) -> StreamSample:
+        async with places:
+            return await stream_one(client, url, body, at)
+
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(300.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
@@ -112,12 +122,7 @@ async def run_workload(base_url: str, workload: Workload, seed: int) -> list[Str
         start = time.monotonic() + 0.2
         bodies = [_completion_body(seed * 10_000 + i, workload) for i in range(len(offsets))]
         return list(
-            await asyncio.gather(
-                *(
-                    stream_one(client, url, b, start + o)
-                    for b, o in zip(bodies, offsets, strict=True)
-                )
-            )
+            await asyncio.gather(*(one(b, start + o) for b, o in zip(bodies, offsets, strict=True)))
         )
 
 

@@ -13,7 +13,7 @@ import pytest
 from benchmarks.control_plane import main as cp_main
 from benchmarks.control_plane.admission import summarise_admission
 from benchmarks.control_plane.load import Samples, arrival_times
-from benchmarks.control_plane.overhead import ALONE, summarise_overhead
+from benchmarks.control_plane.overhead import ALONE, CAPPED, summarise_overhead
 from benchmarks.control_plane.render import BEGIN, END, write_docs
 from benchmarks.control_plane.targets import admission_targets, overhead_targets
 from tests.redis_server import redis_server_binary
@@ -135,8 +135,12 @@ def test_overhead_compares_qlm_with_the_vllm_run_beside_it() -> None:
         run("vLLM beside QLM memory", "burst", 1200.0, [100.0, 110.0, 120.0]),
         run("QLM memory", "burst", 960.0, [115.0, 125.0, 135.0]),
         run("QLM memory", "burst", 1000.0, [115.0, 125.0, 135.0]),
+        run(f"{CAPPED} 16 beside QLM memory", "burst", 1045.0, [90.0, 95.0, 100.0]),
     ]
     rows = {r["variant"]: r for r in summarise_overhead(runs)}
+    capped = rows[f"{CAPPED} 16 beside QLM memory"]  # against the uncapped client
+    assert capped["baseline"] == "vLLM beside QLM memory"
+    assert capped["throughput_ratio"] == pytest.approx(1045.0 / 1100.0)
     qlm = rows["QLM memory"]
     assert qlm["baseline"] == "vLLM beside QLM memory"
     assert qlm["throughput_ratio"] == pytest.approx(980.0 / 1100.0)
