@@ -29,7 +29,8 @@ class CoalescedReads:
         self._client = client
         self._count = count
         self._batch: dict[str, tuple[str, asyncio.Future[Entries]]] = {}
-        self._flushes: set[asyncio.Task[None]] = set()
+        self._flush: asyncio.Task[None] | None = None  # will send the batch, not started yet
+        self._sending: set[asyncio.Task[None]] = set()  # strong references while they run
 
     async def after(self, key: str, last_id: str) -> Entries:
         """At most `count` entries of stream `key` after entry `last_id` (START_ID: from its
@@ -38,16 +39,22 @@ class CoalescedReads:
         if key in self._batch:
             reply = await self._client.xrange(key, f"({last_id}", "+", count=self._count)
             return as_range(reply)
-        future: asyncio.Future[Entries] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Entries] = loop.create_future()
         self._batch[key] = (last_id, future)
-        if len(self._batch) == 1:  # the first reader of this turn sends the batch
-            flush = asyncio.create_task(self._flush(), name="qlm-stream-reads")
-            self._flushes.add(flush)
-            flush.add_done_callback(self._flushes.discard)
+        flush = self._flush
+        if flush is None or flush.get_loop() is not loop:  # none waits to send this batch
+            self._flush = loop.create_task(self._send(loop), name="qlm-stream-reads")
+            self._sending.add(self._flush)
+            self._flush.add_done_callback(self._sending.discard)
         return await future
 
-    async def _flush(self) -> None:
-        batch, self._batch = self._batch, {}
+    async def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take the batch (readers from now on start the next one) and read it."""
+        batch = {k: v for k, v in self._batch.items() if v[1].get_loop() is loop}
+        self._batch, self._flush = {}, None
+        if not batch:
+            return
         try:
             streams = {key: last_id for key, (last_id, _) in batch.items()}
             reply = await self._client.xread(cast(Any, streams), count=self._count)
