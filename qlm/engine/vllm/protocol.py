@@ -25,8 +25,8 @@ from qlm.types import Request
 # Passed to vLLM as the client sent them (the API refused anything vLLM does not honour).
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "stop", "seed", *ENGINE_FIELDS["vllm"]})
 CHAT_PATH = "/v1/chat/completions"
-INT64_MAX = 2**63 - 1  # vLLM's bound on a request's priority
 COMPLETIONS_PATH = "/v1/completions"
+INT64_MAX = 2**63 - 1  # vLLM's bound on a request's priority
 
 
 def synthetic_prompt(request_id: str, num_tokens: int, token_ids: tuple[int, int]) -> list[int]:
