@@ -98,6 +98,7 @@ class ModelQueues:
             set_aside = [
                 job[3] for job in itertools.islice(priced.set_aside.values(), self.max_jobs)
             ]
+            priced.listed_aside = {item.request_id for item in set_aside}
             priced.schedule = schedule_checked(checked, rest, now_s, set_aside)
         return priced.schedule
 
@@ -121,6 +122,7 @@ class _Priced:
     set_aside: dict[str, Job] = field(default_factory=dict)
     shed_at_s: float = -math.inf  # the last `shed`
     schedule: Schedule | None = None
+    listed_aside: set[str] = field(default_factory=set)  # the set-aside the schedule lists
     blocked_s: dict[str, float] = field(default_factory=dict)
 
     def insert(self, job: Job, max_jobs: int) -> None:
@@ -134,11 +136,17 @@ class _Priced:
 
     def discard(self, request_id: str, max_jobs: int) -> None:
         """A job leaves. The schedule stands (the rest can still all be kept) unless the
-        job was in the window while more jobs wait than it holds: one of those moves in."""
+        job was in the window while more jobs wait than it holds: one of those moves in; or
+        the last set-aside job the schedule lists left while more are set aside (the
+        schedule lists the first `max_jobs` of them: without a new one, those past them
+        would wait for an arrival that may never come)."""
         job = self.by_id.pop(request_id, None)
         if job is None:
             return
         if self.set_aside.pop(request_id, None) is not None:
+            self.listed_aside.discard(request_id)
+            if not self.listed_aside and self.set_aside:
+                self.schedule = None
             return
         jobs = self.by_class[job[3].slo_class]
         at = bisect.bisect_left(jobs, job)

@@ -198,6 +198,28 @@ def test_requests_past_saving_leave_the_window_to_those_that_can_still_be_kept()
     assert "late0" not in [it.request_id for it in again.kept + again.dropped]
 
 
+def test_every_request_set_aside_is_listed_in_turn_with_no_arrival_to_remake_it() -> None:
+    """More requests past saving than the schedule lists (it lists the first `max_jobs`):
+    once those listed are served, the next schedule lists those past them. It did not: with
+    the arrivals over, nothing remade the schedule and the rest waited forever (61 requests
+    of sims/wb.yaml never served under qlm)."""
+    rate = PoolRate((PoolMember(make_profile("m7b"), 60_000, 64),))
+    queues = ModelQueues(max_jobs=3)
+    for k in range(8):
+        queues.add(_item(f"late{k}", 1.0 + k), "m7b")
+    served: list[str] = []
+    for _ in range(8):
+        plan = queues.schedule("m7b", ("i0",), rate, 100.0)
+        groups = dispatch_groups("m7b", plan, 100.0, 2, queues.queued("m7b"))
+        pulled = [it.request_id for g in groups for it in g.items]
+        if not pulled:
+            break
+        queues.remove(pulled)
+        served += pulled
+    assert sorted(served) == [f"late{k}" for k in range(8)]
+    assert queues.count("m7b") == 0
+
+
 def test_overload_past_the_window_sheds_over_the_whole_queue() -> None:
     """A fast stream fills the deadline horizon with more requests than the window holds:
     only Moore-Hodgson over the whole queue sees that they cannot all be kept."""
