@@ -51,6 +51,7 @@ ADAPTERS: dict[str, set[str]] = {
     "queue/redis/plans.py": {"redis", "asyncio", "time"},
     "queue/redis/streams.py": {"redis", "asyncio"},
     "queue/redis/pokes.py": {"redis", "asyncio"},
+    "queue/redis/stream_reads.py": {"redis", "asyncio"},
     "queue/redis/listing.py": {"redis"},
     "queue/redis/batch_store.py": {"redis"},
     "queue/redis/program_store.py": {"redis"},
