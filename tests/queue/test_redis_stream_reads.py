@@ -88,13 +88,18 @@ async def test_a_reader_that_leaves_or_a_failed_batch_spares_the_others(redis_ur
         assert [fields for _, fields in entries] == [{"t": "b0"}]
         with pytest.raises(asyncio.CancelledError):
             await leaving
+        b1 = str(await client.xadd("s:b", {"t": "b1"}))
+        behind = asyncio.create_task(reads.after("s:b", START_ID))
+        ahead = asyncio.create_task(reads.after("s:b", entries[0][0]))  # same stream, same batch
+        assert [f["t"] for _, f in await behind] == ["b0", "b1"]
+        assert [(i, f["t"]) for i, f in await ahead] == [(b1, "b1")]  # each from its own entry
         await client.set("s:c", "not a stream")
         wrong = asyncio.create_task(reads.after("s:c", START_ID))
-        right = asyncio.create_task(reads.after("s:b", entries[0][0]))
+        right = asyncio.create_task(reads.after("s:b", b1))
         with pytest.raises(aioredis.ResponseError, match="WRONGTYPE"):
             await asyncio.wait_for(wrong, 5.0)  # the batch failed: its readers hear why
         with pytest.raises(aioredis.ResponseError, match="WRONGTYPE"):
             await asyncio.wait_for(right, 5.0)
-        assert await reads.after("s:b", entries[0][0]) == []  # the next batch reads again
+        assert await reads.after("s:b", b1) == []  # the next batch reads again
     finally:
         await client.aclose()
