@@ -93,8 +93,8 @@ def attend_padded(
     kv_heads = keys.shape[2]
     qg = q.view(b, kv_heads, heads // kv_heads, dim)
     scores = torch.einsum("bkgd,blkd->bkgl", qg, keys) * scale
-    lengths = torch.tensor([k.shape[0] for k, _ in contexts])
-    padding = torch.arange(keys.shape[1]).unsqueeze(0) >= lengths.unsqueeze(1)  # [b, L]
+    lengths = torch.tensor([k.shape[0] for k, _ in contexts], device=keys.device)
+    padding = torch.arange(keys.shape[1], device=keys.device)[None] >= lengths[:, None]  # [b, L]
     scores = scores.masked_fill(padding[:, None, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.einsum("bkgl,blkd->bkgd", torch.exp(scores - lse.unsqueeze(-1)), values)

@@ -2,13 +2,13 @@
 serves the CPU).
 
 Question answered: how does a GPU read a shared prefix once for a batch? One kernel,
-`_attend_slots`, computes attention with its log-sum-exp for a block of query rows over a
-list of cache slots, streaming the keys in tiles with the online softmax (running max and
-sum, as FlashAttention does). The prefix is one launch whose query rows are every member's
-query heads of a KV head stacked together (a matrix-matrix product per tile); each member's
-own suffix is a launch over its slots; `attention.merge` combines the two by their
-log-sum-exp. Keys and values are read straight from the paged cache ([slots, kv heads, dim])
-through the slot indexes.
+`_attend_segments`, computes attention with its log-sum-exp for a block of query rows over a
+segment of cache slots, streaming the keys in tiles with the online softmax (running max and
+sum, as FlashAttention does). The prefix is one launch of one segment whose query rows are
+every member's query heads of a KV head stacked together (a matrix-matrix product per tile);
+the members' own suffixes are one launch of one segment per member; `attention.merge`
+combines the two by their log-sum-exp. Keys and values are read straight from the paged
+cache ([slots, kv heads, dim]) through the slot indexes.
 
 Correctness is tested on the CPU with Triton's interpreter (TRITON_INTERPRET=1) against the
 torch path; timing it needs a GPU (benchmarks/shared_prefix.py). Products run in IEEE float32
@@ -32,16 +32,18 @@ BLOCK_N = 16  # keys per tile
 
 
 @triton.jit
-def _attend_slots(
+def _attend_segments(
     q_ptr,
     k_ptr,
     v_ptr,
     slots_ptr,
+    firsts_ptr,
+    lengths_ptr,
     out_ptr,
     lse_ptr,
     rows,
-    length,
     scale,
+    stride_qs,
     stride_qh,
     stride_qm,
     stride_ks,
@@ -50,24 +52,25 @@ def _attend_slots(
     block_m: tl.constexpr,
     block_n: tl.constexpr,
 ):
-    """Program (row block, kv head): rows of q[head] attend to keys at slots[0:length]."""
+    """Program (row block, kv head, segment): rows of q[segment, head] attend to the keys at
+    slots[first:first + length] of their segment."""
     block = tl.program_id(0)
     head = tl.program_id(1)
+    seg = tl.program_id(2)
+    first = tl.load(firsts_ptr + seg)
+    length = tl.load(lengths_ptr + seg)
+    base = seg * stride_qs + head * stride_qh
     row = block * block_m + tl.arange(0, block_m)
     dim = tl.arange(0, dim_size)
     row_ok = row < rows
-    q = tl.load(
-        q_ptr + head * stride_qh + row[:, None] * stride_qm + dim[None, :],
-        mask=row_ok[:, None],
-        other=0.0,
-    )
+    q = tl.load(q_ptr + base + row[:, None] * stride_qm + dim[None, :], mask=row_ok[:, None])
     top = tl.full([block_m], float("-inf"), tl.float32)
     total = tl.zeros([block_m], tl.float32)
     acc = tl.zeros([block_m, dim_size], tl.float32)
     for start in range(0, length, block_n):
         col = start + tl.arange(0, block_n)
         col_ok = col < length
-        slot = tl.load(slots_ptr + col, mask=col_ok, other=0)
+        slot = tl.load(slots_ptr + first + col, mask=col_ok, other=0)
         at = slot[:, None] * stride_ks + head * stride_kh + dim[None, :]
         k = tl.load(k_ptr + at, mask=col_ok[:, None], other=0.0)
         v = tl.load(v_ptr + at, mask=col_ok[:, None], other=0.0)
@@ -80,39 +83,48 @@ def _attend_slots(
         acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
         top = new_top
     out = acc / total[:, None]
-    tl.store(
-        out_ptr + head * stride_qh + row[:, None] * stride_qm + dim[None, :],
-        out,
-        mask=row_ok[:, None],
-    )
-    tl.store(lse_ptr + head * rows + row, top + tl.log(total), mask=row_ok)
+    tl.store(out_ptr + base + row[:, None] * stride_qm + dim[None, :], out, mask=row_ok[:, None])
+    lse_at = (seg * tl.num_programs(1) + head) * rows + row
+    tl.store(lse_ptr + lse_at, top + tl.log(total), mask=row_ok)
 
 
-def attend_slots(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, scale: float
+def attend_segments(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: Sequence[int],
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [kv heads, rows, dim], lse [kv heads, rows]) of query rows q [kv heads, rows,
-    dim] over every key at `slots` of the caches [slots, kv heads, dim] (no mask: the keys
-    all come before the queries)."""
-    kv_heads, rows, dim = q.shape
+    """(output [segments, kv heads, rows, dim], lse [segments, kv heads, rows]) in one launch:
+    segment i's query rows q[i] ([kv heads, rows, dim]) over its keys, the next lengths[i]
+    slots of `slots` (the segments' slots one after another). No mask: the keys all come
+    before the queries. Every segment needs a key (an empty one has no softmax)."""
+    segments, kv_heads, rows, dim = q.shape
     if dim & (dim - 1) or dim < 16:
         raise ValueError(f"head dim {dim}: the kernel needs a power of two >= 16")
+    if len(lengths) != segments or min(lengths) < 1:
+        raise ValueError(f"segment lengths {list(lengths)}: one >= 1 per segment of q")
     q = q.contiguous()
     out = torch.empty_like(q)
-    lse = torch.empty(kv_heads, rows, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(rows, BLOCK_M), kv_heads)
-    _attend_slots[grid](
+    lse = torch.empty(segments, kv_heads, rows, dtype=torch.float32, device=q.device)
+    sizes = torch.tensor(list(lengths), dtype=torch.int64)
+    firsts = (torch.cumsum(sizes, 0) - sizes).to(q.device)
+    grid = (triton.cdiv(rows, BLOCK_M), kv_heads, segments)
+    _attend_segments[grid](
         q,
         k_cache,
         v_cache,
         slots.to(torch.int64).contiguous(),
+        firsts,
+        sizes.to(q.device),
         out,
         lse,
         rows,
-        slots.numel(),
         scale,
         q.stride(0),
         q.stride(1),
+        q.stride(2),
         k_cache.stride(0),
         k_cache.stride(1),
         dim_size=dim,
@@ -120,6 +132,15 @@ def attend_slots(
         block_n=BLOCK_N,
     )
     return out, lse
+
+
+def attend_slots(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [kv heads, rows, dim], lse [kv heads, rows]) of query rows q [kv heads, rows,
+    dim] over every key at `slots` of the caches [slots, kv heads, dim]: one segment."""
+    out, lse = attend_segments(q.unsqueeze(0), k_cache, v_cache, slots, [slots.numel()], scale)
+    return out[0], lse[0]
 
 
 def shared_prefix_decode(
@@ -131,21 +152,19 @@ def shared_prefix_decode(
     scale: float,
 ) -> torch.Tensor:
     """One decode token per member (q [members, heads, dim]) over the shared prefix (read once
-    for all members) and each member's own slots: the output [members, heads, dim]."""
+    for all members: one launch) and each member's own slots (one launch for all members):
+    the output [members, heads, dim]."""
     members, heads, dim = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
-    stacked = q.view(members, kv_heads, group, dim).permute(1, 0, 2, 3)
-    shared_out, shared_lse = attend_slots(
-        stacked.reshape(kv_heads, members * group, dim), k_cache, v_cache, prefix_slots, scale
+    grouped = q.view(members, kv_heads, group, dim)
+    stacked = grouped.permute(1, 0, 2, 3).reshape(kv_heads, members * group, dim)
+    shared_out, shared_lse = attend_slots(stacked, k_cache, v_cache, prefix_slots, scale)
+    shared = (
+        shared_out.view(kv_heads, members, group, dim).permute(1, 0, 2, 3),
+        shared_lse.view(kv_heads, members, group).permute(1, 0, 2),
     )
-    outputs = []
-    for i, slots in enumerate(own_slots):
-        rows = q[i].view(kv_heads, group, dim)
-        own = attend_slots(rows, k_cache, v_cache, slots, scale)
-        shared = (
-            shared_out[:, i * group : (i + 1) * group],
-            shared_lse[:, i * group : (i + 1) * group],
-        )
-        outputs.append(merge(shared, own).reshape(heads, dim))
-    return torch.stack(outputs)
+    own = attend_segments(
+        grouped, k_cache, v_cache, torch.cat(list(own_slots)), [s.numel() for s in own_slots], scale
+    )
+    return merge(shared, own).reshape(members, heads, dim)
