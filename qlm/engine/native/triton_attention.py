@@ -2,9 +2,11 @@
 serves the CPU).
 
 Question answered: how does a GPU read a shared prefix once for a batch? One kernel,
-`_attend_segments`, computes attention with its log-sum-exp for a block of query rows over a
-segment of cache slots, streaming the keys in tiles with the online softmax (running max and
-sum, as FlashAttention does). The prefix is one launch of one segment whose query rows are
+`_attend_parts`, computes attention with its log-sum-exp for a block of query rows over a
+part of a segment of cache slots, streaming the keys in tiles with the online softmax (running
+max and sum, as FlashAttention does); long segments are split into parts so that a launch
+fills the GPU, and the parts are combined by their log-sum-exp (split-K, as flash-decoding
+does). The prefix is one launch of one segment whose query rows are
 every member's query heads of a KV head stacked together (a matrix-matrix product per tile);
 the members' own suffixes are one launch of one segment per member; `attention.merge`
 combines the two by their log-sum-exp. Keys and values are read straight from the paged
@@ -29,21 +31,24 @@ from qlm.engine.native.attention import merge
 
 BLOCK_M = 16  # query rows per program
 BLOCK_N = 16  # keys per tile
+MIN_SPLIT_KEYS = 64  # a part of a segment has at least this many keys (but for its last part)
+TARGET_PROGRAMS = 256  # long segments are split into parts until a launch has about this many
 
 
 @triton.jit
-def _attend_segments(
+def _attend_parts(
     q_ptr,
     k_ptr,
     v_ptr,
     slots_ptr,
-    firsts_ptr,
-    lengths_ptr,
+    meta_ptr,
     out_ptr,
     lse_ptr,
     rows,
+    parts,
     scale,
     stride_qs,
+    stride_os,
     stride_qh,
     stride_qm,
     stride_ks,
@@ -52,18 +57,19 @@ def _attend_segments(
     block_m: tl.constexpr,
     block_n: tl.constexpr,
 ):
-    """Program (row block, kv head, segment): rows of q[segment, head] attend to the keys at
-    slots[first:first + length] of their segment."""
+    """Program (row block, kv head, part): the rows of q[owner, head] attend to the part's
+    keys, slots[first:first + length]; meta holds (first, length, owner) per part."""
     block = tl.program_id(0)
     head = tl.program_id(1)
-    seg = tl.program_id(2)
-    first = tl.load(firsts_ptr + seg)
-    length = tl.load(lengths_ptr + seg)
-    base = seg * stride_qs + head * stride_qh
+    part = tl.program_id(2)
+    first = tl.load(meta_ptr + part)
+    length = tl.load(meta_ptr + parts + part)
+    owner = tl.load(meta_ptr + 2 * parts + part)
     row = block * block_m + tl.arange(0, block_m)
     dim = tl.arange(0, dim_size)
     row_ok = row < rows
-    q = tl.load(q_ptr + base + row[:, None] * stride_qm + dim[None, :], mask=row_ok[:, None])
+    at_q = head * stride_qh + row[:, None] * stride_qm + dim[None, :]
+    q = tl.load(q_ptr + owner * stride_qs + at_q, mask=row_ok[:, None], other=0.0)
     top = tl.full([block_m], float("-inf"), tl.float32)
     total = tl.zeros([block_m], tl.float32)
     acc = tl.zeros([block_m, dim_size], tl.float32)
@@ -82,10 +88,47 @@ def _attend_segments(
         total = total * keep + tl.sum(p, 1)
         acc = acc * keep[:, None] + tl.dot(p, v, input_precision="ieee")
         top = new_top
-    out = acc / total[:, None]
-    tl.store(out_ptr + base + row[:, None] * stride_qm + dim[None, :], out, mask=row_ok[:, None])
-    lse_at = (seg * tl.num_programs(1) + head) * rows + row
+    tl.store(out_ptr + part * stride_os + at_q, acc / total[:, None], mask=row_ok[:, None])
+    lse_at = (part * tl.num_programs(1) + head) * rows + row
     tl.store(lse_ptr + lse_at, top + tl.log(total), mask=row_ok)
+
+
+def split_keys(lengths: Sequence[int], row_blocks: int, kv_heads: int) -> int:
+    """Keys per part: segments split until a launch has about TARGET_PROGRAMS programs (a
+    short batch of long segments would leave most of a GPU idle), parts of at least
+    MIN_SPLIT_KEYS keys, a whole number of tiles."""
+    per_program = sum(lengths) * row_blocks * kv_heads // TARGET_PROGRAMS
+    return max(MIN_SPLIT_KEYS, per_program // BLOCK_N * BLOCK_N)
+
+
+def parts_of(lengths: Sequence[int], size: int) -> list[list[int]]:
+    """[firsts, lengths, owners] of the parts: each segment cut into parts of `size` keys."""
+    firsts: list[int] = []
+    sizes: list[int] = []
+    owners: list[int] = []
+    start = 0
+    for owner, length in enumerate(lengths):
+        for offset in range(0, length, size):
+            firsts.append(start + offset)
+            sizes.append(min(size, length - offset))
+            owners.append(owner)
+        start += length
+    return [firsts, sizes, owners]
+
+
+def combine(
+    out: torch.Tensor, lse: torch.Tensor, owners: torch.Tensor, segments: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each owner's attention over all its parts, from the parts' (output, lse) by their
+    log-sum-exp, as `attention.merge` does for two."""
+    index = owners.view(-1, 1, 1).expand_as(lse)
+    shape = (segments, *lse.shape[1:])
+    top = torch.full(shape, float("-inf"), device=lse.device).scatter_reduce(0, index, lse, "amax")
+    weight = torch.exp(lse - top.gather(0, index))
+    total = torch.zeros(shape, device=lse.device).index_add_(0, owners, weight)
+    acc = torch.zeros(segments, *out.shape[1:], device=out.device)
+    acc.index_add_(0, owners, out * weight.unsqueeze(-1))
+    return acc / total.unsqueeze(-1), top + torch.log(total)
 
 
 def attend_segments(
@@ -96,33 +139,36 @@ def attend_segments(
     lengths: Sequence[int],
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [segments, kv heads, rows, dim], lse [segments, kv heads, rows]) in one launch:
-    segment i's query rows q[i] ([kv heads, rows, dim]) over its keys, the next lengths[i]
-    slots of `slots` (the segments' slots one after another). No mask: the keys all come
-    before the queries. Every segment needs a key (an empty one has no softmax)."""
+    """(output [segments, kv heads, rows, dim], lse [segments, kv heads, rows]): segment i's
+    query rows q[i] ([kv heads, rows, dim]) over its keys, the next lengths[i] slots of
+    `slots` (the segments' slots one after another), in one launch whose long segments are
+    split into parts (split-K, then `combine`). No mask: the keys all come before the
+    queries. Every segment needs a key (an empty one has no softmax)."""
     segments, kv_heads, rows, dim = q.shape
     if dim & (dim - 1) or dim < 16:
         raise ValueError(f"head dim {dim}: the kernel needs a power of two >= 16")
     if len(lengths) != segments or min(lengths) < 1:
         raise ValueError(f"segment lengths {list(lengths)}: one >= 1 per segment of q")
     q = q.contiguous()
-    out = torch.empty_like(q)
-    lse = torch.empty(segments, kv_heads, rows, dtype=torch.float32, device=q.device)
-    sizes = torch.tensor(list(lengths), dtype=torch.int64)
-    firsts = (torch.cumsum(sizes, 0) - sizes).to(q.device)
-    grid = (triton.cdiv(rows, BLOCK_M), kv_heads, segments)
-    _attend_segments[grid](
+    row_blocks = triton.cdiv(rows, BLOCK_M)
+    meta = parts_of(lengths, split_keys(lengths, row_blocks, kv_heads))
+    parts = len(meta[0])
+    meta_on = torch.tensor(meta, dtype=torch.int64).to(q.device)
+    out = torch.empty(parts, kv_heads, rows, dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(parts, kv_heads, rows, dtype=torch.float32, device=q.device)
+    _attend_parts[(row_blocks, kv_heads, parts)](
         q,
         k_cache,
         v_cache,
         slots.to(torch.int64).contiguous(),
-        firsts,
-        sizes.to(q.device),
+        meta_on,
         out,
         lse,
         rows,
+        parts,
         scale,
         q.stride(0),
+        out.stride(0),
         q.stride(1),
         q.stride(2),
         k_cache.stride(0),
@@ -131,7 +177,9 @@ def attend_segments(
         block_m=BLOCK_M,
         block_n=BLOCK_N,
     )
-    return out, lse
+    if parts == segments:
+        return out, lse
+    return combine(out, lse, meta_on[2], segments)
 
 
 def attend_slots(

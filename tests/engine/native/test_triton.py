@@ -24,4 +24,4 @@ def test_the_triton_kernel_matches_the_torch_path_in_the_interpreter() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("\n") == 4, done.stdout  # every case ran
+    assert done.stdout.count("\n") == 5, done.stdout  # every case ran

@@ -56,6 +56,7 @@ def main(argv: list[str]) -> int:
         (16, [3], 4, 4, 32),
         (70, [20, 2, 9, 33], 8, 1, 16),
         (100, [1, 16, 33], 16, 4, 64),
+        (300, [130, 1, 70], 8, 2, 16),  # parts of the prefix and of suffixes combined
     ]
     for args in cases:
         error = case(device, *args)
