@@ -8,12 +8,12 @@ max and sum, as FlashAttention does); long segments are split into parts so that
 fills the GPU, and the parts are combined by their log-sum-exp (split-K, as flash-decoding
 does). The prefix is one launch of one segment whose query rows are
 every member's query heads of a KV head stacked together (a matrix-matrix product per tile);
-the members' own suffixes are one launch of one segment per member; `attention.merge`
-combines the two by their log-sum-exp. Keys and values are read straight from the paged
-cache ([slots, kv heads, dim]) through the slot indexes.
+the members' own suffixes are one launch of one segment per member; one more launch,
+`_combine_parts`, combines each member's parts of both by their log-sum-exp. Keys and values
+are read straight from the paged cache ([slots, kv heads, dim]) through the slot indexes.
 
 Correctness is tested on the CPU with Triton's interpreter (TRITON_INTERPRET=1) against the
-torch path; timing it needs a GPU (benchmarks/shared_prefix.py). Products run in IEEE float32
+torch path; timing it needs a GPU (benchmarks/shared_prefix_gpu.py). Products run in IEEE float32
 (`input_precision="ieee"`: no TF32), so GPU results keep the interpreter's tolerance. Triton
 is not a dependency of qlm: it is imported only when this module is; the vLLM environment
 has it.
@@ -26,8 +26,6 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
-
-from qlm.engine.native.attention import merge
 
 BLOCK_M = 16  # query rows per program
 BLOCK_N = 16  # keys per tile
@@ -116,34 +114,113 @@ def parts_of(lengths: Sequence[int], size: int) -> list[list[int]]:
     return [firsts, sizes, owners]
 
 
+@triton.jit
+def _combine_parts(
+    out_ptr,
+    lse_ptr,
+    firsts_ptr,
+    pre_out_ptr,
+    pre_lse_ptr,
+    pre_parts,
+    pre_rows,
+    pre_row_step,
+    final_ptr,
+    final_lse_ptr,
+    rows,
+    dim_size: tl.constexpr,
+    block_m: tl.constexpr,
+):
+    """Program (row block, kv head, owner): the owner's rows over all of its parts by their
+    log-sum-exp (online, part by part): the `pre_parts` parts of a shared source first (its
+    rows owner * pre_row_step + row of pre_rows), then the owner's own parts
+    (firsts[owner] up to firsts[owner + 1]). Parts are [part, kv head, row, dim]."""
+    block = tl.program_id(0)
+    head = tl.program_id(1)
+    owner = tl.program_id(2)
+    heads = tl.num_programs(1)
+    row = block * block_m + tl.arange(0, block_m)
+    dim = tl.arange(0, dim_size)
+    row_ok = row < rows
+    top = tl.full([block_m], float("-inf"), tl.float32)
+    total = tl.zeros([block_m], tl.float32)
+    acc = tl.zeros([block_m, dim_size], tl.float32)
+    pre_row = owner * pre_row_step + row
+    for part in range(0, pre_parts):
+        at = (part * heads + head) * pre_rows + pre_row
+        lse = tl.load(pre_lse_ptr + at, mask=row_ok, other=0.0)
+        out = tl.load(pre_out_ptr + at[:, None] * dim_size + dim[None, :], mask=row_ok[:, None])
+        new_top = tl.maximum(top, lse)
+        weight = tl.exp(lse - new_top)
+        keep = tl.exp(top - new_top)
+        total = total * keep + weight
+        acc = acc * keep[:, None] + out * weight[:, None]
+        top = new_top
+    for part in range(tl.load(firsts_ptr + owner), tl.load(firsts_ptr + owner + 1)):
+        at = (part * heads + head) * rows + row
+        lse = tl.load(lse_ptr + at, mask=row_ok, other=0.0)
+        out = tl.load(out_ptr + at[:, None] * dim_size + dim[None, :], mask=row_ok[:, None])
+        new_top = tl.maximum(top, lse)
+        weight = tl.exp(lse - new_top)
+        keep = tl.exp(top - new_top)
+        total = total * keep + weight
+        acc = acc * keep[:, None] + out * weight[:, None]
+        top = new_top
+    at = (owner * heads + head) * rows + row
+    tl.store(
+        final_ptr + at[:, None] * dim_size + dim[None, :],
+        acc / total[:, None],
+        mask=row_ok[:, None],
+    )
+    tl.store(final_lse_ptr + at, top + tl.log(total), mask=row_ok)
+
+
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # out, lse, first part per owner (+ end)
+
+
 def combine(
-    out: torch.Tensor, lse: torch.Tensor, owners: torch.Tensor, segments: int
+    parts: Parts, pre: Parts | None = None, pre_row_step: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each owner's attention over all its parts, from the parts' (output, lse) by their
-    log-sum-exp, as `attention.merge` does for two."""
-    index = owners.view(-1, 1, 1).expand_as(lse)
-    shape = (segments, *lse.shape[1:])
-    top = torch.full(shape, float("-inf"), device=lse.device).scatter_reduce(0, index, lse, "amax")
-    weight = torch.exp(lse - top.gather(0, index))
-    total = torch.zeros(shape, device=lse.device).index_add_(0, owners, weight)
-    acc = torch.zeros(segments, *out.shape[1:], device=out.device)
-    acc.index_add_(0, owners, out * weight.unsqueeze(-1))
-    return acc / total.unsqueeze(-1), top + torch.log(total)
+    """Each owner's attention over all its parts (and over every part of `pre`, rows
+    owner * pre_row_step on), from their (output, lse) by log-sum-exp, in one launch: (output
+    [owners, kv heads, rows, dim], lse [owners, kv heads, rows])."""
+    out, lse, firsts = parts
+    _, kv_heads, rows, dim = out.shape
+    owners = firsts.numel() - 1
+    final = torch.empty(owners, kv_heads, rows, dim, dtype=torch.float32, device=out.device)
+    final_lse = torch.empty(owners, kv_heads, rows, dtype=torch.float32, device=out.device)
+    pre_out, pre_lse = (out, lse) if pre is None else pre[:2]
+    _combine_parts[(triton.cdiv(rows, BLOCK_M), kv_heads, owners)](
+        out,
+        lse,
+        firsts,
+        pre_out,
+        pre_lse,
+        0 if pre is None else pre_out.shape[0],
+        pre_out.shape[2],
+        pre_row_step,
+        final,
+        final_lse,
+        rows,
+        dim_size=dim,
+        block_m=BLOCK_M,
+    )
+    return final, final_lse
 
 
-def attend_segments(
+def attend_parts(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
     lengths: Sequence[int],
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [segments, kv heads, rows, dim], lse [segments, kv heads, rows]): segment i's
-    query rows q[i] ([kv heads, rows, dim]) over its keys, the next lengths[i] slots of
-    `slots` (the segments' slots one after another), in one launch whose long segments are
-    split into parts (split-K, then `combine`). No mask: the keys all come before the
-    queries. Every segment needs a key (an empty one has no softmax)."""
+) -> Parts:
+    """Segment i's query rows q[i] ([kv heads, rows, dim]) over its keys, the next
+    lengths[i] slots of `slots` (the segments' slots one after another), in one launch whose
+    long segments are split into parts (split-K): the parts' (output [parts, kv heads, rows,
+    dim], lse [parts, kv heads, rows]) and each segment's first part (and the end), for
+    `combine`. No mask: the keys all come before the queries. Every segment needs a key (an
+    empty one has no softmax)."""
     segments, kv_heads, rows, dim = q.shape
     if dim & (dim - 1) or dim < 16:
         raise ValueError(f"head dim {dim}: the kernel needs a power of two >= 16")
@@ -151,9 +228,10 @@ def attend_segments(
         raise ValueError(f"segment lengths {list(lengths)}: one >= 1 per segment of q")
     q = q.contiguous()
     row_blocks = triton.cdiv(rows, BLOCK_M)
-    meta = parts_of(lengths, split_keys(lengths, row_blocks, kv_heads))
-    parts = len(meta[0])
-    meta_on = torch.tensor(meta, dtype=torch.int64).to(q.device)
+    firsts, sizes, owners = parts_of(lengths, split_keys(lengths, row_blocks, kv_heads))
+    parts = len(firsts)
+    bounds = [owners.index(o) for o in range(segments)] + [parts]
+    meta = torch.tensor([*firsts, *sizes, *owners, *bounds], dtype=torch.int64).to(q.device)
     out = torch.empty(parts, kv_heads, rows, dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(parts, kv_heads, rows, dtype=torch.float32, device=q.device)
     _attend_parts[(row_blocks, kv_heads, parts)](
@@ -161,7 +239,7 @@ def attend_segments(
         k_cache,
         v_cache,
         slots.to(torch.int64).contiguous(),
-        meta_on,
+        meta,
         out,
         lse,
         rows,
@@ -177,9 +255,23 @@ def attend_segments(
         block_m=BLOCK_M,
         block_n=BLOCK_N,
     )
-    if parts == segments:
-        return out, lse
-    return combine(out, lse, meta_on[2], segments)
+    return out, lse, meta[3 * parts :]
+
+
+def attend_segments(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: Sequence[int],
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [segments, kv heads, rows, dim], lse [segments, kv heads, rows]) of
+    `attend_parts`'s segments, their parts combined (when a segment was split)."""
+    parts = attend_parts(q, k_cache, v_cache, slots, lengths, scale)
+    if parts[0].shape[0] == len(lengths):
+        return parts[0], parts[1]
+    return combine(parts)
 
 
 def attend_slots(
@@ -206,13 +298,9 @@ def shared_prefix_decode(
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
     grouped = q.view(members, kv_heads, group, dim)
-    stacked = grouped.permute(1, 0, 2, 3).reshape(kv_heads, members * group, dim)
-    shared_out, shared_lse = attend_slots(stacked, k_cache, v_cache, prefix_slots, scale)
-    shared = (
-        shared_out.view(kv_heads, members, group, dim).permute(1, 0, 2, 3),
-        shared_lse.view(kv_heads, members, group).permute(1, 0, 2),
-    )
-    own = attend_segments(
+    stacked = grouped.permute(1, 0, 2, 3).reshape(1, kv_heads, members * group, dim)
+    prefix = attend_parts(stacked, k_cache, v_cache, prefix_slots, [prefix_slots.numel()], scale)
+    own = attend_parts(
         grouped, k_cache, v_cache, torch.cat(list(own_slots)), [s.numel() for s in own_slots], scale
     )
-    return merge(shared, own).reshape(members, heads, dim)
+    return combine(own, prefix, group)[0].reshape(members, heads, dim)
