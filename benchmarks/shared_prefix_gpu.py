@@ -173,8 +173,9 @@ def render(report: dict[str, Any]) -> str:
     reading = (
         f"The shared path is faster than the paged kernel at {len(wins)} of {len(rows)} points "
         "(where batch x prefix is large); its fastest step, "
-        f"{floor} ms, is the floor of its launches and its log-sum-exp combine in torch, "
-        "which small batches do not amortise."
+        f"{floor} ms, is the floor of its three launches (prefix, own slots, combine) and "
+        "the host work around them, which small batches do not amortise. Times move between "
+        "runs on the lent machine (a point can double); compare paths within a row."
     )
     return "\n".join(
         [
