@@ -7,14 +7,21 @@ cold load would cost the most: a model's worth on an instance is the urgent arri
 budget shorter than the load) a cold load of it would leave without an instance, less those
 a wake would (`ArrivalRates.at_risk` over each), shared among the instances that can serve
 it (a 70B model only a few instances can hold is worth more to each of them than a 7B model
-any instance can wake). `standby_fetch` names the next fetch: the worthiest model the tier
-lacks among the `capacity` worthiest, into a free place only (what the instance served keeps
-its place: replacing it with worthier models starved the tail models the tier held); one
+any instance can wake). The fleet's tiers are one store: to this tier a model's worth is also
+shared with the instances that hold it already (serving, loading, asleep or fetched:
+`copies_of`), so the tiers cover the tail models before they hold a third copy of a popular
+one. `standby_fetch` names the next fetch: into a free place, the worthiest model the tier
+lacks among the `capacity` worthiest by that share; when the tier is full, a model held
+nowhere in the fleet takes the place of the least worthy model the tier holds that another
+instance holds too. It never replaces a model's only copy: replacing by worth alone (what
+the instance served gives way to worthier models) starved the tail models the tier held;
+replacing a second copy by a model held nowhere only widens what the fleet can wake. One
 fetch at a time, none while loading. Rates move, so worths are taken afresh each time.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from qlm.agents.actions import FetchStandby
@@ -46,12 +53,40 @@ def hosts_of(fleet: Fleet, models: Iterable[str]) -> dict[str, int]:
     return {m: sum(fleet.can_serve(i, m) for i in fleet.instances) for m in models}
 
 
-def standby_fetch(obs: EngineObservation, worths: Mapping[str, float]) -> FetchStandby | None:
-    """The fetch the instance should start now, if any (module docstring)."""
+def copies_of(observations: Iterable[EngineObservation]) -> Counter[str]:
+    """Model -> on how many instances it is served, loading, asleep or being fetched."""
+    copies: Counter[str] = Counter()
+    for obs in observations:
+        held = {*obs.standby_models, *obs.fetching_models}
+        if obs.model is not None:
+            held.add(obs.model)
+        copies.update(held)
+    return copies
+
+
+def standby_fetch(
+    obs: EngineObservation, worths: Mapping[str, float], copies: Mapping[str, int]
+) -> FetchStandby | None:
+    """The fetch the instance should start now, if any (module docstring). `copies`: on how
+    many of the fleet's instances each model is served, loading, asleep or fetched."""
     capacity = obs.standby_capacity
-    full = len(obs.standby_models) >= capacity
-    if full or obs.fetching_models or obs.state is EngineState.LOADING:
+    if capacity == 0 or obs.fetching_models or obs.state is EngineState.LOADING:
         return None
-    ranked = sorted((m for m in worths if m != obs.model), key=lambda m: (-worths[m], m))
-    missing = [m for m in ranked[:capacity] if m not in obs.standby_models]
-    return FetchStandby(obs.instance_id, missing[0]) if missing else None
+    mine = obs.standby_models
+
+    def elsewhere(model: str) -> int:
+        return copies.get(model, 0) - (model in mine) - (model == obs.model)
+
+    def share(model: str) -> float:
+        return worths[model] / (1 + elsewhere(model))
+
+    ranked = sorted((m for m in worths if m != obs.model), key=lambda m: (-share(m), m))
+    if len(mine) < capacity:
+        missing = [m for m in ranked[:capacity] if m not in mine]
+        return FetchStandby(obs.instance_id, missing[0]) if missing else None
+    uncovered = [m for m in ranked if copies.get(m, 0) == 0]
+    spare = [m for m in mine if elsewhere(m) > 0]
+    if not uncovered or not spare:
+        return None
+    victim = min(spare, key=lambda m: (share(m) if m in worths else 0.0, m))
+    return FetchStandby(obs.instance_id, uncovered[0], replacing=victim)

@@ -63,7 +63,7 @@ class EventWaiter(Protocol):
 class StandbyFetcher(Protocol):
     """An engine that fills its standby tier in the background (the simulated engine)."""
 
-    def fetch_standby(self, model: str) -> None: ...
+    def fetch_standby(self, model: str, replacing: str | None = None) -> None: ...
 
 
 @runtime_checkable

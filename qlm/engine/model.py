@@ -249,14 +249,15 @@ class EngineModel:
         self._load_done_at_s = now_s + self._load_s
         self._advance(now_s)  # a zero load time completes at once
 
-    def fetch_standby(self, model: str, now_s: float) -> None:
+    def fetch_standby(self, model: str, now_s: float, replacing: str | None = None) -> None:
         """Read `model`'s weights into a free place of the standby tier while serving (it
-        sleeps there its profile's load_s later; StandbyTier.fetch)."""
+        sleeps there its profile's load_s later; `replacing` gives its place up first;
+        StandbyTier.fetch)."""
         self._begin(now_s)
         profile = self._profiles.get(model)
         if profile is None:
             raise EngineError(f"engine {self.instance.id} cannot hold {model!r}")
-        self._tier.fetch(model, now_s + profile.load_s)
+        self._tier.fetch(model, now_s + profile.load_s, replacing)
 
     # ------------------------------------------------------------------ time, inside
 

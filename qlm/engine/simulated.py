@@ -81,8 +81,8 @@ class SimulatedEngine:
     def load_model(self, model: str) -> None:
         self.model.load(model, self.clock.now_s())
 
-    def fetch_standby(self, model: str) -> None:
-        self.model.fetch_standby(model, self.clock.now_s())
+    def fetch_standby(self, model: str, replacing: str | None = None) -> None:
+        self.model.fetch_standby(model, self.clock.now_s(), replacing)
 
     def poll(self) -> list[EngineEvent]:
         """Events up to the clock's current time, in the order they happened."""

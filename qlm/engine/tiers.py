@@ -9,7 +9,8 @@ cold load (`Profile.load_time_s`).
 
 A model may also be fetched into the tier while the instance serves another (`fetch`: its
 weights read from disk into host memory, the GPU untouched): it sleeps there from `ready_at_s`
-on, after the models served, in a free place.
+on, after the models served, in a free place (or in the place of a sleeping model it
+replaces: the fleet's tiers then cover a tail model rather than a second copy of another).
 Until then it is not asleep: a load of it is cold (and ends the fetch), and a model the
 instance leaves takes its place if the tier has no other.
 """
@@ -47,11 +48,14 @@ class StandbyTier:
                     self._sleeping.append(model)
         del self._sleeping[self.capacity :]
 
-    def fetch(self, model: str, ready_at_s: float) -> bool:
-        """Start fetching `model` (asleep from ready_at_s) into a free place; False, changing
-        nothing, when it sleeps or is fetched already, or no place is free."""
+    def fetch(self, model: str, ready_at_s: float, replacing: str | None = None) -> bool:
+        """Start fetching `model` (asleep from ready_at_s) into a free place, after
+        `replacing` (when it sleeps here) gives its place up; False, changing nothing else,
+        when it sleeps or is fetched already, or no place is free."""
         if model in self._sleeping or model in self._fetching:
             return False
+        if replacing in self._sleeping:
+            self._sleeping.remove(replacing)
         if len(self._sleeping) + len(self._fetching) >= self.capacity:
             return False
         self._fetching[model] = ready_at_s

@@ -132,4 +132,4 @@ class LsoApplier:
         slot = self._slot_for(action)
         if not isinstance(slot.engine, StandbyFetcher):
             raise SimulationError(f"{action}: the engine has no standby tier to fill")
-        slot.engine.fetch_standby(action.model)
+        slot.engine.fetch_standby(action.model, action.replacing)

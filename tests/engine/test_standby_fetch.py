@@ -31,6 +31,17 @@ def test_a_fetch_sleeps_from_its_ready_time_in_a_free_place() -> None:
     assert (tier.models, tier.fetching) == (("b",), ("c",))
 
 
+def test_a_fetch_that_replaces_a_sleeping_model_takes_its_place_at_once() -> None:
+    tier = StandbyTier(2, ["a", "b"])
+    assert not tier.fetch("c", ready_at_s=10.0)  # full
+    assert tier.fetch("c", ready_at_s=10.0, replacing="b")
+    assert (tier.models, tier.fetching) == (("a",), ("c",))  # b went cold at once
+    assert not tier.wake("b")
+    tier.settle(10.0)
+    assert tier.models == ("a", "c")
+    assert not tier.fetch("d", ready_at_s=20.0, replacing="x")  # x does not sleep here
+
+
 def test_a_model_the_instance_leaves_takes_a_running_fetchs_place() -> None:
     tier = StandbyTier(3, ["a"])
     tier.fetch("b", ready_at_s=10.0)
