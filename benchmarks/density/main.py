@@ -4,6 +4,7 @@ the target, per approach (benchmarks/density/run.py):
 
     .venv/bin/python benchmarks/density.py                  # seed 0, 16 models, target 0.99
     .venv/bin/python benchmarks/density.py --seeds 0,1 --models 12
+    .venv/bin/python benchmarks/density.py --seeds 0,1,2 --grid 5/2,8/2  # why fleets miss
 
 Approaches: `qlm-edf` pooled with the standby tier (3 sleeping models per instance, wake in
 the profile's wake_s), the same with cold swaps only, and dedicated placement (each model on
@@ -11,7 +12,8 @@ its own replicas, no swaps) scheduled by `qlm-edf` and by `llmd`. qlm runs with 
 (`qlm-edf`): the MILP planner spends its 0.8 s limit on most of the replans of a 16-model
 fleet, some 10 minutes of wall time per 20-minute simulation, too slow for a search of a
 dozen fleets on this machine. Written: benchmarks/results/density.json, the "density" block
-of docs/benchmarks.md and docs/density/gpus.png.
+of docs/benchmarks.md and docs/density/gpus.png. `--grid` writes nothing: for each seed and
+fleet (H100/A100 counts) it prints qlm's attainment, swaps and misses by cause.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.tables import markdown_table
-from benchmarks.density.run import dedicated_fleet, fetch_pairs, pooled_fleet
+from benchmarks.density.run import dedicated_fleet, fetch_pairs, grid_rows, pooled_fleet
 from benchmarks.density.scenario import long_tail
 from benchmarks.report import (
     RESULTS_DIR,
@@ -175,6 +177,20 @@ def fetch_section(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def grid(args: argparse.Namespace, seeds: list[int]) -> int:
+    """`--grid`: the misses on given fleets, by cause, printed (nothing written)."""
+    rows = []
+    for seed in seeds:
+        scenario = long_tail(seed, args.models, args.peak_rate)
+        requests = scenario.requests(seed)
+        rows += grid_rows(scenario, requests, POLICY, seed, args.grid.split(","))
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    print(markdown_table(rows, columns, lambda v, _: "0" if v is None else str(v)))
+    gains = [row["attainment"] for row in rows]
+    print(f"mean attainment {sum(gains) / len(gains):.4f} over {len(rows)} runs")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0")
@@ -184,9 +200,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-small", type=int, default=24)
     parser.add_argument("--fetch-seeds", default="0,1,2", help="seeds of the fetch table")
     parser.add_argument("--fetch-fleets", default="10/2,12/2,8/3,10/3", help="H100/A100 counts")
+    parser.add_argument("--grid", help="H100/A100 counts: attainment and misses by cause only")
     args = parser.parse_args(argv)
-    report = run_header("density.py", argv, "shared and noisy; simulated time")
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.grid:
+        return grid(args, seeds)
+    report = run_header("density.py", argv, "shared and noisy; simulated time")
     rows = [row for seed in seeds for row in run_seed(args, seed)]
     report["settings"] = {
         "models": args.models,

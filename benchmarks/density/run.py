@@ -20,6 +20,8 @@ from typing import Any
 
 from benchmarks.density.scenario import LARGE, SMALL
 from qlm.fleet_config import InstanceGroupConfig
+from qlm.sim.causes import miss_cause_counts
+from qlm.sim.result import SimResult
 from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
 from qlm.sim.scenario import Scenario
 from qlm.types import Request
@@ -50,7 +52,17 @@ def attainment_of(
     seed: int,
     policy_options: dict[str, object] | None = None,
 ) -> float:
-    result = simulate(
+    return simulated(scenario, requests, policy, seed, policy_options).attainment()
+
+
+def simulated(
+    scenario: Scenario,
+    requests: Sequence[Request],
+    policy: str,
+    seed: int,
+    policy_options: dict[str, object] | None = None,
+) -> SimResult:
+    return simulate(
         scenario.fleet(),
         requests,
         policy,
@@ -60,7 +72,25 @@ def attainment_of(
         policy_options=policy_options,
         engine_factory=SimulatedEngines(scenario.engine),
     )
-    return result.attainment()
+
+
+def grid_rows(
+    scenario: Scenario, requests: Sequence[Request], policy: str, seed: int, fleets: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Attainment and the misses by cause (qlm/causes.py) on each fleet (`"H100/A100"`
+    counts), same requests: where a fleet falls short, and why."""
+    rows = []
+    for fleet in fleets:
+        small, large = (int(n) for n in fleet.split("/"))
+        sized = scenario.with_fleet_counts({SMALL: small, LARGE: large})
+        result = simulated(sized, requests, policy, seed)
+        causes = miss_cause_counts(result.outcomes, result.end_s)
+        row: dict[str, Any] = {"seed": seed, "fleet": f"{small} x {SMALL}, {large} x {LARGE}"}
+        row |= {"gpus": _gpus(sized), "attainment": round(result.attainment(), 4)}
+        row |= {"swaps": result.total_swaps} | {c: n for c, n in causes.items() if n}
+        print(f"  grid {fleet}: {row}", flush=True)
+        rows.append(row)
+    return rows
 
 
 def fetch_pairs(

@@ -3,8 +3,9 @@ shares, two pools, the standby tier on or off), and the bisection finds the leas
 
 from __future__ import annotations
 
-from benchmarks.density.run import _least
+from benchmarks.density.run import _least, grid_rows
 from benchmarks.density.scenario import long_tail, model_names, popularity
+from qlm.causes import MissCause
 
 
 def test_the_model_mix_and_the_zipf_shares() -> None:
@@ -44,3 +45,16 @@ def test_the_bisection_finds_the_least_count_that_meets_the_target() -> None:
     assert _least(value, 0, 24, 0.99) == 7
     assert len(calls) <= 7
     assert _least(lambda k: 0.5, 0, 24, 0.99) is None
+
+
+def test_the_grid_counts_every_miss_under_one_cause() -> None:
+    scenario = long_tail(0, models=6, peak_rate=1.0)
+    requests = scenario.requests(0)
+    rows = grid_rows(scenario, requests, "qlm-edf", 0, ["1/1", "4/1"])
+    assert [r["gpus"] for r in rows] == [5, 8]
+    causes = {c.value for c in MissCause}
+    for row in rows:
+        missed = sum(n for key, n in row.items() if key in causes)
+        assert missed == round((1 - row["attainment"]) * len(requests))
+    # one H100 for five small models misses more than four do
+    assert rows[0]["attainment"] < rows[1]["attainment"]
