@@ -167,9 +167,10 @@ def fetch_section(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "### Filling the standby tiers (qlm/agents/warming.py)",
         "",
-        "qlm-edf's attainment with each instance fetching the worthiest models into free "
-        "standby places (`on`, the default) and with the tiers holding only what each "
-        "instance served (`off`), same fleets, same requests. "
+        "qlm-edf's attainment with the instances fetching models into their standby tiers "
+        "(`on`, the default: by worth, shared with the instances that hold a model already, "
+        "and a model held nowhere in the place of a second copy) and with the tiers holding "
+        "only what each instance served (`off`), same fleets, same requests. "
         f"Mean {sum(gains) / len(gains):+.2f} points over {len(gains)} pairs; "
         f"{sum(g > 0 for g in gains)} up, {sum(g < 0 for g in gains)} down.",
         "",
