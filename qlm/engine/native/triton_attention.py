@@ -115,6 +115,19 @@ def parts_of(lengths: Sequence[int], size: int) -> list[list[int]]:
 
 
 @triton.jit
+def _absorb(top, total, acc, lse_ptr, out_ptr, at, row_ok, dim_size: tl.constexpr):
+    """One part (its lse and output at rows `at`) into a block's running log-sum-exp (`top`
+    and `total`) and weighted output sum (`acc`)."""
+    dim = tl.arange(0, dim_size)
+    lse = tl.load(lse_ptr + at, mask=row_ok, other=0.0)
+    out = tl.load(out_ptr + at[:, None] * dim_size + dim[None, :], mask=row_ok[:, None])
+    new_top = tl.maximum(top, lse)
+    weight = tl.exp(lse - new_top)
+    keep = tl.exp(top - new_top)
+    return new_top, total * keep + weight, acc * keep[:, None] + out * weight[:, None]
+
+
+@triton.jit
 def _combine_parts(
     out_ptr,
     lse_ptr,
@@ -147,24 +160,10 @@ def _combine_parts(
     pre_row = owner * pre_row_step + row
     for part in range(0, pre_parts):
         at = (part * heads + head) * pre_rows + pre_row
-        lse = tl.load(pre_lse_ptr + at, mask=row_ok, other=0.0)
-        out = tl.load(pre_out_ptr + at[:, None] * dim_size + dim[None, :], mask=row_ok[:, None])
-        new_top = tl.maximum(top, lse)
-        weight = tl.exp(lse - new_top)
-        keep = tl.exp(top - new_top)
-        total = total * keep + weight
-        acc = acc * keep[:, None] + out * weight[:, None]
-        top = new_top
+        top, total, acc = _absorb(top, total, acc, pre_lse_ptr, pre_out_ptr, at, row_ok, dim_size)
     for part in range(tl.load(firsts_ptr + owner), tl.load(firsts_ptr + owner + 1)):
         at = (part * heads + head) * rows + row
-        lse = tl.load(lse_ptr + at, mask=row_ok, other=0.0)
-        out = tl.load(out_ptr + at[:, None] * dim_size + dim[None, :], mask=row_ok[:, None])
-        new_top = tl.maximum(top, lse)
-        weight = tl.exp(lse - new_top)
-        keep = tl.exp(top - new_top)
-        total = total * keep + weight
-        acc = acc * keep[:, None] + out * weight[:, None]
-        top = new_top
+        top, total, acc = _absorb(top, total, acc, lse_ptr, out_ptr, at, row_ok, dim_size)
     at = (owner * heads + head) * rows + row
     tl.store(
         final_ptr + at[:, None] * dim_size + dim[None, :],
