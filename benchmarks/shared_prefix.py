@@ -54,21 +54,23 @@ TARGET = (2048, 16, 1.5)  # prefix, batch, speedup the issue asks for
 SCALE = 1 / math.sqrt(DIM)
 
 
-def layout(prefix: int, batch: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """(K cache, V cache, each sequence's context slots): the prefix's blocks shared, then
-    each sequence's own blocks, in a cache of exactly that many blocks."""
+def layout(
+    prefix: int, batch: int, kv_heads: int = KV_HEADS, dim: int = DIM, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(K cache, V cache, the prefix's slots, each sequence's own slots) on `device`: the
+    prefix's blocks shared, then each sequence's own blocks, in a cache of exactly that many
+    blocks (benchmarks/shared_prefix_gpu.py uses it too)."""
     prefix_blocks = -(-prefix // BLOCK)
     own_blocks = -(-OWN_TOKENS // BLOCK)
     slots = (prefix_blocks + batch * own_blocks) * BLOCK
-    gen = torch.Generator().manual_seed(0)
-    k = torch.randn(slots, KV_HEADS, DIM, generator=gen)
-    v = torch.randn(slots, KV_HEADS, DIM, generator=gen)
-    prefix_slots = torch.arange(prefix)
-    contexts = []
-    for i in range(batch):
-        first = (prefix_blocks + i * own_blocks) * BLOCK
-        contexts.append(torch.cat([prefix_slots, torch.arange(first, first + OWN_TOKENS)]))
-    return k, v, contexts
+    gen = torch.Generator(device=device).manual_seed(0)
+    k = torch.randn(slots, kv_heads, dim, generator=gen, device=device)
+    v = torch.randn(slots, kv_heads, dim, generator=gen, device=device)
+    owns = [
+        torch.arange(first, first + OWN_TOKENS, device=device)
+        for first in ((prefix_blocks + i * own_blocks) * BLOCK for i in range(batch))
+    ]
+    return k, v, torch.arange(prefix, device=device), owns
 
 
 def per_sequence_sdpa(
@@ -122,7 +124,8 @@ def timed_ms(run: Callable[[], None], budget_s: float) -> float:
 
 
 def measure(prefix: int, batch: int, budget_s: float) -> dict[str, Any]:
-    k, v, ctx = layout(prefix, batch)
+    k, v, head, owns = layout(prefix, batch)
+    ctx = [torch.cat([head, own]) for own in owns]
     q = torch.randn(batch, HEADS, DIM, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         sdpa = timed_ms(lambda: per_sequence_sdpa(q, k, v, ctx), budget_s)

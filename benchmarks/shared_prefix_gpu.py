@@ -48,37 +48,19 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
+from benchmarks.shared_prefix import BLOCK, OWN_TOKENS, layout
 from qlm.engine.native.attention import attend_padded
 
 RESULTS_PATH = RESULTS_DIR / "shared_prefix_gpu.json"
 SHAPES = ((16, 4, 64), (32, 8, 128))  # query heads, kv heads, head dim
 PREFIXES = (256, 1024, 2048, 4096, 16384)
 BATCHES = (1, 16, 64, 256)
-BLOCK = 16
-OWN_TOKENS = 32
 TORCH_TOKENS = 1 << 20  # the torch paths gather every context: beyond this many tokens, skipped
 CHECKED = 16  # sequences whose output is checked against the SDPA loop's
 TARGET = (2048, 16, 1.5)  # prefix, batch, speedup over the paged kernel (the CPU target's point)
 PATHS = ("triton_shared_ms", "triton_paged_ms", "sdpa_loop_ms", "torch_padded_ms")
 
 Run = Callable[[], torch.Tensor]
-
-
-def layout(
-    prefix: int, batch: int, kv_heads: int, dim: int, device: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """(K cache, V cache, prefix slots, each sequence's own slots) on `device`."""
-    prefix_blocks = -(-prefix // BLOCK)
-    own_blocks = -(-OWN_TOKENS // BLOCK)
-    slots = (prefix_blocks + batch * own_blocks) * BLOCK
-    gen = torch.Generator(device=device).manual_seed(0)
-    k = torch.randn(slots, kv_heads, dim, generator=gen, device=device)
-    v = torch.randn(slots, kv_heads, dim, generator=gen, device=device)
-    owns = [
-        torch.arange(first, first + OWN_TOKENS, device=device)
-        for first in ((prefix_blocks + i * own_blocks) * BLOCK for i in range(batch))
-    ]
-    return k, v, torch.arange(prefix, device=device), owns
 
 
 def paths(shape: tuple[int, int, int], prefix: int, batch: int, device: str) -> dict[str, Run]:

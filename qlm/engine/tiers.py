@@ -50,14 +50,15 @@ class StandbyTier:
 
     def fetch(self, model: str, ready_at_s: float, replacing: str | None = None) -> bool:
         """Start fetching `model` (asleep from ready_at_s) into a free place, after
-        `replacing` (when it sleeps here) gives its place up; False, changing nothing else,
-        when it sleeps or is fetched already, or no place is free."""
+        `replacing` (when it sleeps here) gives its place up; False, changing nothing, when
+        it sleeps or is fetched already, or no place is free even so."""
         if model in self._sleeping or model in self._fetching:
             return False
-        if replacing in self._sleeping:
-            self._sleeping.remove(replacing)
-        if len(self._sleeping) + len(self._fetching) >= self.capacity:
+        freed = replacing is not None and replacing in self._sleeping
+        if len(self._sleeping) + len(self._fetching) - freed >= self.capacity:
             return False
+        if replacing is not None and freed:
+            self._sleeping.remove(replacing)
         self._fetching[model] = ready_at_s
         return True
 

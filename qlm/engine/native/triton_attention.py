@@ -100,18 +100,22 @@ def split_keys(lengths: Sequence[int], row_blocks: int, kv_heads: int) -> int:
 
 
 def parts_of(lengths: Sequence[int], size: int) -> list[list[int]]:
-    """[firsts, lengths, owners] of the parts: each segment cut into parts of `size` keys."""
+    """[firsts, lengths, owners, bounds] of the parts, each segment cut into parts of `size`
+    keys: a part's first slot (in the segments' slots one after another), its length and
+    its segment; bounds: each segment's first part, then the part count."""
     firsts: list[int] = []
     sizes: list[int] = []
     owners: list[int] = []
+    bounds: list[int] = []
     start = 0
     for owner, length in enumerate(lengths):
+        bounds.append(len(firsts))
         for offset in range(0, length, size):
             firsts.append(start + offset)
             sizes.append(min(size, length - offset))
             owners.append(owner)
         start += length
-    return [firsts, sizes, owners]
+    return [firsts, sizes, owners, [*bounds, len(firsts)]]
 
 
 @triton.jit
@@ -131,7 +135,7 @@ def _absorb(top, total, acc, lse_ptr, out_ptr, at, row_ok, dim_size: tl.constexp
 def _combine_parts(
     out_ptr,
     lse_ptr,
-    firsts_ptr,
+    bounds_ptr,
     pre_out_ptr,
     pre_lse_ptr,
     pre_parts,
@@ -146,7 +150,7 @@ def _combine_parts(
     """Program (row block, kv head, owner): the owner's rows over all of its parts by their
     log-sum-exp (online, part by part): the `pre_parts` parts of a shared source first (its
     rows owner * pre_row_step + row of pre_rows), then the owner's own parts
-    (firsts[owner] up to firsts[owner + 1]). Parts are [part, kv head, row, dim]."""
+    (bounds[owner] up to bounds[owner + 1]). Parts are [part, kv head, row, dim]."""
     block = tl.program_id(0)
     head = tl.program_id(1)
     owner = tl.program_id(2)
@@ -161,7 +165,7 @@ def _combine_parts(
     for part in range(0, pre_parts):
         at = (part * heads + head) * pre_rows + pre_row
         top, total, acc = _absorb(top, total, acc, pre_lse_ptr, pre_out_ptr, at, row_ok, dim_size)
-    for part in range(tl.load(firsts_ptr + owner), tl.load(firsts_ptr + owner + 1)):
+    for part in range(tl.load(bounds_ptr + owner), tl.load(bounds_ptr + owner + 1)):
         at = (part * heads + head) * rows + row
         top, total, acc = _absorb(top, total, acc, lse_ptr, out_ptr, at, row_ok, dim_size)
     at = (owner * heads + head) * rows + row
@@ -173,7 +177,7 @@ def _combine_parts(
     tl.store(final_lse_ptr + at, top + tl.log(total), mask=row_ok)
 
 
-Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # out, lse, first part per owner (+ end)
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # out, lse, bounds (parts_of)
 
 
 def combine(
@@ -182,16 +186,16 @@ def combine(
     """Each owner's attention over all its parts (and over every part of `pre`, rows
     owner * pre_row_step on), from their (output, lse) by log-sum-exp, in one launch: (output
     [owners, kv heads, rows, dim], lse [owners, kv heads, rows])."""
-    out, lse, firsts = parts
+    out, lse, bounds = parts
     _, kv_heads, rows, dim = out.shape
-    owners = firsts.numel() - 1
+    owners = bounds.numel() - 1
     final = torch.empty(owners, kv_heads, rows, dim, dtype=torch.float32, device=out.device)
     final_lse = torch.empty(owners, kv_heads, rows, dtype=torch.float32, device=out.device)
     pre_out, pre_lse = (out, lse) if pre is None else pre[:2]
     _combine_parts[(triton.cdiv(rows, BLOCK_M), kv_heads, owners)](
         out,
         lse,
-        firsts,
+        bounds,
         pre_out,
         pre_lse,
         0 if pre is None else pre_out.shape[0],
@@ -227,10 +231,9 @@ def attend_parts(
         raise ValueError(f"segment lengths {list(lengths)}: one >= 1 per segment of q")
     q = q.contiguous()
     row_blocks = triton.cdiv(rows, BLOCK_M)
-    firsts, sizes, owners = parts_of(lengths, split_keys(lengths, row_blocks, kv_heads))
-    parts = len(firsts)
-    bounds = [owners.index(o) for o in range(segments)] + [parts]
-    meta = torch.tensor([*firsts, *sizes, *owners, *bounds], dtype=torch.int64).to(q.device)
+    cut = parts_of(lengths, split_keys(lengths, row_blocks, kv_heads))
+    parts = len(cut[0])
+    meta = torch.tensor([x for column in cut for x in column], dtype=torch.int64).to(q.device)
     out = torch.empty(parts, kv_heads, rows, dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(parts, kv_heads, rows, dtype=torch.float32, device=q.device)
     _attend_parts[(row_blocks, kv_heads, parts)](
