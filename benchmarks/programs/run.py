@@ -22,6 +22,7 @@ from qlm.serve.runtime import running_plane
 
 MODEL = "mistral-7b"
 PROGRAMS = "/v1/qlm/programs"
+Finished = tuple[float, float, bool, float]  # latency, deadline, completed, latency alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,21 @@ def critical_s(app: App, config: ServeConfig) -> float:
     return max(critical_path_s(graph, times).values())
 
 
+def alone_s(app: App, config: ServeConfig, mode: str, rtt_s: float) -> float:
+    """The app's latency with nothing else running, by the profile: as a program, its
+    critical path and one round trip (the POST out, the result back); call by call, the
+    longest chain of calls each paying its own round trip. Both modes do the same engine
+    work, so the ratio of the two is the best a program can reach by saving round trips."""
+    graph, _, times = call_times(app, config)
+    if mode == "program":
+        return max(critical_path_s(graph, times).values()) + rtt_s
+    padded = {
+        name: CallTime(t.first_token_s + rtt_s, t.completion_s + rtt_s)
+        for name, t in times.items()
+    }
+    return max(critical_path_s(graph, padded).values())
+
+
 async def as_program(http: httpx.AsyncClient, app: App, deadline_s: float, rtt_s: float) -> bool:
     body = {**app.program.body(), "deadline_s": deadline_s}
     await asyncio.sleep(rtt_s / 2)
@@ -154,7 +170,7 @@ async def run_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
             loop = asyncio.get_running_loop()
             origin = loop.time()
 
-            async def one(app: App, start_s: float) -> tuple[float, float, bool]:
+            async def one(app: App, start_s: float) -> Finished:
                 await asyncio.sleep(max(0.0, origin + start_s * wall - loop.time()))
                 began = loop.time()
                 deadline_s = setup.deadline_factor * critical_s(app, config)
@@ -162,7 +178,7 @@ async def run_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
                     ok = await as_program(http, app, deadline_s * wall, setup.rtt_s * wall)
                 else:
                     ok = await by_calls(http, app, setup.rtt_s * wall)
-                return (loop.time() - began) / wall, deadline_s, ok
+                return (loop.time() - began) / wall, deadline_s, ok, alone(app, mode, setup)
 
             if setup.rate_per_s is None:
                 done = [await one(a, 0.0) for a in apps]
@@ -173,15 +189,20 @@ async def run_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
     return summary(kind, mode, done, makespan_s)
 
 
-def summary(
-    kind: str, mode: str, done: list[tuple[float, float, bool]], makespan_s: float
-) -> dict[str, Any]:
-    latencies = [latency for latency, _, _ in done]
-    met = sum(ok and latency <= deadline for latency, deadline, ok in done)
+def alone(app: App, mode: str, setup: Setup) -> float:
+    return alone_s(app, plane_config(setup), mode, setup.rtt_s)
+
+
+def summary(kind: str, mode: str, done: list[Finished], makespan_s: float) -> dict[str, Any]:
+    """One mode's row; `done`: per app, its latency, deadline, whether it completed, and
+    its latency alone (`alone_s`), all in engine seconds."""
+    latencies = [latency for latency, _, _, _ in done]
+    met = sum(ok and latency <= deadline for latency, deadline, ok, _ in done)
     return {
         "app": kind,
         "mode": mode,
         "apps": len(done),
+        "alone_s": sum(a for _, _, _, a in done) / len(done),
         "mean_s": sum(latencies) / len(latencies),
         "p50_s": percentile(latencies, 0.5),
         "p99_s": percentile(latencies, 0.99),
@@ -195,6 +216,7 @@ def ratios(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
     program, calls = by_mode["program"], by_mode["calls"]
     return {
         "app": program["app"],
+        "alone ratio": program["alone_s"] / calls["alone_s"],
         "mean latency ratio": program["mean_s"] / calls["mean_s"],
         "p99 latency ratio": program["p99_s"] / calls["p99_s"],
         "deadline met (program / calls)": (program["deadline met"], calls["deadline met"]),

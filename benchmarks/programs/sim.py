@@ -13,6 +13,7 @@ from benchmarks.programs.apps import App
 from benchmarks.programs.run import (
     MODEL,
     Setup,
+    alone,
     call_times,
     critical_s,
     plane_config,
@@ -72,5 +73,5 @@ def sim_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
         end_s = finish.get(f"a{i}.{app.result}")
         ok = end_s is not None
         latency_s = (end_s if end_s is not None else result.end_s) + setup.rtt_s / 2 - start_s
-        done.append((latency_s, deadlines[i], ok))
+        done.append((latency_s, deadlines[i], ok, alone(app, mode, setup)))
     return summary(kind, mode, done, result.end_s - starts_s[0])
