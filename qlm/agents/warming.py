@@ -23,11 +23,30 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from qlm.agents.actions import FetchStandby
 from qlm.agents.arrival_rates import ArrivalRates
-from qlm.engine.types import EngineObservation, EngineState
+from qlm.engine.types import EngineState
 from qlm.types import Fleet, Instance
+
+
+class TierReport(Protocol):
+    """What the fetch decision reads of an instance: an EngineObservation (the simulator)
+    or an agent's InstanceStatus (the live control loop)."""
+
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def standby_models(self) -> tuple[str, ...]: ...
+    @property
+    def fetching_models(self) -> tuple[str, ...]: ...
+    @property
+    def standby_capacity(self) -> int: ...
 
 
 def standby_worths(
@@ -53,7 +72,7 @@ def hosts_of(fleet: Fleet, models: Iterable[str]) -> dict[str, int]:
     return {m: sum(fleet.can_serve(i, m) for i in fleet.instances) for m in models}
 
 
-def copies_of(observations: Iterable[EngineObservation]) -> Counter[str]:
+def copies_of(observations: Iterable[TierReport]) -> Counter[str]:
     """Model -> on how many instances it is served, loading, asleep or being fetched."""
     copies: Counter[str] = Counter()
     for obs in observations:
@@ -65,12 +84,12 @@ def copies_of(observations: Iterable[EngineObservation]) -> Counter[str]:
 
 
 def standby_fetch(
-    obs: EngineObservation, worths: Mapping[str, float], copies: Mapping[str, int]
+    obs: TierReport, worths: Mapping[str, float], copies: Mapping[str, int]
 ) -> FetchStandby | None:
     """The fetch the instance should start now, if any (module docstring). `copies`: on how
     many of the fleet's instances each model is served, loading, asleep or fetched."""
     capacity = obs.standby_capacity
-    if capacity == 0 or obs.fetching_models or obs.state is EngineState.LOADING:
+    if capacity == 0 or obs.fetching_models or obs.state == EngineState.LOADING:
         return None
     mine = obs.standby_models
 
@@ -90,3 +109,33 @@ def standby_fetch(
         return None
     victim = min(spare, key=lambda m: (share(m) if m in worths else 0.0, m))
     return FetchStandby(obs.instance_id, uncovered[0], replacing=victim)
+
+
+def fleet_fetches(
+    fleet: Fleet,
+    reports: Iterable[TierReport],
+    rates: ArrivalRates,
+    now_s: float,
+    hosts: Mapping[str, int],
+) -> tuple[FetchStandby, ...]:
+    """The fetches every tiered instance of the fleet should start now, decided in turn so
+    that two tiers do not fetch the same model at once; worths are taken once per instance
+    shape (GPU type, count, memory: the same profiles fit). `reports`: every instance up."""
+    reports = list(reports)
+    copies = copies_of(reports)
+    worths: dict[tuple[str, int, int], dict[str, float]] = {}
+    fetches = []
+    for report in reports:
+        if report.standby_capacity == 0:
+            continue
+        instance = fleet.instance(report.instance_id)
+        shape = (instance.gpu_type, instance.gpu_count, instance.gpu_memory_bytes)
+        if shape not in worths:
+            worths[shape] = standby_worths(fleet, instance, rates, now_s, hosts)
+        fetch = standby_fetch(report, worths[shape], copies)
+        if fetch is not None:
+            fetches.append(fetch)
+            copies[fetch.model] += 1
+            if fetch.replacing is not None:
+                copies[fetch.replacing] -= 1
+    return tuple(fetches)

@@ -192,6 +192,9 @@ class PublishedPlan:
     # smallest instance on the model, and the requests of one planning group (the
     # grouping's largest): qlm/batch/prefix_plan.py's PlanBudget; the Batch API reads it.
     job_budgets: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    # Per instance with a standby tier, the model it should read into the tier now and the
+    # one whose place it takes (None: a free place); qlm/agents/warming.py decides.
+    standby_fetches: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A plan derived from another (new epoch, one group grown) shares the mappings it
@@ -199,7 +202,7 @@ class PublishedPlan:
         # each arrival cost the size of the whole plan.
         names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s")
         more = ("lone", "group_step_s", "prefix_held", "queued_counts", "job_budgets")
-        for name in (*names, *more):
+        for name in (*names, *more, "standby_fetches"):
             object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
@@ -232,6 +235,7 @@ class PublishedPlan:
                 "prefix_held": {r: dict(h) for r, h in self.prefix_held.items()},
                 "queued_counts": {m: dict(c) for m, c in self.queued_counts.items()},
                 "job_budgets": {m: list(b) for m, b in self.job_budgets.items()},
+                "standby_fetches": {i: list(f) for i, f in self.standby_fetches.items()},
             },
             separators=(",", ":"),
         )
@@ -270,4 +274,5 @@ class PublishedPlan:
             prefix_held=data.get("prefix_held", {}),
             queued_counts=data.get("queued_counts", {}),
             job_budgets={m: (b[0], b[1], b[2]) for m, b in data.get("job_budgets", {}).items()},
+            standby_fetches={i: (f[0], f[1]) for i, f in data.get("standby_fetches", {}).items()},
         )

@@ -138,6 +138,11 @@ class EmulatedEngine:
         self.model.load(model, self._engine_now_s())
         self._wake.set()
 
+    def fetch_standby(self, model: str, replacing: str | None = None) -> None:
+        """Read `model` into the standby tier while serving (StandbyFetcher)."""
+        self.model.fetch_standby(model, self._engine_now_s(), replacing)
+        self._wake.set()
+
     def poll(self) -> list[EngineEvent]:
         self._pump()
         return self._events.drain()

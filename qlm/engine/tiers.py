@@ -62,6 +62,20 @@ class StandbyTier:
         self._fetching[model] = ready_at_s
         return True
 
+    def fetched(self, model: str) -> bool:
+        """The fetch of `model` is done now (a live engine knows when, not ahead): it sleeps
+        after the models served. False when it gave its place up meanwhile."""
+        if self._fetching.pop(model, None) is None:
+            return False
+        if model not in self._sleeping:
+            self._sleeping.append(model)
+        del self._sleeping[self.capacity :]
+        return model in self._sleeping
+
+    def drop_fetch(self, model: str) -> None:
+        """The fetch of `model` failed or was called off: its place is free again."""
+        self._fetching.pop(model, None)
+
     def sleep(self, model: str) -> None:
         """`model` leaves the GPU: it sleeps here (when the tier is full, a fetch still
         running gives way first, the last started first, then the least recently served

@@ -194,6 +194,8 @@ class InstanceStatus:
     # probably holds, for the control loop's `prefix_held` (the agent's own PrefixIndex).
     prefix_keys: tuple[int, ...] = ()
     standby_models: tuple[str, ...] = ()  # models asleep there (EngineObservation)
+    fetching_models: tuple[str, ...] = ()  # being read into its standby tier
+    standby_capacity: int = 0  # models its standby tier holds at most
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -203,4 +205,5 @@ class InstanceStatus:
         data = json.loads(text)
         data["prefix_keys"] = tuple(data.get("prefix_keys", ()))
         data["standby_models"] = tuple(data.get("standby_models", ()))
+        data["fetching_models"] = tuple(data.get("fetching_models", ()))
         return cls(**data)

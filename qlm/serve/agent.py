@@ -38,6 +38,7 @@ from qlm.serve.config import AgentConfig
 from qlm.serve.engine_loads import ModelLoads, RefillBacklog
 from qlm.serve.leases import LeaseKeeper
 from qlm.serve.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
+from qlm.serve.warming import start_fetch
 from qlm.types import Fleet, Instance, Request
 
 log = logging.getLogger("qlm.agent")
@@ -108,9 +109,8 @@ class Agent:
 
     async def _idle(self, stop: asyncio.Event, *, wake_on_plan: bool) -> None:
         """Sleep until there is work: engine events (tokens, completions), a newer plan, the
-        stop signal, or `poll_s` at the latest (leases, status, time-driven decisions).
-        After a round that failed or found no plan, a newer plan does not wake it: the
-        same failure would come back at once, round after round."""
+        stop signal, or `poll_s` at the latest (leases, status, time-driven decisions). After
+        a round that failed or found no plan, a newer plan does not wake it (same failure)."""
         timeout_s = self.settings.poll_s
         waits: list[Awaitable[bool]] = [stop.wait()]
         if wake_on_plan:
@@ -140,6 +140,7 @@ class Agent:
             actions = reconcile(inp, self.settings.reconcile_options(self._backlog.size))
             loading = obs.state is EngineState.LOADING
             await self._apply(lso_steps(actions, tuple(self._held), obs.model, loading))
+            self.counters.fetches += start_fetch(self.engine, self.instance.id, plan)
         await self._housekeeping()
         return actions
 
@@ -394,4 +395,6 @@ class Agent:
             prefix_hit_tokens=obs.prefix_hit_tokens,
             prefix_keys=self.prefixes.report(),
             standby_models=obs.standby_models,
+            fetching_models=obs.fetching_models,
+            standby_capacity=obs.standby_capacity,
         )

@@ -170,6 +170,13 @@ class LiveEngineConfig(StrictModel):
         description="Emulated engines: draw output lengths from the profile (capped by "
         "max_tokens) or always generate max_tokens.",
     )
+    standby_models: int = Field(
+        default=0,
+        ge=0,
+        description="Emulated engines: models each keeps asleep beside the one it serves (the "
+        "standby tier: a wake takes the profile's wake_s, and the control loop has tiers "
+        "fetch the models worth keeping warm). vLLM engines set it under `vllm`.",
+    )
     vllm: dict[str, object] = Field(
         default_factory=dict, description="VllmEngineConfig fields (vllm engines only)."
     )
@@ -235,6 +242,11 @@ class ServeConfig(StrictModel):
             yield ("queue", "reserved_queued"), str(exc)
 
     def _engine_problems(self) -> Iterator[Problem]:
+        if self.engine.standby_models and self.engine.kind != "emulated":
+            instead = {"vllm": "vLLM engines set engine.vllm.standby_models"}.get(
+                self.engine.kind, f"{self.engine.kind} engines have no standby tier"
+            )
+            yield ("engine", "standby_models"), f"emulated engines only; {instead}"
         if self.engine.kind != "vllm":
             return
         from qlm.engine.vllm.config import VllmEngineConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from qlm.agents.virtual_queue import cut_for_agents, shown, subset
@@ -25,6 +25,7 @@ from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerConfig
 from qlm.serve.prefix_held import PrefixHeld
 from qlm.serve.scaling import PoolScaling
+from qlm.serve.warming import LiveWarming
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")
@@ -73,6 +74,8 @@ class ControlLoop:
         self._shown: tuple[object, ...] = ()  # what agents were shown (queues, prefix_held)
         self._published_epoch = -1  # the controller epoch of the last publish
         self._prefix_held = PrefixHeld()
+        self._warming = LiveWarming(fleet)
+        self._fetches: Mapping[str, tuple[str, str | None]] = {}  # the last round's
         self._liveness = InstanceLiveness(
             (i.id for i in fleet.instances), settings.instance_timeout_s, clock.monotonic_s()
         )
@@ -126,6 +129,8 @@ class ControlLoop:
         # starved CPU, and the arrival that just joined (an interactive request, which the
         # violation check then finds late in its batch group) must not wait for it.
         self._offer(queued, views, now_s)
+        up = {v.instance_id for v in views}
+        self._fetches = self._warming.round(queued, statuses, up, now_s)
         published = await self._publish(queued, statuses, views)
         if self.driver.replan_due(now_s):
             await self._replan(queued, views, now_s)
@@ -152,8 +157,9 @@ class ControlLoop:
         view = replace(view, groups={**view.groups, **waiting_groups(waiting)})
         up = {v.instance_id for v in views}
         view = self._prefix_held.on(view, queued, [s for s in statuses if s.instance_id in up])
-        view = replace(view, queued_counts=queued_counts(queued))
-        seen = (shown(view), dict(view.prefix_held), tuple(r.id for r in waiting))
+        view = replace(view, queued_counts=queued_counts(queued), standby_fetches=self._fetches)
+        fetches = dict(self._fetches)
+        seen = (shown(view), dict(view.prefix_held), tuple(r.id for r in waiting), fetches)
         if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
         published = await self.queue.publish_plan(view)

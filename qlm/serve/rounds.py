@@ -71,6 +71,7 @@ class AgentCounters:
     evictions: int = 0
     swaps: int = 0
     requeued: int = 0
+    fetches: int = 0  # standby fetches started
 
 
 def finished_result(

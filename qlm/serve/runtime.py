@@ -46,12 +46,14 @@ ENGINE_KINDS: Registry[LiveEngine] = Registry("engine")
 
 @ENGINE_KINDS.register("emulated")
 def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
+    from qlm.engine.config import EngineConfig
     from qlm.engine.emulated import EmulatedEngine
 
     engine: LiveEngine = EmulatedEngine(
         instance,
         fleet.profiles.values(),
         clock,
+        config=EngineConfig(standby_models=config.engine.standby_models),
         speedup=config.engine.speedup,
         seed=config.engine.seed,
         output_length=config.engine.output_length,

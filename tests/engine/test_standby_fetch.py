@@ -71,3 +71,24 @@ def test_the_engine_serves_on_while_it_fetches_and_then_wakes_the_model() -> Non
     assert loads == [1.0, 1.0, 20.0]
     with pytest.raises(EngineError, match="cannot hold"):
         model.fetch_standby("q", 100.0)
+
+
+def test_a_live_fetch_sleeps_when_done_unless_its_place_went_meanwhile() -> None:
+    """A live engine knows when a fetch is done only then (`fetched`), or that it failed
+    (`drop_fetch`: its place is free again)."""
+    tier = StandbyTier(1)
+    assert tier.fetch("b", ready_at_s=float("inf"))
+    tier.settle(1e9)
+    assert tier.models == ()  # not done until the engine says so
+    assert tier.fetched("b")
+    assert (tier.models, tier.fetching) == (("b",), ())
+    assert not tier.fetched("b")  # once
+    tier = StandbyTier(1)
+    tier.fetch("b", ready_at_s=float("inf"))
+    tier.sleep("a")  # the model the instance left takes the only place
+    assert not tier.fetched("b")
+    assert tier.models == ("a",)
+    tier = StandbyTier(1)
+    tier.fetch("b", ready_at_s=float("inf"))
+    tier.drop_fetch("b")
+    assert tier.fetch("c", ready_at_s=float("inf"))  # the place is free again

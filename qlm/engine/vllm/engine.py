@@ -13,9 +13,11 @@ port), the streaming client (streaming.py), and a background scrape of /metrics 
   the measured stop-plus-start time). With `standby_models`, the server it leaves keeps
   running idle and a later load of its model switches back to it (a wake: a health check
   instead of a process start; `observe().standby_models` names them, so the planner prices
-  a swap back by the profile's wake_s). vLLM's sleep mode would be cheaper in memory but
-  0.32.0 refuses `--enable-sleep-mode` on the CPU platform ("Sleep mode is not supported on
-  current platform"); on GPUs it remains a possible later optimisation.
+  a swap back by the profile's wake_s); `fetch_standby` starts one for a model it has not
+  served, in the background (the control loop names which: qlm/serve/warming.py). vLLM's
+  sleep mode would be cheaper in memory but 0.32.0 refuses `--enable-sleep-mode` on the CPU
+  platform ("Sleep mode is not supported on current platform"); on GPUs it remains a
+  possible later optimisation.
 - `swap_out`/`swap_in` raise EngineError: vLLM's public API has no per-request KV swap.
 - A server that exits on its own turns into EngineFailed, with every admitted request Aborted;
   `load_model` (any model) restarts it.
@@ -191,6 +193,8 @@ class VllmEngine:
             prefix_prompt_tokens=self._metrics.prefix_queried_tokens,
             prefix_hit_tokens=self._metrics.prefix_hit_tokens,
             standby_models=self._supervisor.standby_models(),
+            fetching_models=self._supervisor.fetching_models(),
+            standby_capacity=self.config.standby_models,
         )
 
     def submit(self, request: Request) -> None:
@@ -229,6 +233,16 @@ class VllmEngine:
             known = ", ".join(sorted(self.config.models))
             raise EngineError(f"engine {self.instance_id} cannot load {model!r}; known: {known}")
         self._begin_load(model, announce=True, cold=cold)
+
+    def fetch_standby(self, model: str, replacing: str | None = None) -> None:
+        """Start a standby server of `model` in the background, in a free place of the tier
+        or in `replacing`'s (StandbyFetcher; Supervisor.fetch). Nothing happens when the
+        tier has no place for it or holds it already."""
+        if model not in self.config.models:
+            known = ", ".join(sorted(self.config.models))
+            raise EngineError(f"engine {self.instance_id} cannot hold {model!r}; known: {known}")
+        assert self._http is not None, "start() first"
+        self._supervisor.fetch(model, self._http, replacing)
 
     def poll(self) -> list[EngineEvent]:
         return self._events.drain()

@@ -10,7 +10,9 @@ server: a model load parks it and starts another (`park`, `start`); an exit nobo
 is reported to `on_exit` with the tail of the server's log. With `standby_models`, a parked
 server keeps running idle (the standby tier, qlm/engine/tiers.py: the least recently served
 one beyond the capacity stops), and `start` of its model switches back to it after a health
-check instead of launching a process.
+check instead of launching a process. `fetch` fills a place of the tier while the engine
+serves: a server of another model starts in the background and parks once healthy (a later
+`start` of that model waits for it rather than launching a second one).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import logging
+import math
 import os
 import signal
 import sys
@@ -34,6 +38,7 @@ from qlm.engine.tiers import StandbyTier
 from qlm.engine.types import EngineError
 from qlm.engine.vllm.config import VllmEngineConfig, serve_argv
 
+log = logging.getLogger("qlm.engine.vllm")
 HEALTH_POLL_S = 0.25
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)  # /health requests
 # A server busy streaming can take seconds to answer /metrics; a slow scrape still beats none
@@ -73,6 +78,7 @@ class Supervisor:
         self._launches = 0
         self._log_dir = config.log_dir
         self._watchers: set[asyncio.Task[None]] = set()
+        self._fetches: dict[str, asyncio.Task[None]] = {}  # model -> its server starting
 
     async def start(
         self, model: str, http: aiohttp.ClientSession, *, park: bool = False
@@ -81,6 +87,9 @@ class Supervisor:
         current one parks first, once `model` has left the tier, so a full tier keeps
         `model`'s server); wait until /health answers. EngineError when it exits first or
         is not healthy within the startup timeout."""
+        fetch = self._fetches.get(model)
+        if fetch is not None:  # its server is on its way: sooner than a new one
+            await asyncio.wait({fetch})
         parked = self.standby.pop(model, None)
         self._tier.wake(model)
         if park and self.server is not None and self.server.model == model:
@@ -116,8 +125,56 @@ class Supervisor:
             return
         self._tier.sleep(server.model)
         self.standby[server.model] = server
+        await self._trim()
+
+    async def _trim(self) -> None:
+        """Stop the servers of models the tier no longer holds (asleep or being fetched)."""
+        called_off = [self._fetches.pop(m) for m in list(self._fetches)
+                      if m not in self._tier.fetching]  # fmt: skip
+        for task in called_off:
+            task.cancel()  # the task stops the server it started
+        await asyncio.gather(*called_off, return_exceptions=True)
         for model in [m for m in self.standby if m not in self._tier.models]:
             await terminate(self.standby.pop(model).proc, self.config.stop_timeout_s)
+
+    def fetching_models(self) -> tuple[str, ...]:
+        return tuple(self._fetches)
+
+    def fetch(self, model: str, http: aiohttp.ClientSession, replacing: str | None = None) -> bool:
+        """Start a server of `model` in the background, to park once healthy, in a free
+        place of the tier or in `replacing`'s (whose standby server stops). False, changing
+        nothing, when it serves, sleeps or is fetched already, or no place is free."""
+        serving = self.server is not None and self.server.model == model
+        if serving or not self._tier.fetch(model, math.inf, replacing):
+            return False
+        loop = asyncio.get_running_loop()
+        self._fetches[model] = loop.create_task(self._fetch(model, http), name=f"fetch-{model}")
+        return True
+
+    async def _fetch(self, model: str, http: aiohttp.ClientSession) -> None:
+        await self._trim()  # a replaced model's server
+        server = None
+        try:
+            server = await self._spawn(model)
+            await self._wait_healthy(server, http)
+        except (EngineError, OSError) as exc:
+            log.warning("standby server of %s did not start: %s", model, exc)
+            await self._fetch_ended(model, server)
+            return
+        except asyncio.CancelledError:
+            await self._fetch_ended(model, server)
+            raise
+        self._fetches.pop(model, None)
+        if self._tier.fetched(model):
+            self.standby[model] = server
+        else:  # a model the engine left took its place meanwhile
+            await terminate(server.proc, self.config.stop_timeout_s)
+
+    async def _fetch_ended(self, model: str, server: ServerProcess | None) -> None:
+        self._fetches.pop(model, None)
+        self._tier.drop_fetch(model)
+        if server is not None:
+            await terminate(server.proc, self.config.stop_timeout_s)
 
     def standby_models(self) -> tuple[str, ...]:
         """The models whose servers run idle, most recently served first."""
@@ -134,7 +191,10 @@ class Supervisor:
             await terminate(server.proc, self.config.stop_timeout_s)
 
     async def stop_standby(self) -> None:
-        """Stop every standby server (the tier empties)."""
+        """Stop every standby server and fetch (the tier empties)."""
+        for model in list(self._fetches):
+            self._tier.drop_fetch(model)
+        await self._trim()
         for model in list(self.standby):
             self._tier.wake(model)
             await terminate(self.standby.pop(model).proc, self.config.stop_timeout_s)
@@ -146,6 +206,12 @@ class Supervisor:
         await asyncio.gather(*self._watchers, return_exceptions=True)
 
     async def _launch(self, model: str) -> ServerProcess:
+        """Start a server of `model` to serve (the current one)."""
+        server = await self._spawn(model)
+        self.server = server
+        return server
+
+    async def _spawn(self, model: str) -> ServerProcess:
         port = self.config.port or await free_port(self.config.host)
         self._launches += 1
         log_path = self._next_log_path(model)
@@ -161,7 +227,6 @@ class Supervisor:
                 preexec_fn=functools.partial(_in_child, os.getpid(), self.config.cpu_cores),
             )
         server = ServerProcess(proc, model, port, self.config.host, log_path)
-        self.server = server
         task = asyncio.get_running_loop().create_task(self._watch(server), name=f"watch-{proc.pid}")
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)

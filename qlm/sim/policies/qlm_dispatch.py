@@ -27,7 +27,7 @@ from qlm.agents.prefix_index import PrefixIndex
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
 from qlm.agents.virtual_queue import head_model, virtual_queue
-from qlm.agents.warming import copies_of, hosts_of, standby_fetch, standby_worths
+from qlm.agents.warming import fleet_fetches, hosts_of
 from qlm.control.plan import PublishedPlan
 from qlm.sim.policies.base import SimContext
 from qlm.sim.result import TtftPrediction
@@ -266,22 +266,8 @@ class SimDispatch:
         if not self._tiered:
             return ()
         assert self._hosts is not None
-        now_s = ctx.clock.now_s()
-        worths: dict[tuple[str, int, int], dict[str, float]] = {}
-        copies = copies_of(ctx.observe(i.id) for i in fleet.instances)
-        fetches = []
-        for instance_id in self._tiered:
-            instance, obs = fleet.instance(instance_id), ctx.observe(instance_id)
-            shape = (instance.gpu_type, instance.gpu_count, instance.gpu_memory_bytes)
-            if shape not in worths:
-                worths[shape] = standby_worths(fleet, instance, self._arrivals, now_s, self._hosts)
-            fetch = standby_fetch(obs, worths[shape], copies)
-            if fetch is not None:
-                fetches.append(fetch)
-                copies[fetch.model] += 1
-                if fetch.replacing is not None:
-                    copies[fetch.replacing] -= 1
-        return tuple(fetches)
+        reports = (ctx.observe(i.id) for i in fleet.instances)
+        return fleet_fetches(fleet, reports, self._arrivals, ctx.clock.now_s(), self._hosts)
 
     def _unkept(self, model: str, pool: tuple[str, ...], due_from_s: float = -math.inf) -> int:
         """Queued requests of `model` the pool cannot keep (all of them for no pool), of

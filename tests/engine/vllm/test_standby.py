@@ -69,3 +69,48 @@ async def test_a_swap_back_wakes_the_standby_server(tiny_models: dict[str, Path]
     finally:
         await engine.close()
     assert not [p for p in pids if _group_alive(p)], "a standby server outlived close()"
+
+
+async def standby_becomes(engine: VllmEngine, models: tuple[str, ...], timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while engine.observe().standby_models != models:
+            await asyncio.sleep(0.25)
+
+
+async def test_a_fetched_server_parks_while_the_engine_serves(tiny_models: dict[str, Path]) -> None:
+    """`fetch_standby` starts a server of a model the engine never served, in the background:
+    the engine serves on meanwhile, the server parks once healthy, a load of its model is then
+    a switch, and a fetch in the place of a sleeping model stops that model's server. tiny-c
+    is tiny-a's weights under another name."""
+    models = {**tiny_models, "tiny-c": tiny_models["tiny-a"]}
+    config = tiny_engine_config(models, standby_models=1)
+    engine = VllmEngine(tiny_instance(model="tiny-a"), config, WallClock())
+    await engine.start()
+    pids: list[int] = []
+    try:
+        cold_s = engine.last_load_s
+        assert cold_s is not None
+        engine.fetch_standby("tiny-b")
+        obs = engine.observe()
+        assert (obs.fetching_models, obs.standby_capacity) == (("tiny-b",), 1)
+        engine.submit(make_request("while-fetching", "tiny-a", max_output_tokens=8))
+        assert await finished(engine, "while-fetching") == 8
+        await standby_becomes(engine, ("tiny-b",), timeout_s=300)
+        assert engine.observe().fetching_models == ()
+
+        a_pid = engine.server_pid
+        assert a_pid is not None
+        wake = await loaded(engine, "tiny-b")  # tiny-a parks in the tier's one place
+        assert cold_s >= 5 * wake.load_s, (cold_s, wake.load_s)
+        assert engine.observe().standby_models == ("tiny-a",)
+        engine.fetch_standby("tiny-c")  # full: nothing happens
+        assert engine.observe().fetching_models == ()
+
+        engine.fetch_standby("tiny-c", replacing="tiny-a")
+        await standby_becomes(engine, ("tiny-c",), timeout_s=300)
+        assert not _group_alive(a_pid)  # tiny-a's server stopped when its place was taken
+        assert engine.observe().model == "tiny-b"
+        pids += [p for p in (engine.server_pid,) if p is not None]
+    finally:
+        await engine.close()
+    assert not [p for p in pids if _group_alive(p)]
