@@ -102,8 +102,7 @@ def alone_s(app: App, config: ServeConfig, mode: str, rtt_s: float) -> float:
     if mode == "program":
         return max(critical_path_s(graph, times).values()) + rtt_s
     padded = {
-        name: CallTime(t.first_token_s + rtt_s, t.completion_s + rtt_s)
-        for name, t in times.items()
+        name: CallTime(t.first_token_s + rtt_s, t.completion_s + rtt_s) for name, t in times.items()
     }
     return max(critical_path_s(graph, padded).values())
 
