@@ -177,6 +177,6 @@ StatefulSet only for via controller, whose scale the controller sets itself.
 {{- end -}}
 {{- end -}}
 {{- $_ := set $vllm "models" $sources -}}
-{{- $engine := dict "kind" $v.engine.kind "speedup" $v.engine.speedup "seed" $v.engine.seed "output_length" $v.engine.output_length "vllm" $vllm -}}
+{{- $engine := dict "kind" $v.engine.kind "speedup" $v.engine.speedup "seed" $v.engine.seed "output_length" $v.engine.output_length "standby_models" (default 0 $v.engine.standby_models) "vllm" $vllm -}}
 {{- toYaml $engine -}}
 {{- end -}}
