@@ -141,3 +141,20 @@ async def test_an_agent_skips_a_stale_or_busy_directive() -> None:
 def test_a_standby_tier_on_other_engines_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"engine.standby_models[\s\S]*engine.vllm"):
         config(standby=1, kind="vllm")
+
+
+def test_the_fetches_travel_in_the_stored_plan() -> None:
+    fetches = {"i-m-a": ("m-b", None), "i-m-b": ("m-c", "m-a")}
+    plan = PublishedPlan(3, 0.0, {}, {}, standby_fetches=fetches)
+    assert dict(PublishedPlan.from_json(plan.to_json()).standby_fetches) == fetches
+    assert (
+        dict(PublishedPlan.from_json(PublishedPlan(4, 0.0, {}, {}).to_json()).standby_fetches) == {}
+    )
+
+
+def test_an_agents_report_carries_its_tier() -> None:
+    status = InstanceStatus(
+        "i", "ready", "m-a", 0.0, 0, 0, 1, 0.0, standby_models=("m-b",),
+        fetching_models=("m-c",), standby_capacity=2,
+    )  # fmt: skip
+    assert InstanceStatus.from_json(status.to_json()) == status

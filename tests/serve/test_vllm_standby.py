@@ -90,3 +90,41 @@ async def test_a_swap_back_is_planned_and_served_as_a_wake(
     assert cold_s >= 5 * wake_s
     assert to_b >= COLD_S  # priced as a cold load
     assert back < COLD_S / 2  # priced as a wake
+
+
+def fetching_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
+    """Two instances, one serving each model, a standby place each."""
+    data = standby_config(models, redis_url).model_dump(
+        mode="json", by_alias=True, exclude_unset=True
+    )
+    data["fleet"]["instances"] = [
+        {"id": "cpu-a", "gpu_type": "cpu", "model": "tiny-a"},
+        {"id": "cpu-b", "gpu_type": "cpu", "model": "tiny-b"},
+    ]
+    return ServeConfig.model_validate(data)
+
+
+async def test_the_loop_fills_each_vllm_tier_with_the_model_the_other_serves(
+    tiny_models: dict[str, Path],  # noqa: F811
+    redis_url: str,
+) -> None:
+    """Interactive traffic for both models: a cold start (40 s by the profiles) would leave
+    either model's arrivals without an instance, a wake (0.5 s) would not, so the control
+    loop has each instance fetch the model the other serves; each agent starts a standby
+    server beside the one serving, which parks once healthy and is reported."""
+    async with running_plane(fetching_config(tiny_models, redis_url)) as plane:
+        base = f"http://127.0.0.1:{plane.port}"
+        async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+            for i in range(3):
+                for model in ("tiny-a", "tiny-b"):
+                    body = {"model": model, "prompt": f"question {i}", "max_tokens": 4}
+                    answer = await http.post("/v1/completions", json=body)
+                    assert answer.status_code == 200, answer.text
+            async with asyncio.timeout(300):
+                while True:
+                    held = {s.instance_id: s.standby_models for s in await plane.queue.instances()}
+                    if held == {"cpu-a": ("tiny-b",), "cpu-b": ("tiny-a",)}:
+                        break
+                    await asyncio.sleep(0.25)
+        assert [a.counters.fetches for a in plane.agents] == [1, 1]
+        assert [a.counters.swaps for a in plane.agents] == [0, 0]  # both still serve their own
