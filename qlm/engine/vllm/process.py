@@ -41,6 +41,7 @@ from qlm.engine.vllm.config import VllmEngineConfig, serve_argv
 log = logging.getLogger("qlm.engine.vllm")
 HEALTH_POLL_S = 0.25
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)  # /health requests
+SLEEP_TIMEOUT = aiohttp.ClientTimeout(total=120.0)  # /sleep and /wake_up move the weights
 # A server busy streaming can take seconds to answer /metrics; a slow scrape still beats none
 # (a scrape cut at 5 s under load left the engine's KV reading stale for minutes).
 METRICS_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
@@ -95,7 +96,7 @@ class Supervisor:
         if park and self.server is not None and self.server.model == model:
             parked, self.server = self.server, None  # parks and serves again at once
         elif park:
-            await self.park()
+            await self.park(http)
         if parked is not None and (woken := await self._resume(parked, http)) is not None:
             return woken
         server = await self._launch(model)
@@ -107,6 +108,8 @@ class Supervisor:
     ) -> ServerProcess | None:
         self.server = server
         try:
+            if self.config.sleep_mode:
+                await self._post(server, http, "/wake_up")
             await self._wait_healthy(server, http)
         except EngineError:  # it died or hangs while parked: start afresh
             self.server = None
@@ -114,13 +117,14 @@ class Supervisor:
             return None
         return server
 
-    async def park(self) -> None:
-        """Stop serving the current server: it joins the standby tier, or stops when the
-        tier has no room (the least recently served standby server stops instead)."""
+    async def park(self, http: aiohttp.ClientSession) -> None:
+        """Stop serving the current server: it joins the standby tier (asleep with
+        `sleep_mode`), or stops when the tier has no room (the least recently served standby
+        server stops instead) or it does not fall asleep."""
         server, self.server = self.server, None
         if server is None:
             return
-        if self._tier.capacity == 0 or server.proc.returncode is not None:
+        if self._tier.capacity == 0 or not await self._asleep(server, http):
             await terminate(server.proc, self.config.stop_timeout_s)
             return
         self._tier.sleep(server.model)
@@ -165,10 +169,36 @@ class Supervisor:
             await self._fetch_ended(model, server)
             raise
         self._fetches.pop(model, None)
-        if self._tier.fetched(model):
+        if not await self._asleep(server, http):
+            self._tier.drop_fetch(model)
+            await terminate(server.proc, self.config.stop_timeout_s)
+        elif self._tier.fetched(model):
             self.standby[model] = server
         else:  # a model the engine left took its place meanwhile
             await terminate(server.proc, self.config.stop_timeout_s)
+
+    async def _asleep(self, server: ServerProcess, http: aiohttp.ClientSession) -> bool:
+        """Whether the server can wait in the tier: it runs, and with `sleep_mode` it fell
+        asleep (level 1) when asked."""
+        if server.proc.returncode is not None:
+            return False
+        if not self.config.sleep_mode:
+            return True
+        try:
+            await self._post(server, http, "/sleep?level=1")
+        except EngineError as exc:
+            log.warning("%s server did not fall asleep: %s", server.model, exc)
+            return False
+        return True
+
+    async def _post(self, server: ServerProcess, http: aiohttp.ClientSession, path: str) -> None:
+        """POST to the server (vLLM's sleep-mode routes answer 200 once done)."""
+        try:
+            async with http.post(f"{server.base_url}{path}", timeout=SLEEP_TIMEOUT) as r:
+                if r.status != HTTPStatus.OK:
+                    raise EngineError(f"POST {path}: HTTP {r.status}: {(await r.text())[:200]}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"POST {path}: {exc!r}") from exc
 
     async def _fetch_ended(self, model: str, server: ServerProcess | None) -> None:
         self._fetches.pop(model, None)
