@@ -158,8 +158,8 @@ class ControlLoop:
         up = {v.instance_id for v in views}
         view = self._prefix_held.on(view, queued, [s for s in statuses if s.instance_id in up])
         view = replace(view, queued_counts=queued_counts(queued), standby_fetches=self._fetches)
-        fetches = dict(self._fetches)
-        seen = (shown(view), dict(view.prefix_held), tuple(r.id for r in waiting), fetches)
+        waiting_ids = tuple(r.id for r in waiting)
+        seen = (shown(view), dict(view.prefix_held), waiting_ids, self._fetches)
         if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
         published = await self.queue.publish_plan(view)

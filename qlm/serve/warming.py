@@ -70,8 +70,8 @@ def start_fetch(engine: EngineClient, instance_id: str, plan: PublishedPlan) -> 
         return False
     model, replacing = wanted
     obs = engine.observe()
-    held = (obs.model, *obs.standby_models, *obs.fetching_models)
-    if obs.fetching_models or obs.state is EngineState.LOADING or model in held:
+    busy = obs.fetching_models or obs.state is EngineState.LOADING  # one fetch at a time
+    if busy or model == obs.model or model in obs.standby_models:
         return False
     engine.fetch_standby(model, replacing)
     log.info("agent %s: fetching %s into standby (in place of %s)", instance_id, model, replacing)

@@ -161,21 +161,18 @@ class Supervisor:
         try:
             server = await self._spawn(model)
             await self._wait_healthy(server, http)
+            asleep = await self._asleep(server, http)  # still a fetch meanwhile: start waits
         except (EngineError, OSError) as exc:
             log.warning("standby server of %s did not start: %s", model, exc)
-            await self._fetch_ended(model, server)
-            return
+            asleep = False
         except asyncio.CancelledError:
             await self._fetch_ended(model, server)
             raise
-        self._fetches.pop(model, None)
-        if not await self._asleep(server, http):
-            self._tier.drop_fetch(model)
-            await terminate(server.proc, self.config.stop_timeout_s)
-        elif self._tier.fetched(model):
+        if server is not None and asleep and self._tier.fetched(model):
+            self._fetches.pop(model, None)
             self.standby[model] = server
-        else:  # a model the engine left took its place meanwhile
-            await terminate(server.proc, self.config.stop_timeout_s)
+        else:  # it failed, or a model the engine left took its place meanwhile
+            await self._fetch_ended(model, server)
 
     async def _asleep(self, server: ServerProcess, http: aiohttp.ClientSession) -> bool:
         """Whether the server can wait in the tier: it runs, and with `sleep_mode` it fell
