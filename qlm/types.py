@@ -242,6 +242,7 @@ class Instance:
     # Models asleep on it (the standby tier, qlm/engine/tiers.py): they wake in the
     # profile's wake_s instead of loading in load_s.
     standby_models: tuple[str, ...] = ()
+    standby_capacity: int = 0  # models the tier holds at most (the one it leaves sleeps)
 
     def __post_init__(self) -> None:
         if self.gpu_count < 1:

@@ -26,10 +26,12 @@ from benchmarks.density_live.plane import (
     KEY_PREFIX,
     Variant,
     build_models,
+    dashboard_data,
     drive,
     measure_profile,
     metrics_text,
     serve_config,
+    slow_swaps,
     swap_counts,
     warm_up,
 )
@@ -104,14 +106,17 @@ def run_variant(
             before = swap_counts(metrics_text(base))
             seen = asyncio.run(drive(base, planned))
             after = swap_counts(metrics_text(base))
+            dashboard = dashboard_data(base)
         finally:
             stop(proc, grace_s=60.0)
     swaps = {k: after[k] - before[k] for k in after}
     summary = summarise(seen, TTFT_S)
     summary["interactive_by_model"] = per_model(seen, "interactive", TTFT_S["interactive"])
-    print(f"  {variant.name}: {summary} swaps {swaps}", flush=True)
+    slow = slow_swaps(dashboard)
+    print(f"  {variant.name}: {summary} swaps {swaps}; slow {slow}", flush=True)
     return {"variant": variant.name, "standby_models": variant.standby_models,
-            "at_start": held, "swaps": swaps, **summary}  # fmt: skip
+            "at_start": held, "swaps": swaps, "slow_swaps": slow,
+            "qlm_misses_by_cause": dashboard.get("misses_by_cause"), **summary}  # fmt: skip
 
 
 def row(result: dict[str, Any]) -> dict[str, Any]:

@@ -181,6 +181,25 @@ def _fast(labels: Mapping[str, str]) -> bool:
     return labels.get("le") == WAKE_BUCKET_S
 
 
+def slow_swaps(dashboard: Mapping[str, Any]) -> list[str]:
+    """The swaps the plane's dashboard lists (its recent events) that took longer than a
+    wake: "<at_s> <instance>: <from> -> <to>: serving after N s of loading"."""
+    out = []
+    for event in dashboard.get("events", []):
+        if event.get("kind") != "swapped":
+            continue
+        seconds = event["detail"].rsplit(" after ", 1)[-1].split(" ", 1)[0]
+        if float(seconds) > float(WAKE_BUCKET_S):
+            out.append(f"{event['at_s']:.1f} {event['instance_id']}: {event['detail']}")
+    return out
+
+
+def dashboard_data(base_url: str) -> dict[str, Any]:
+    with httpx.Client(timeout=30.0, trust_env=False) as client:
+        data: dict[str, Any] = client.get(f"{base_url}/dashboard/data").json()
+        return data
+
+
 def metrics_text(base_url: str) -> str:
     with httpx.Client(timeout=30.0, trust_env=False) as client:
         return client.get(f"{base_url}/metrics").text

@@ -40,6 +40,7 @@ class InstanceView:
     loaded_model: str | None
     busy_s: float = 0.0
     standby_models: tuple[str, ...] = ()  # asleep there, fast to wake (qlm/engine/tiers.py)
+    standby_capacity: int = 0  # models its tier holds at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +232,7 @@ class Controller:
                     i,
                     loaded_model=views[i.id].loaded_model,
                     standby_models=views[i.id].standby_models,
+                    standby_capacity=views[i.id].standby_capacity,
                 )
                 for i in self.fleet.instances
                 if i.id in views

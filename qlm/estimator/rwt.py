@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
 
 from qlm.config import EstimatorConfig
+from qlm.engine.tiers import StandbyTier
 from qlm.grouping.group import RequestGroup
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance
@@ -165,10 +166,20 @@ class RwtEstimator:
     ) -> QueueEstimate:
         """Estimate every request of a virtual queue. busy_s is work already in the engine."""
         builder = _QueueWalk(instance.loaded_model, busy_s, self.z)
+        tier = StandbyTier(instance.standby_capacity, instance.standby_models)
+        model = instance.loaded_model
         for group in queue:
             rates = self.rates(group, instance)
             if rates is None:
                 raise ValueError(f"instance {instance.id} cannot serve model {group.model}")
+            if group.model != model:  # the tier as the engine keeps it (engine/model.py)
+                warm = tier.wake(group.model)
+                if model is not None:
+                    tier.sleep(model)
+                profile = self.fleet.profile(group.model, instance)
+                assert profile is not None
+                rates = replace(rates, load_s=profile.load_time_s(warm))
+                model = group.model
             builder.add(group, rates)
         return builder.result(instance.id, self.config.percentile)
 

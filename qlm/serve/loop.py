@@ -255,8 +255,8 @@ class ControlLoop:
             if status is None:
                 views.append(InstanceView(instance.id, instance.loaded_model, 0.0))
             else:
-                standby = status.standby_models
-                views.append(InstanceView(instance.id, status.model, status.busy_s, standby))
+                tier = (status.standby_models, status.standby_capacity)
+                views.append(InstanceView(instance.id, status.model, status.busy_s, *tier))
         return views
 
 

@@ -88,3 +88,17 @@ def test_the_estimator_prices_a_swap_to_a_sleeping_model_at_its_wake_time() -> N
     group = make_group(model="m13b")
     costs = [estimator.group_cost(group, i) for i in (asleep, awake)]
     assert [c.load_s if c else None for c in costs] == [2.0, 30.0]
+
+
+def test_the_estimator_walks_the_tier_a_model_left_on_the_instance_wakes() -> None:
+    """m7b serves, m13b sleeps: to m13b is a wake, back to m7b a wake too (m7b slept when
+    the instance left it), whereas without a tier both swaps load cold."""
+    profiles = [replace(make_profile(m, load_s=30.0), wake_s=2.0) for m in ("m7b", "m13b")]
+    tiered = replace(make_instance("i0"), standby_models=("m13b",), standby_capacity=1)
+    cold = make_instance("i1")
+    estimator = RwtEstimator(EstimatorConfig(), Fleet.of([tiered, cold], profiles))
+    queue = [make_group(f"g{k}", size=1, model=m) for k, m in enumerate(("m13b", "m7b"))]
+    warm_walk, cold_walk = (estimator.estimate_queue(queue, i).groups for i in (tiered, cold))
+    assert [g.swap_before for g in warm_walk] == [True, True]
+    gaps = [c.start_s - w.start_s for w, c in zip(warm_walk, cold_walk, strict=True)]
+    assert gaps == pytest.approx([28.0, 56.0])  # each cold load 28 s longer than a wake

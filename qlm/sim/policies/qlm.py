@@ -336,7 +336,8 @@ class QlmPolicy(BasePolicy):
             model = ctx.model_of(instance.id)
             profile = None if model is None else ctx.fleet.profile(model, instance)
             busy_s = drain_estimate_s(obs, profile)
-            views.append(InstanceView(instance.id, model, busy_s, obs.standby_models))
+            tier = (obs.standby_models, obs.standby_capacity)
+            views.append(InstanceView(instance.id, model, busy_s, *tier))
         return tuple(views)
 
     @property
