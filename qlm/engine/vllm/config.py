@@ -19,6 +19,8 @@ from qlm.config import StrictModel
 from qlm.perf.profile import GIB
 
 SERVE_MODULE = "vllm.entrypoints.openai.api_server"
+KEEPALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+SERVER_KEEPALIVE_S = 5.0  # vLLM's default for KEEPALIVE_ENV (uvicorn's timeout_keep_alive)
 # Keep a server offline and quiet whatever the parent's environment says.
 DEFAULT_SERVER_ENV: Mapping[str, str] = {
     "VLLM_NO_USAGE_STATS": "1",
@@ -143,6 +145,14 @@ class VllmEngineConfig(StrictModel):
         if self.sleep_mode:
             bind["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are dev-mode routes
         return {**DEFAULT_SERVER_ENV, **bind, **self.env}
+
+    def client_keepalive_s(self) -> float:
+        """How long the agent keeps an idle connection to its server for the next request:
+        half the server's keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vLLM's default 5 s), so
+        the client always closes an idle connection before the server does and no request
+        goes out on a connection the server is closing."""
+        server_s = float(self.server_env().get(KEEPALIVE_ENV, SERVER_KEEPALIVE_S))
+        return server_s / 2
 
 
 def serve_argv(config: VllmEngineConfig, model: str, port: int) -> list[str]:

@@ -39,6 +39,13 @@ def test_the_command_line_carries_the_cpu_settings() -> None:
     assert "--scheduling-policy" not in no_kv
 
 
+def test_the_agent_closes_idle_connections_before_the_server_does() -> None:
+    """Pooled connections to a server live half its keep-alive: vLLM's default 5 s, or the
+    one the engine's env sets for the server."""
+    assert config().client_keepalive_s() == 2.5
+    assert config(env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "2"}).client_keepalive_s() == 1.0
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="synthetic_token_ids"):
         config(synthetic_token_ids=(5, 5))
