@@ -335,9 +335,8 @@ class QlmPolicy(BasePolicy):
             obs = ctx.observe(instance.id)
             model = ctx.model_of(instance.id)
             profile = None if model is None else ctx.fleet.profile(model, instance)
-            busy_s = drain_estimate_s(obs, profile)
             tier = (obs.standby_models, obs.standby_capacity)
-            views.append(InstanceView(instance.id, model, busy_s, *tier))
+            views.append(InstanceView(instance.id, model, drain_estimate_s(obs, profile), *tier))
         return tuple(views)
 
     @property
