@@ -55,12 +55,23 @@ def vllm_python_or_skip() -> Path:
     return VLLM_PYTHON
 
 
-def build_tiny_models(out_dir: Path, python: Path) -> dict[str, Path]:
-    """Build every model of TINY_MODELS under out_dir with the vLLM environment's python."""
+def build_tiny_models(
+    out_dir: Path,
+    python: Path,
+    specs: Mapping[str, Mapping[str, int]] = TINY_MODELS,
+    *,
+    reuse: bool = False,
+) -> dict[str, Path]:
+    """Build every model of `specs` (name -> qlm.engine.tiny_models options; default
+    TINY_MODELS) under out_dir with the vLLM environment's python; with `reuse`, a model
+    already built there is kept."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     paths: dict[str, Path] = {}
-    for name, spec in TINY_MODELS.items():
+    for name, spec in specs.items():
         path = out_dir / name
+        paths[name] = path
+        if reuse and (path / "model.safetensors").exists():
+            continue
         args = [f"--{key}={value}" for key, value in spec.items()]
         subprocess.run(
             [str(python), "-m", "qlm.engine.tiny_models", str(path), *args],
@@ -70,7 +81,6 @@ def build_tiny_models(out_dir: Path, python: Path) -> dict[str, Path]:
             capture_output=True,
             timeout=BUILD_TIMEOUT_S,
         )
-        paths[name] = path
     return paths
 
 

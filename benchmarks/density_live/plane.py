@@ -28,6 +28,7 @@ from benchmarks.common.plane import QLM_MAIN
 from benchmarks.control_plane.streams import prompt_text, stream_one
 from benchmarks.density_live.workload import Arrival, Seen
 from benchmarks.report import ROOT
+from tests.vllm_fixtures import build_tiny_models
 
 ENGINE_ENV = {  # one process per server, no thread binding: several servers share 2 cores
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -43,18 +44,8 @@ WAKE_BUCKET_S = "5.0"  # a swap done within this many seconds was a wake, not a 
 
 def build_models(names: Sequence[str], folder: Path, python: Path) -> dict[str, Path]:
     """Each name's tiny model (tiny-a's architecture, seed 11, 12, ...), built once."""
-    paths = {}
-    for k, name in enumerate(names):
-        path = folder / name
-        paths[name] = path
-        if (path / "model.safetensors").exists():
-            continue
-        spec = {"seed": 11 + k, "hidden-size": 128, "num-heads": 2}
-        args = [f"--{key}={value}" for key, value in spec.items()]
-        argv = [str(python), "-m", "qlm.engine.tiny_models", str(path), *args]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-        subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
-    return paths
+    specs = {n: {"seed": 11 + k, "hidden-size": 128, "num-heads": 2} for k, n in enumerate(names)}
+    return build_tiny_models(folder, python, specs, reuse=True)
 
 
 def measure_profile(model: Path, name: str, python: Path, out: Path) -> dict[str, Any]:

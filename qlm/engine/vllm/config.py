@@ -134,6 +134,9 @@ class VllmEngineConfig(StrictModel):
         cores = self.cpu_cores or ()
         if any(c < 0 for c in cores) or len(set(cores)) != len(cores):
             raise ValueError("cpu_cores must be distinct core numbers >= 0")
+        keepalive = self.env.get(KEEPALIVE_ENV)
+        if keepalive is not None and not _positive_number(keepalive):
+            raise ValueError(f"env.{KEEPALIVE_ENV} must be a number of seconds > 0")
         return self
 
     def server_env(self) -> dict[str, str]:
@@ -153,6 +156,13 @@ class VllmEngineConfig(StrictModel):
         goes out on a connection the server is closing."""
         server_s = float(self.server_env().get(KEEPALIVE_ENV, SERVER_KEEPALIVE_S))
         return server_s / 2
+
+
+def _positive_number(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
 
 
 def serve_argv(config: VllmEngineConfig, model: str, port: int) -> list[str]:

@@ -44,6 +44,9 @@ def test_the_agent_closes_idle_connections_before_the_server_does() -> None:
     one the engine's env sets for the server."""
     assert config().client_keepalive_s() == 2.5
     assert config(env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "2"}).client_keepalive_s() == 1.0
+    for bad in ("soon", "0"):
+        with pytest.raises(ValueError, match=r"env\.VLLM_HTTP_TIMEOUT_KEEP_ALIVE"):
+            config(env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": bad})
 
 
 def test_config_is_validated() -> None:
