@@ -87,6 +87,15 @@ class InstanceGroupConfig(StrictModel):
         le=64,
         description="GPUs per instance; default: the model's profile's, else 1.",
     )
+    slices: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="Engines sharing each instance's GPUs: every one holds its own model in "
+        "1/slices of their memory, and they take turns on the compute when several are busy "
+        "(several models active on one GPU). The simulator and `qlm plan` honour it; the "
+        "live plane refuses it. The first engine starts with `model`, the others idle.",
+    )
 
     @property
     def prefix(self) -> str:
@@ -94,10 +103,17 @@ class InstanceGroupConfig(StrictModel):
             return self.id
         return f"{self.gpu_type.lower()}-{self.model}" if self.model else self.gpu_type.lower()
 
+    def devices(self) -> list[tuple[str, list[str]]]:
+        """(name of the GPUs, ids of the engines on them) per instance of the group: one
+        engine named like its GPUs, or `<name>-s0` .. `<name>-s<slices-1>`."""
+        names = [self.id] if self.id is not None and self.count == 1 else None
+        names = names or [f"{self.prefix}-{k}" for k in range(self.count)]
+        if self.slices == 1:
+            return [(name, [name]) for name in names]
+        return [(name, [f"{name}-s{j}" for j in range(self.slices)]) for name in names]
+
     def instance_ids(self) -> list[str]:
-        if self.id is not None and self.count == 1:
-            return [self.id]
-        return [f"{self.prefix}-{k}" for k in range(self.count)]
+        return [engine for _, engines in self.devices() for engine in engines]
 
 
 def _existing_path(path: Path) -> Path:
@@ -188,12 +204,14 @@ class FleetConfig(StrictModel):
     def _placement_problems(self) -> Iterator[Problem]:
         fleet = self.fleet({g.model for g in self.instances if g.model is not None})
         for i, group in enumerate(self.instances):
-            template = self._instance(group, group.prefix, fleet.profiles)
+            device = group.prefix if group.slices > 1 else None
+            template = self._instance(group, group.prefix, fleet.profiles, device)
             if group.model is not None and not fleet.can_serve(template, group.model):
                 yield (
                     ("instances", i, "model"),
-                    f"{group.model} cannot run on {template.gpu_count} x {group.gpu_type} "
-                    "(no profile, or it does not fit)",
+                    f"{group.model} cannot run on {template.gpu_count} x {group.gpu_type}"
+                    + (f" in 1/{group.slices} of the memory" if group.slices > 1 else "")
+                    + " (no profile, or it does not fit)",
                 )
 
     # --- GPU types ----------------------------------------------------------------------------
@@ -251,18 +269,27 @@ class FleetConfig(StrictModel):
         """The instances, and the profiles of these models (sorted) on the fleet's GPU types."""
         profiles = self.profiles_for(sorted(set(models)))
         instances = [
-            self._instance(group, inst_id, profiles)
+            self._instance(group, engine, profiles, device if group.slices > 1 else None, j)
             for group in self.instances
-            for inst_id in group.instance_ids()
+            for device, engines in group.devices()
+            for j, engine in enumerate(engines)
         ]
         return Fleet(tuple(instances), profiles)
 
     def _instance(
-        self, group: InstanceGroupConfig, inst_id: str, profiles: Mapping[tuple[str, str], Profile]
+        self,
+        group: InstanceGroupConfig,
+        inst_id: str,
+        profiles: Mapping[tuple[str, str], Profile],
+        device: str | None = None,
+        slice_index: int = 0,
     ) -> Instance:
+        """One engine of the group: the first slice of its GPUs starts with the group's model."""
         gpus = self.gpu_count(group, group.model, profiles)
-        memory = self.memory_bytes(group.gpu_type)
-        return Instance(inst_id, group.gpu_type, gpus, memory, group.model)
+        memory = self.memory_bytes(group.gpu_type) // group.slices
+        model = group.model if slice_index == 0 else None
+        return Instance(inst_id, group.gpu_type, gpus, memory, model, slices=group.slices,
+                        device=device)  # fmt: skip
 
     @staticmethod
     def gpu_count(
@@ -280,7 +307,7 @@ class FleetConfig(StrictModel):
         """Some group's GPU type (with the model's GPU count) can serve the model."""
         for group in self.instances:
             gpus = self.gpu_count(group, model, fleet.profiles)
-            memory = self.memory_bytes(group.gpu_type)
+            memory = self.memory_bytes(group.gpu_type) // group.slices
             if fleet.can_serve(Instance("t", group.gpu_type, gpus, memory), model):
                 return True
         return False

@@ -232,23 +232,34 @@ DEFAULT_GPU_TYPES: Mapping[str, GpuType] = MappingProxyType(
 
 @dataclass(frozen=True, slots=True)
 class Instance:
-    """One engine: one model loaded at a time, on gpu_count GPUs of one type."""
+    """One engine: one model loaded at a time, on gpu_count GPUs of one type (or on a slice of
+    them: `device` names the GPUs that `slices` engines share, each with its memory share in
+    gpu_memory_bytes, taking turns on their compute)."""
 
     id: str
     gpu_type: str
     gpu_count: int
-    gpu_memory_bytes: int  # per GPU
+    gpu_memory_bytes: int  # per GPU: this engine's share of it
     loaded_model: str | None = None
     # Models asleep on it (the standby tier, qlm/engine/tiers.py): they wake in the
     # profile's wake_s instead of loading in load_s.
     standby_models: tuple[str, ...] = ()
     standby_capacity: int = 0  # models the tier holds at most (the one it leaves sleeps)
+    slices: int = 1  # engines sharing these GPUs (this one included)
+    device: str | None = None  # the GPUs' name when shared (slices > 1)
 
     def __post_init__(self) -> None:
         if self.gpu_count < 1:
             raise ValueError(f"instance {self.id}: gpu_count must be >= 1")
         if self.gpu_memory_bytes <= 0:
             raise ValueError(f"instance {self.id}: gpu_memory_bytes must be > 0")
+        if self.slices < 1 or (self.slices > 1) != (self.device is not None):
+            raise ValueError(f"instance {self.id}: a device is named iff slices > 1")
+
+    @property
+    def gpus(self) -> float:
+        """GPUs this engine accounts for: its share of those it runs on."""
+        return self.gpu_count / self.slices
 
 
 @dataclass(frozen=True)

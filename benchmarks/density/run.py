@@ -114,7 +114,7 @@ def fetch_pairs(
 
 
 def _gpus(scenario: Scenario) -> int:
-    return sum(i.gpu_count for i in scenario.fleet().instances)
+    return round(sum(i.gpus for i in scenario.fleet().instances))
 
 
 def _least(meets: Callable[[int], float], low: int, high: int, target: float) -> int | None:

@@ -106,16 +106,23 @@ def _streams(shares: dict[str, float], peak_rate: float, seed: int) -> list[dict
 
 
 def long_tail(
-    seed: int, models: int = 16, peak_rate: float = 12.0, zipf_s: float = 1.1, standby: bool = True
+    seed: int,
+    models: int = 16,
+    peak_rate: float = 12.0,
+    zipf_s: float = 1.1,
+    standby: bool = True,
+    slices: int = 1,
 ) -> Scenario:
     """The scenario (module docstring); `standby` False drops the profiles' wake_s (every
-    swap is a cold load)."""
+    swap is a cold load); `slices` engines share each H100 (fleet_config's `slices`)."""
     names = model_names(models)
     shares = popularity(names, seed, zipf_s)
     base = dict(names)
     by_rank = sorted(shares, key=lambda m: -shares[m])
     groups = [
-        {"gpu_type": LARGE if base[m] == "llama-70b" else SMALL, "count": 1, "model": m}
+        {"gpu_type": LARGE, "count": 1, "model": m}
+        if base[m] == "llama-70b"
+        else {"gpu_type": SMALL, "count": 1, "model": m, "slices": slices}
         for m in by_rank
     ]
     document = {

@@ -2,24 +2,17 @@
 
 Question answered: what does an engine serving these requests do, iteration by iteration, on
 passed-in time? This module is the facade: the engine's state (EMPTY, LOADING, READY), time,
-the operations and the observation. The work is done by its parts:
-
-| module | question |
-|---|---|
-| sequence.py | what is one request inside the engine (`Seq`, `SeqPhase`, `TRANSITIONS`)? |
-| seq_queues.py | which sequences wait, run or are swapped, and how do they move? |
-| decode_batch.py | which sequences decode together, and when does the next one finish? |
-| kv_cache.py | how many KV tokens are used, reserved and free (GPU and CPU)? |
-| scheduler.py | what runs in the next iteration, and what does a completed one change? |
-| segment.py | what is in flight, when does it end (closed-form decode runs)? |
-| config.py, stats.py, tiers.py | the scheduler's settings; the counters; the standby tier |
+the operations and the observation; its parts (sequence.py, seq_queues.py, decode_batch.py,
+kv_cache.py, scheduler.py, segment.py, config.py, stats.py, tiers.py) are listed with the
+question each answers in qlm/engine/README.md.
 
 Time: `advance_to(t)` completes every segment that ends by t and plans the next one at its end;
 an operation (add, abort, swap_out, swap_in) arriving mid-segment first cuts it: the decode
 steps completed by then are applied, the step in flight completes with its duration and its
 remaining members, and the next iteration sees the change. An operation within TIME_EPS_S of an
 iteration boundary acts at that boundary. `load` kills everything at once (Aborted events),
-serves nothing for the load time (wake_s or load_s, by tier), then emits ModelLoaded."""
+serves nothing for the load time (wake_s or load_s, by tier), then emits ModelLoaded.
+`take_turns(n)`: n busy engines share the GPUs from now on, each iteration n times as long."""
 
 from __future__ import annotations
 
@@ -76,6 +69,7 @@ class EngineModel:
         self._load_s = 0.0  # the load in progress: a wake from standby or a cold load
         self._tier = StandbyTier(self.config.standby_models, instance.standby_models)
         self._max_num_seqs = 1
+        self._turns = 1  # busy engines taking turns on the instance's GPUs (this one included)
         if instance.loaded_model is not None:
             self._install(instance.loaded_model)
             self._state = EngineState.READY
@@ -249,6 +243,17 @@ class EngineModel:
         self._load_done_at_s = now_s + self._load_s
         self._advance(now_s)  # a zero load time completes at once
 
+    def take_turns(self, engines: int, now_s: float) -> None:
+        """From now_s, `engines` busy engines (this one included) share the GPUs by turns:
+        every iteration planned from now on takes that many times its profile's time."""
+        self._begin(now_s)
+        if engines != self._turns:
+            plan_s = self._interrupt(now_s)
+            self._turns = engines
+            if self._model is not None:
+                self._profile = self._profiles[self._model].slowed(engines)
+            self._resume(plan_s)
+
     def fetch_standby(self, model: str, now_s: float, replacing: str | None = None) -> None:
         """Read `model`'s weights into a free place of the standby tier while serving (it
         sleeps there its profile's load_s later; `replacing` gives its place up first;
@@ -369,7 +374,7 @@ class EngineModel:
     def _install(self, model: str) -> None:
         profile = self._profiles[model]
         self._model = model
-        self._profile = profile
+        self._profile = profile.slowed(self._turns)
         self._queues.kv.capacity_tokens = profile.kv_capacity_tokens(self.instance.gpu_memory_bytes)
         # Every running sequence must fit one iteration's token budget.
         wanted = self.config.max_num_seqs or profile.max_batch_size

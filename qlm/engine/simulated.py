@@ -17,7 +17,7 @@ from qlm.engine.config import EngineConfig
 from qlm.engine.model import EngineModel
 from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
 from qlm.engine.stats import EngineStats
-from qlm.engine.types import EngineEvent, EngineObservation
+from qlm.engine.types import EngineEvent, EngineObservation, EngineState
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request
 
@@ -50,6 +50,15 @@ class SimulatedEngine:
     @property
     def stats(self) -> EngineStats:
         return self.model.stats
+
+    @property
+    def busy(self) -> bool:
+        """Iterations are in flight: the engine uses its GPUs' compute."""
+        return self.model.state is EngineState.READY and self.model.next_event_at_s() is not None
+
+    def take_turns(self, engines: int) -> None:
+        """`engines` busy engines share this one's GPUs from now on (EngineModel.take_turns)."""
+        self.model.take_turns(engines, self.clock.now_s())
 
     def next_event_at_s(self) -> float | None:
         """When the engine next changes on its own; None when idle (see EngineModel)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qlm.perf.step import DecodeRun, StepTime
 
@@ -122,6 +122,24 @@ class Profile:
         first_s = self.iteration_s(0, decode_seqs, context_tokens)
         growth_s = 0.0 if self.step_time is None else self.step_time.per_context_token_s
         return DecodeRun(first_s, growth_s * decode_seqs)
+
+    def slowed(self, factor: float) -> Profile:
+        """The profile with every iteration `factor` times as long (the engine's share of a
+        GPU that `factor` busy engines take turns on); memory and load times unchanged."""
+        _require(factor >= 1, "a slowdown factor must be >= 1")
+        if factor == 1:
+            return self
+        step = self.step_time
+        if step is not None:
+            coefficients = (step.base_s, step.per_prefill_token_s, step.per_decode_seq_s,
+                            step.per_context_token_s)  # fmt: skip
+            step = StepTime(*(c * factor for c in coefficients))
+        return replace(
+            self,
+            decode_step_s=tuple(s * factor for s in self.decode_step_s),
+            prefill_tokens_per_s=self.prefill_tokens_per_s / factor,
+            step_time=step,
+        )
 
     def kv_capacity_tokens(self, gpu_memory_bytes: int) -> int:
         """KV-cache tokens that fit beside the weights on gpu_count GPUs of this memory."""

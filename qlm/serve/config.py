@@ -229,6 +229,13 @@ class ServeConfig(StrictModel):
         for i, group in enumerate(self.fleet_config.instances):
             if group.model is not None and group.model not in names:
                 yield ("fleet", "instances", i, "model"), f"{group.model!r} is not in models"
+            if group.slices > 1:
+                yield (
+                    ("fleet", "instances", i, "slices"),
+                    "the live plane runs one engine per instance (shared GPUs are simulated "
+                    "only); to share a GPU between vLLM servers, declare several instances and "
+                    "split its memory with --gpu-memory-utilization in engine.vllm.extra_args",
+                )
 
     def _queue_problems(self) -> Iterator[Problem]:
         queue = self.queue

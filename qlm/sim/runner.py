@@ -28,9 +28,9 @@ from qlm.engine.config import EngineConfig
 from qlm.engine.simulated import SimulatedEngine
 from qlm.sim.policies import make_policy
 from qlm.sim.result import SimResult as SimResult
-from qlm.sim.simulation import Progress, SimConfig, Simulation
+from qlm.sim.simulation import Progress, Simulation
 from qlm.sim.tracking import EngineFactory as EngineFactory
-from qlm.sim.tracking import SimEngine, SimulationError
+from qlm.sim.tracking import SimConfig, SimEngine, SimulationError
 from qlm.types import Fleet, Instance, Request
 
 __all__ = [

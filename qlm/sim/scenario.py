@@ -129,8 +129,7 @@ class Scenario(StrictModel):
 
     def fleet_cost_per_hour(self) -> float:
         return sum(
-            self.gpu_cost_per_hour(inst.gpu_type) * inst.gpu_count
-            for inst in self.fleet().instances
+            self.gpu_cost_per_hour(inst.gpu_type) * inst.gpus for inst in self.fleet().instances
         )
 
     def fleet_counts(self) -> dict[str, int]:

@@ -4,9 +4,7 @@ implements the SimContext policies see (qlm/sim/policies/base.py)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 
@@ -24,14 +22,16 @@ from qlm.engine.types import (
     ModelLoaded,
     RequestFinished,
 )
-from qlm.sim.dependencies import Dependency, Releases
+from qlm.sim.dependencies import Releases
 from qlm.sim.events import EventLoop, Priority, RandomStreams
 from qlm.sim.lso import LsoApplier
 from qlm.sim.policies import SimPolicy
 from qlm.sim.result import Attempt, LoadInterval, OutcomeState, QueueSample, SimResult
+from qlm.sim.sharing import SharedGpus
 from qlm.sim.tracking import (
     MAX_ENGINE_ABORTS,
     EngineFactory,
+    SimConfig,
     SimulationError,
     Slot,
     Track,
@@ -43,21 +43,6 @@ from qlm.sim.waits import WaitLedger
 from qlm.types import Fleet, Request
 
 Progress = Callable[[int, int], None]  # (requests ended, requests in all)
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """How long to run and what to record.
-
-    max_time_s: stop at this virtual time. stall_s: stop when nothing happened for this long.
-    sample_every_s: queue-length sampling period (None: span of arrivals / 2000, at least 1 s).
-    """
-
-    max_time_s: float = math.inf
-    stall_s: float = 3600.0
-    sample_every_s: float | None = None
-    # requests that arrive when others end (a program's calls; qlm/sim/dependencies.py)
-    dependencies: Mapping[str, Dependency] = field(default_factory=dict)
 
 
 class Simulation:
@@ -103,6 +88,7 @@ class Simulation:
             i.id: Slot(i, engine_factory(i, fleet, clock, engine_seed)) for i in fleet.instances
         }
         self._dirty: dict[str, Slot] = {}
+        self._shared = SharedGpus(self._slots.values())
         self._samples: list[QueueSample] = []
         self._loads: list[LoadInterval] = []
         self._interrupted: list[Attempt] = []
@@ -222,6 +208,8 @@ class Simulation:
             events = slot.engine.poll()
             if events:
                 self._collect(slot, events)
+            if not dirty:  # engines sharing GPUs with those touched may change speed
+                dirty.update((s.id, s) for s in self._shared.retime(touched))
         for slot in touched.values():
             self._rearm(slot)
 

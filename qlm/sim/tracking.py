@@ -3,7 +3,9 @@ contract of the engines it drives (mutable, private to the runner's modules)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from qlm.clock import VirtualClock
@@ -11,9 +13,25 @@ from qlm.config import QlmConfig
 from qlm.engine.client import EngineClient
 from qlm.engine.stats import EngineStats
 from qlm.engine.types import EngineState
+from qlm.sim.dependencies import Dependency
 from qlm.sim.events import EventKey
 from qlm.sim.result import OutcomeState, RequestOutcome
 from qlm.types import Fleet, Instance, Request
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How long to run and what to record.
+
+    max_time_s: stop at this virtual time. stall_s: stop when nothing happened for this long.
+    sample_every_s: queue-length sampling period (None: span of arrivals / 2000, at least 1 s).
+    """
+
+    max_time_s: float = math.inf
+    stall_s: float = 3600.0
+    sample_every_s: float | None = None
+    # requests that arrive when others end (a program's calls; qlm/sim/dependencies.py)
+    dependencies: Mapping[str, Dependency] = field(default_factory=dict)
 
 
 class SimEngine(EngineClient, Protocol):

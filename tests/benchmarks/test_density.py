@@ -58,3 +58,17 @@ def test_the_grid_counts_every_miss_under_one_cause() -> None:
         assert missed == round((1 - row["attainment"]) * len(requests))
     # one H100 for five small models misses more than four do
     assert rows[0]["attainment"] < rows[1]["attainment"]
+
+
+def test_shared_h100s_count_once_and_serve_the_small_models_in_halves() -> None:
+    scenario = long_tail(0, models=6, peak_rate=1.0, slices=2)
+    groups = scenario.fleet_config.instances
+    assert {g.slices for g in groups if g.gpu_type == "H100"} == {2}
+    assert {g.slices for g in groups if g.gpu_type == "A100"} == {1}
+    sized = scenario.with_fleet_counts({"H100": 2, "A100": 1})
+    h100 = [i for i in sized.fleet().instances if i.gpu_type == "H100"]
+    assert len(h100) == 4 and len({i.device for i in h100}) == 2
+    requests = scenario.requests(0)
+    (row,) = grid_rows(sized, requests, "qlm-edf", 0, ["2/1"])
+    assert row["gpus"] == 6  # 2 H100 + 4 A100 GPUs, not 4 + 4
+    assert row["attainment"] > 0.5
