@@ -81,8 +81,7 @@ class Simulation:
         self._queued: dict[str, Request] = {}
         self._queued_view = MappingProxyType(self._queued)
         clock = self._loop.clock
-        # One seed for every engine: a request's sampled output length (engine output-length
-        # policy "profile") must not depend on where a policy runs it.
+        # One engine seed: sampled output lengths must not depend on where a request runs.
         engine_seed = self._rng.seed_for("engine")
         self._slots = {
             i.id: Slot(i, engine_factory(i, fleet, clock, engine_seed)) for i in fleet.instances

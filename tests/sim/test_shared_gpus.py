@@ -34,9 +34,7 @@ def test_a_group_s_slices_split_each_gpu_s_memory_between_engines() -> None:
     assert (first.loaded_model, second.loaded_model) == ("mistral-7b", None)
     assert first.gpus == 0.5
     assert config.counts() == {"H100": 2}  # GPUs are counted once, not per engine
-    assert config.with_counts({"H100": 3}).fleet(["mistral-7b"]).instances[-1].id.endswith(
-        "-2-s1"
-    )
+    assert config.with_counts({"H100": 3}).fleet(["mistral-7b"]).instances[-1].id.endswith("-2-s1")
 
 
 def test_a_model_that_does_not_fit_its_slice_is_refused_naming_the_slices() -> None:
