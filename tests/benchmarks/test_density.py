@@ -67,7 +67,8 @@ def test_shared_h100s_count_once_and_serve_the_small_models_in_halves() -> None:
     assert {g.slices for g in groups if g.gpu_type == "A100"} == {1}
     sized = scenario.with_fleet_counts({"H100": 2, "A100": 1})
     h100 = [i for i in sized.fleet().instances if i.gpu_type == "H100"]
-    assert len(h100) == 4 and len({i.device for i in h100}) == 2
+    assert len(h100) == 4
+    assert len({i.device for i in h100}) == 2
     requests = scenario.requests(0)
     (row,) = grid_rows(sized, requests, "qlm-edf", 0, ["2/1"])
     assert row["gpus"] == 6  # 2 H100 + 4 A100 GPUs, not 4 + 4
