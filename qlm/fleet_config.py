@@ -27,6 +27,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from qlm.config import Problem, StrictModel, fail_at, resolve_relative
 from qlm.engine.profiling.library import ProfileFile, load_profile, packaged_profiles
+from qlm.fleet_groups import InstanceGroupConfig as InstanceGroupConfig
 from qlm.perf.profile import GIB, Profile
 from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance
 
@@ -54,66 +55,6 @@ class GpuTypeConfig(StrictModel):
     cost_per_hour: float | None = Field(
         default=None, ge=0, description="Cost of one GPU-hour; default: the built-in's, else 0."
     )
-
-
-class InstanceGroupConfig(StrictModel):
-    """`count` instances of one GPU type with the same initial model. count 0 keeps the
-    group as a template (`qlm capacity`, Scenario.with_fleet_counts)."""
-
-    moved_fields = MappingProxyType(
-        {
-            "loaded_model": "renamed to model",
-            "busy_s": "a snapshot's busy_s is a top-level map, busy_s: {<instance or group id>: "
-            "seconds}",
-        }
-    )
-
-    id: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=253,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="The instance's id when count is 1, else the prefix of <id>-0, <id>-1, ...; "
-        "default: <gpu type, lower case>-<model>, always numbered.",
-    )
-    gpu_type: str = Field(min_length=1, description="A10, A100, H100 or one of gpu_types.")
-    count: int = Field(default=1, ge=0, le=100_000, description="Instances in the group.")
-    model: str | None = Field(
-        default=None, min_length=1, description="Model loaded at the start; none: idle."
-    )
-    gpu_count: int | None = Field(
-        default=None,
-        ge=1,
-        le=64,
-        description="GPUs per instance; default: the model's profile's, else 1.",
-    )
-    slices: int = Field(
-        default=1,
-        ge=1,
-        le=8,
-        description="Engines sharing each instance's GPUs: every one holds its own model in "
-        "1/slices of their memory, and they take turns on the compute when several are busy "
-        "(several models active on one GPU). The simulator and `qlm plan` honour it; the "
-        "live plane refuses it. The first engine starts with `model`, the others idle.",
-    )
-
-    @property
-    def prefix(self) -> str:
-        if self.id is not None:
-            return self.id
-        return f"{self.gpu_type.lower()}-{self.model}" if self.model else self.gpu_type.lower()
-
-    def devices(self) -> list[tuple[str, list[str]]]:
-        """(name of the GPUs, ids of the engines on them) per instance of the group: one
-        engine named like its GPUs, or `<name>-s0` .. `<name>-s<slices-1>`."""
-        names = [self.id] if self.id is not None and self.count == 1 else None
-        names = names or [f"{self.prefix}-{k}" for k in range(self.count)]
-        if self.slices == 1:
-            return [(name, [name]) for name in names]
-        return [(name, [f"{name}-s{j}" for j in range(self.slices)]) for name in names]
-
-    def instance_ids(self) -> list[str]:
-        return [engine for _, engines in self.devices() for engine in engines]
 
 
 def _existing_path(path: Path) -> Path:
@@ -184,6 +125,14 @@ class FleetConfig(StrictModel):
                 yield ("gpu_types", name, "memory_gib"), "required for a type that is not built in"
         known = self.known_gpu_types()
         for i, group in enumerate(self.instances):
+            if group.kv_pool and group.slices == 1:
+                yield ("instances", i, "kv_pool"), "pools the KV of shared GPUs: set slices > 1"
+            shares = group.slice_memory
+            if shares is not None and (len(shares) != group.slices or sum(shares) > 1 + 1e-9):
+                yield (
+                    ("instances", i, "slice_memory"),
+                    f"one share per slice ({group.slices}), adding up to 1 at most",
+                )
             if group.gpu_type not in known:
                 yield (
                     ("instances", i, "gpu_type"),
@@ -210,7 +159,7 @@ class FleetConfig(StrictModel):
                 yield (
                     ("instances", i, "model"),
                     f"{group.model} cannot run on {template.gpu_count} x {group.gpu_type}"
-                    + (f" in 1/{group.slices} of the memory" if group.slices > 1 else "")
+                    + (" in its first slice's memory" if group.slices > 1 else "")
                     + " (no profile, or it does not fit)",
                 )
 
@@ -286,10 +235,17 @@ class FleetConfig(StrictModel):
     ) -> Instance:
         """One engine of the group: the first slice of its GPUs starts with the group's model."""
         gpus = self.gpu_count(group, group.model, profiles)
-        memory = self.memory_bytes(group.gpu_type) // group.slices
+        memory = self.slice_bytes(group, slice_index)
         model = group.model if slice_index == 0 else None
         return Instance(inst_id, group.gpu_type, gpus, memory, model, slices=group.slices,
-                        device=device)  # fmt: skip
+                        device=device, kv_pool=group.kv_pool and device is not None)  # fmt: skip
+
+    def slice_bytes(self, group: InstanceGroupConfig, slice_index: int) -> int:
+        """Memory per GPU of one engine of the group: its slice's share."""
+        whole = self.memory_bytes(group.gpu_type)
+        if group.slice_memory is None:
+            return whole // group.slices
+        return int(whole * group.slice_memory[slice_index])
 
     @staticmethod
     def gpu_count(
@@ -307,7 +263,7 @@ class FleetConfig(StrictModel):
         """Some group's GPU type (with the model's GPU count) can serve the model."""
         for group in self.instances:
             gpus = self.gpu_count(group, model, fleet.profiles)
-            memory = self.memory_bytes(group.gpu_type) // group.slices
+            memory = max(self.slice_bytes(group, j) for j in range(group.slices))
             if fleet.can_serve(Instance("t", group.gpu_type, gpus, memory), model):
                 return True
         return False

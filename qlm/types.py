@@ -247,6 +247,7 @@ class Instance:
     standby_capacity: int = 0  # models the tier holds at most (the one it leaves sleeps)
     slices: int = 1  # engines sharing these GPUs (this one included)
     device: str | None = None  # the GPUs' name when shared (slices > 1)
+    kv_pool: bool = False  # the sharers draw KV from one pool (weights stay in their share)
 
     def __post_init__(self) -> None:
         if self.gpu_count < 1:
@@ -255,6 +256,8 @@ class Instance:
             raise ValueError(f"instance {self.id}: gpu_memory_bytes must be > 0")
         if self.slices < 1 or (self.slices > 1) != (self.device is not None):
             raise ValueError(f"instance {self.id}: a device is named iff slices > 1")
+        if self.kv_pool and self.device is None:
+            raise ValueError(f"instance {self.id}: a KV pool needs shared GPUs (slices > 1)")
 
     @property
     def gpus(self) -> float:

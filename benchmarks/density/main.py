@@ -5,10 +5,11 @@ the target, per approach (benchmarks/density/run.py):
     .venv/bin/python benchmarks/density.py                  # seed 0, 16 models, target 0.99
     .venv/bin/python benchmarks/density.py --seeds 0,1 --models 12
     .venv/bin/python benchmarks/density.py --seeds 0,1,2 --grid 5/2,8/2  # why fleets miss
+    .venv/bin/python benchmarks/density.py --grid 5/2 --slice-memory 0.5,0.25,0.25
 
 Approaches: `qlm-edf` pooled with the standby tier (3 sleeping models per instance, wake in
-the profile's wake_s), with two engines sharing each H100 (fleet `slices: 2`), the same with
-cold swaps only, and dedicated placement (each model on
+the profile's wake_s), with two or three engines sharing each H100 (fleet `slices`, pooled
+KV), the same with cold swaps only, and dedicated placement (each model on
 its own replicas, no swaps) scheduled by `qlm-edf` and by `llmd`. qlm runs with its EDF planner
 (`qlm-edf`): the MILP planner spends its 0.8 s limit on most of the replans of a 16-model
 fleet, some 10 minutes of wall time per 20-minute simulation, too slow for a search of a
@@ -40,17 +41,19 @@ PLOT_PATH = Path(__file__).resolve().parents[2] / "docs" / "density" / "gpus.png
 POLICY = "qlm-edf"
 
 
+# (standby tier, H100 slice memory shares or None, label); every slice shares the KV pool
 POOLED = (
-    (True, 2, "qlm pooled, standby tier, 2 engines per H100"),
-    (True, 1, "qlm pooled, standby tier"),
-    (False, 1, "qlm pooled, cold swaps"),
+    (True, (0.5, 0.25, 0.25), "qlm pooled, standby tier, 3 engines per H100"),
+    (True, (0.5, 0.5), "qlm pooled, standby tier, 2 engines per H100"),
+    (True, None, "qlm pooled, standby tier"),
+    (False, None, "qlm pooled, cold swaps"),
 )
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     rows = []
-    for standby, slices, label in POOLED:
-        scenario = long_tail(seed, args.models, args.peak_rate, standby=standby, slices=slices)
+    for standby, shares, label in POOLED:
+        scenario = _scenario(args, seed, standby, shares)
         requests = scenario.requests(seed)
         print(f"seed {seed}: {label} ({len(requests)} requests)", flush=True)
         fleet = pooled_fleet(
@@ -64,6 +67,16 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
         fleet, _ = dedicated_fleet(scenario, requests, policy, seed, args.target, args.max_small)
         rows.append(_row(seed, label, fleet))
     return rows
+
+
+def _scenario(
+    args: argparse.Namespace, seed: int, standby: bool, shares: tuple[float, ...] | None
+) -> Any:
+    """The long-tail scenario; with `shares`, one engine per share on every H100, pooling KV."""
+    if shares is None:
+        return long_tail(seed, args.models, args.peak_rate, standby=standby)
+    return long_tail(seed, args.models, args.peak_rate, standby=standby, slices=len(shares),
+                     kv_pool=True, slice_memory=shares)  # fmt: skip
 
 
 def fetch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -89,7 +102,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for seed in sorted({r["seed"] for r in rows}):
         mine = {r["approach"]: r for r in rows if r["seed"] == seed}
-        found = [mine[label]["gpus"] for _, _, label in POOLED[:2]]
+        found = [mine[label]["gpus"] for standby, _, label in POOLED if standby]
         qlm = min((v for v in found if isinstance(v, int)), default=None)
         dedicated = mine["dedicated, qlm"]["gpus"]
         llmd = mine["dedicated, llmd"]["gpus"]
@@ -153,11 +166,13 @@ def render(report: dict[str, Any]) -> str:
             f"attainment reaches {s['target']} (cost: A100 3.7, H100 6.9 per GPU-hour). qlm runs "
             "as `qlm-edf` (EDF planner; the MILP is too slow for a search here). Dedicated: each "
             "model alone on k replicas until it meets the target; its attainment is then "
-            "measured with all models at once. `2 engines per H100`: each H100 holds two "
-            "engines, each with its own model in half the memory (as two vLLM servers with "
-            "--gpu-memory-utilization 0.45 would), taking turns on the compute while both are "
-            "busy (fleet `slices: 2`, qlm/sim/sharing.py: each iteration twice as long then); "
-            "GPUs count once.",
+            "measured with all models at once. `2 engines per H100` and `3 engines per H100`: "
+            "each H100 holds engines with their own models, weights in their share of the "
+            "memory (halves; or 0.5, 0.25, 0.25, so a 13B model fits the first beside two 7B), "
+            "KV from one pool (kvcached-style), taking turns on the compute while several are "
+            "busy (fleet `slices`, `slice_memory`, `kv_pool`; qlm/sim/sharing.py: with n busy, "
+            "each iteration n times as long); GPUs count once. The verdict takes qlm's fewest "
+            "GPUs over its pooled fleets with the standby tier.",
             "",
             table,
             "",
@@ -196,8 +211,9 @@ def fetch_section(rows: list[dict[str, Any]]) -> list[str]:
 def grid(args: argparse.Namespace, seeds: list[int]) -> int:
     """`--grid`: the misses on given fleets, by cause, printed (nothing written)."""
     rows = []
+    shares = tuple(float(x) for x in args.slice_memory.split(",")) if args.slice_memory else None
     for seed in seeds:
-        scenario = long_tail(seed, args.models, args.peak_rate, slices=args.slices)
+        scenario = _scenario(args, seed, True, shares)
         requests = scenario.requests(seed)
         rows += grid_rows(scenario, requests, POLICY, seed, args.grid.split(","))
     columns = list(dict.fromkeys(key for row in rows for key in row))
@@ -217,7 +233,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fetch-seeds", default="0,1,2", help="seeds of the fetch table")
     parser.add_argument("--fetch-fleets", default="10/2,12/2,8/3,10/3", help="H100/A100 counts")
     parser.add_argument("--grid", help="H100/A100 counts: attainment and misses by cause only")
-    parser.add_argument("--slices", type=int, default=1, help="engines per H100 (--grid)")
+    parser.add_argument(
+        "--slice-memory", help="--grid: engines per H100 by memory share, e.g. 0.5,0.25,0.25"
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.grid:

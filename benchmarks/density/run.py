@@ -3,7 +3,8 @@
 * pooled (`pooled_fleet`): every model shares one fleet of 1-GPU H100 and 4-GPU A100 instances,
   the policy moving models between them (qlm with and without the standby tier). For each
   count of A100 instances, a bisection finds the fewest H100 instances meeting the target
-  (attainment is taken to grow with instances); the cheapest such fleet wins.
+  (attainment is taken to grow with instances; the three counts below its answer are tried
+  too, as it does not quite); the fleet with the fewest GPUs wins, then the cheapest.
 * dedicated (`dedicated_fleet`): every model on its own replicas, no swaps: each model's
   requests alone on k instances of its GPU type, k = 1, 2, ... until the model meets the
   target; the fleet is the sum. Run with qlm's scheduling and with llmd's.
@@ -117,8 +118,12 @@ def _gpus(scenario: Scenario) -> int:
     return round(sum(i.gpus for i in scenario.fleet().instances))
 
 
-def _least(meets: Callable[[int], float], low: int, high: int, target: float) -> int | None:
-    """The least k in [low, high] with meets(k) >= target (bisection), None if high fails."""
+def _least(
+    meets: Callable[[int], float], low: int, high: int, target: float, below: int = 0
+) -> int | None:
+    """The least k in [low, high] with meets(k) >= target (bisection), None if high fails.
+    Attainment is not quite monotonic in k (a policy's choices shift with the fleet), so the
+    `below` counts under the bisection's answer are tried too; the least that meets wins."""
     if meets(high) < target:
         return None
     while low < high:
@@ -127,7 +132,8 @@ def _least(meets: Callable[[int], float], low: int, high: int, target: float) ->
             high = mid
         else:
             low = mid + 1
-    return low
+    tried = range(max(0, low - below), low)
+    return min((k for k in tried if meets(k) >= target), default=low)
 
 
 def pooled_fleet(
@@ -150,13 +156,13 @@ def pooled_fleet(
 
     found: list[Fleet] = []
     for large in large_counts:
-        small = _least(lambda k, large=large: value(k, large), 0, max_small, target)
+        small = _least(lambda k, large=large: value(k, large), 0, max_small, target, below=3)
         if small is not None:
             sized = scenario.with_fleet_counts({SMALL: small, LARGE: large})
             counts = {SMALL: small, LARGE: large}
             cost = sized.fleet_cost_per_hour()
             found.append(Fleet(counts, _gpus(sized), cost, value(small, large), len(seen)))
-    return min(found, key=lambda f: (f.cost_per_hour, f.gpus), default=None)
+    return min(found, key=lambda f: (f.gpus, f.cost_per_hour), default=None)
 
 
 def dedicated_fleet(

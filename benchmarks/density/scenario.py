@@ -112,9 +112,12 @@ def long_tail(
     zipf_s: float = 1.1,
     standby: bool = True,
     slices: int = 1,
+    kv_pool: bool = False,
+    slice_memory: tuple[float, ...] | None = None,
 ) -> Scenario:
     """The scenario (module docstring); `standby` False drops the profiles' wake_s (every
-    swap is a cold load); `slices` engines share each H100 (fleet_config's `slices`)."""
+    swap is a cold load); `slices` engines share each H100, pooling their KV with `kv_pool`
+    (fleet_config's `slices`, `kv_pool`, `slice_memory`)."""
     names = model_names(models)
     shares = popularity(names, seed, zipf_s)
     base = dict(names)
@@ -122,9 +125,13 @@ def long_tail(
     groups = [
         {"gpu_type": LARGE, "count": 1, "model": m}
         if base[m] == "llama-70b"
-        else {"gpu_type": SMALL, "count": 1, "model": m, "slices": slices}
+        else {"gpu_type": SMALL, "count": 1, "model": m, "slices": slices, "kv_pool": kv_pool}
         for m in by_rank
     ]
+    if slice_memory is not None:
+        for group in groups:
+            if group["gpu_type"] == SMALL:
+                group["slice_memory"] = list(slice_memory)
     document = {
         "name": f"long-tail-{models}",
         "seed": seed,

@@ -12,7 +12,7 @@ steps completed by then are applied, the step in flight completes with its durat
 remaining members, and the next iteration sees the change. An operation within TIME_EPS_S of an
 iteration boundary acts at that boundary. `load` kills everything at once (Aborted events),
 serves nothing for the load time (wake_s or load_s, by tier), then emits ModelLoaded.
-`take_turns(n)`: n busy engines share the GPUs from now on, each iteration n times as long."""
+An engine on GPUs it shares with others is a SharedEngineModel (shared.py)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ class EngineModel:
     _queues: SeqQueues
     _carry_preempted: bool  # a plan discarded at its start had preempted
     _segment: Segment | None  # iterations in flight
+    _seq_limit: int  # KV tokens of the instance's own memory: no sequence grows past them
 
     def __init__(
         self,
@@ -69,7 +70,6 @@ class EngineModel:
         self._load_s = 0.0  # the load in progress: a wake from standby or a cold load
         self._tier = StandbyTier(self.config.standby_models, instance.standby_models)
         self._max_num_seqs = 1
-        self._turns = 1  # busy engines taking turns on the instance's GPUs (this one included)
         if instance.loaded_model is not None:
             self._install(instance.loaded_model)
             self._state = EngineState.READY
@@ -162,7 +162,7 @@ class EngineModel:
         capacity (a sequence never outgrows the cache, like vLLM's max_model_len)."""
         self._begin(now_s)
         self._check_can_add(request)
-        capacity = self._queues.kv.capacity_tokens
+        capacity = self._seq_limit  # the longest sequence (its own memory, however lent)
         if request.prompt_tokens + 1 > capacity:
             self._counters.aborted += 1
             self._events.append(Aborted(request.id, now_s, "prompt exceeds the KV capacity"))
@@ -242,17 +242,6 @@ class EngineModel:
         self._load_s = self._profile.load_time_s(standby)
         self._load_done_at_s = now_s + self._load_s
         self._advance(now_s)  # a zero load time completes at once
-
-    def take_turns(self, engines: int, now_s: float) -> None:
-        """From now_s, `engines` busy engines (this one included) share the GPUs by turns:
-        every iteration planned from now on takes that many times its profile's time."""
-        self._begin(now_s)
-        if engines != self._turns:
-            plan_s = self._interrupt(now_s)
-            self._turns = engines
-            if self._model is not None:
-                self._profile = self._profiles[self._model].slowed(engines)
-            self._resume(plan_s)
 
     def fetch_standby(self, model: str, now_s: float, replacing: str | None = None) -> None:
         """Read `model`'s weights into a free place of the standby tier while serving (it
@@ -374,8 +363,9 @@ class EngineModel:
     def _install(self, model: str) -> None:
         profile = self._profiles[model]
         self._model = model
-        self._profile = profile.slowed(self._turns)
-        self._queues.kv.capacity_tokens = profile.kv_capacity_tokens(self.instance.gpu_memory_bytes)
+        self._profile = profile
+        self._seq_limit = profile.kv_capacity_tokens(self.instance.gpu_memory_bytes)
+        self._queues.kv.capacity_tokens = self._seq_limit
         # Every running sequence must fit one iteration's token budget.
         wanted = self.config.max_num_seqs or profile.max_batch_size
         self._max_num_seqs = min(wanted, self.config.chunk_tokens)

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 
 from qlm.clock import VirtualClock
 from qlm.engine.config import EngineConfig
-from qlm.engine.model import EngineModel
 from qlm.engine.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
+from qlm.engine.shared import SharedEngineModel
 from qlm.engine.stats import EngineStats
 from qlm.engine.types import EngineEvent, EngineObservation, EngineState
 from qlm.perf.profile import Profile
@@ -35,7 +35,7 @@ class SimulatedEngine:
         seed: int = 0,
     ) -> None:
         self.clock = clock
-        self.model = EngineModel(instance, profiles, config, start_s=clock.now_s())
+        self.model = SharedEngineModel(instance, profiles, config, start_s=clock.now_s())
         self._lengths = (
             OUTPUT_LENGTHS.create(output_length, seed=seed)
             if isinstance(output_length, str)
@@ -56,9 +56,24 @@ class SimulatedEngine:
         """Iterations are in flight: the engine uses its GPUs' compute."""
         return self.model.state is EngineState.READY and self.model.next_event_at_s() is not None
 
+    @property
+    def profile(self) -> Profile | None:
+        """The profile of the model loaded or loading (None: no model)."""
+        return self.model.profile
+
     def take_turns(self, engines: int) -> None:
-        """`engines` busy engines share this one's GPUs from now on (EngineModel.take_turns)."""
+        """`engines` busy engines share this one's GPUs from now on (SharedEngineModel)."""
         self.model.take_turns(engines, self.clock.now_s())
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.model.kv_capacity_tokens
+
+    def kv_held(self) -> int:
+        return self.model.kv_held(self.clock.now_s())
+
+    def lend_kv(self, capacity_tokens: int) -> None:
+        self.model.lend_kv(capacity_tokens, self.clock.now_s())
 
     def next_event_at_s(self) -> float | None:
         """When the engine next changes on its own; None when idle (see EngineModel)."""

@@ -45,6 +45,10 @@ def test_the_bisection_finds_the_least_count_that_meets_the_target() -> None:
     assert _least(value, 0, 24, 0.99) == 7
     assert len(calls) <= 7
     assert _least(lambda k: 0.5, 0, 24, 0.99) is None
+    # not monotonic: 5 meets, 6 and 7 do not, 8 and up do; the bisection alone answers 8
+    bumpy = {5: 1.0, 6: 0.98, 7: 0.98}
+    assert _least(lambda k: bumpy.get(k, 1.0 if k >= 8 else 0.5), 0, 24, 0.99) == 8
+    assert _least(lambda k: bumpy.get(k, 1.0 if k >= 8 else 0.5), 0, 24, 0.99, below=3) == 5
 
 
 def test_the_grid_counts_every_miss_under_one_cause() -> None:

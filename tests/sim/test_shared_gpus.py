@@ -9,14 +9,19 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from qlm.clock import VirtualClock
+from qlm.engine.shared import SharedEngineModel
+from qlm.engine.simulated import SimulatedEngine
 from qlm.engine.types import RequestFinished
 from qlm.fleet_config import FleetConfig
 from qlm.perf.profile import GIB
 from qlm.serve.config import ServeConfig
 from qlm.sim.result import SimResult
 from qlm.sim.runner import simulate
+from qlm.sim.sharing import SharedGpus
+from qlm.sim.tracking import Slot
 from qlm.types import Fleet, Instance, Request
-from tests.engine.helpers import engine, req, run_all
+from tests.engine.helpers import exact_instance, exact_profile, req, run_all
 from tests.factories import make_instance, make_profile, make_request
 from tests.sim.cases import CONFIG
 
@@ -38,7 +43,7 @@ def test_a_group_s_slices_split_each_gpu_s_memory_between_engines() -> None:
 
 
 def test_a_model_that_does_not_fit_its_slice_is_refused_naming_the_slices() -> None:
-    with pytest.raises(ValidationError, match=r"1/3 of the memory"):
+    with pytest.raises(ValidationError, match=r"first slice.s memory"):
         FleetConfig.model_validate(
             {"instances": [{"gpu_type": "H100", "model": "vicuna-13b", "slices": 3}]}
         )
@@ -61,7 +66,9 @@ def test_an_instance_names_its_device_exactly_when_it_is_shared() -> None:
 
 
 def test_taking_turns_stretches_the_iterations_planned_from_then_on() -> None:
-    alone, shared, late = engine(), engine(), engine()
+    alone, shared, late = (
+        SharedEngineModel(exact_instance(100_000), [exact_profile()]) for _ in range(3)
+    )
     for model in (alone, shared, late):
         model.add(req("r", prompt=100, output=200), 0.0)
     shared.take_turns(2, 0.0)
@@ -105,3 +112,77 @@ def test_engines_on_one_gpu_slow_each_other_only_while_both_are_busy() -> None:
         assert together[request_id] == pytest.approx(2 * end_s, rel=0.05)
     one = _requests(("m7b",))
     assert _ends(_fleet(True), one) == pytest.approx(_ends(_fleet(False), one))
+
+
+def _pair(kv_pool: bool, sibling: str | None) -> tuple[list[SimulatedEngine], SharedGpus]:
+    """Two engines of 40 GiB each on one 80 GiB GPU: m7b, and `sibling` beside it."""
+    profiles = [make_profile("m7b"), make_profile("m13b", weight_gib=26.0)]
+    instances = [
+        replace(
+            make_instance(f"e{k}", memory_gib=40.0, loaded_model=model),
+            slices=2,
+            device="gpu0",
+            kv_pool=kv_pool,
+        )
+        for k, model in enumerate(("m7b", sibling))
+    ]
+    fleet, clock = Fleet.of(instances, profiles), VirtualClock()
+    engines = [SimulatedEngine(i, fleet, clock) for i in instances]
+    shared = SharedGpus(Slot(i, e) for i, e in zip(instances, engines, strict=True))
+    shared.retime(i.id for i in instances)
+    return engines, shared
+
+
+KIB_128 = 128 * 1024
+
+
+def test_a_pool_lends_an_empty_sibling_s_memory_and_splits_what_is_free() -> None:
+    (alone, _), _ = _pair(kv_pool=False, sibling=None)
+    assert alone.kv_capacity_tokens == int((0.9 * 40 - 14) * GIB) // KIB_128  # its share
+    (pooled, _), _ = _pair(kv_pool=True, sibling=None)
+    assert pooled.kv_capacity_tokens == int((0.9 * 80 - 14) * GIB) // KIB_128  # the GPU's
+    (first, second), _ = _pair(kv_pool=True, sibling="m13b")
+    free_each = (0.9 * 80 - 14 - 26) * GIB / 2
+    assert first.kv_capacity_tokens == int(free_each // KIB_128)
+    assert second.kv_capacity_tokens == int(free_each // KIB_128)
+
+
+def test_what_an_engine_holds_stays_its_own_and_the_rest_is_split_again() -> None:
+    (first, second), shared = _pair(kv_pool=True, sibling="m13b")
+    for k in range(8):
+        first.submit(make_request(id=f"r{k}", model="m7b", prompt_tokens=4000))
+    first.advance_to(0.0)
+    held = first.kv_held()
+    assert held > 4000  # a prompt admitted, its KV reserved
+    shared.retime(["e0"])
+    free_each = ((0.9 * 80 - 14 - 26) * GIB - held * KIB_128) / 2
+    assert first.kv_capacity_tokens == held + int(free_each // KIB_128)
+    assert second.kv_capacity_tokens == int(free_each // KIB_128)
+
+
+def test_uneven_slices_hold_a_larger_model_beside_smaller_ones() -> None:
+    group = {"gpu_type": "H100", "model": "vicuna-13b", "slices": 3, "kv_pool": True}
+    config = FleetConfig.model_validate(
+        {"instances": [group | {"slice_memory": [0.5, 0.25, 0.25]}]}
+    )
+    built = config.fleet(["vicuna-13b", "mistral-7b"])
+    assert [i.gpu_memory_bytes for i in built.instances] == [40 * GIB, 20 * GIB, 20 * GIB]
+    assert all(i.kv_pool for i in built.instances)
+    assert built.can_serve(built.instances[1], "mistral-7b")
+    assert not built.can_serve(built.instances[1], "vicuna-13b")
+
+
+@pytest.mark.parametrize(
+    ("fields", "loc"),
+    [
+        ({"slices": 3, "slice_memory": [0.5, 0.5]}, "slice_memory"),
+        ({"slices": 2, "slice_memory": [0.75, 0.5]}, "slice_memory"),
+        ({"kv_pool": True}, "kv_pool"),
+    ],
+)
+def test_slice_settings_that_cannot_hold_are_refused_naming_the_field(
+    fields: dict[str, Any], loc: str
+) -> None:
+    group = {"gpu_type": "H100", "model": "mistral-7b"} | fields
+    with pytest.raises(ValidationError, match=rf"instances\.0\.{loc}"):
+        FleetConfig.model_validate({"instances": [group]})
