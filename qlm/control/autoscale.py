@@ -239,7 +239,7 @@ def pools_of(
                 spec.name,
                 instances,
                 spec.min_replicas,
-                gpu_cost.get(first.gpu_type, 0.0) * first.gpu_count,
+                gpu_cost.get(first.gpu_type, 0.0) * first.gpus,
                 standby_slots,
             )
         )
