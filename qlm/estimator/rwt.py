@@ -211,8 +211,7 @@ class RwtEstimator:
 def _rates(profile: Profile, group: RequestGroup, instance: Instance) -> ServiceRates:
     """Expected output is the profile's mean capped by the requests' max_tokens; the spread
     scales with it (a documented approximation of a truncated distribution). An engine that
-    shares its GPUs is priced at its worst: every sharer busy (qlm/sim/sharing.py)."""
-    profile = profile.slowed(instance.slices)
+    shares its GPUs (qlm/sim/sharing.py) is priced as if it ran alone on them."""
     mu = min(profile.output_tokens_mean, group.output_cap_mean)
     sigma = profile.output_tokens_std * mu / profile.output_tokens_mean
     batch = profile.batch_size_for(instance.gpu_memory_bytes, group.prompt_tokens_mean + mu)
