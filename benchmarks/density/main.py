@@ -35,6 +35,7 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
+from qlm.sim.scenario import Scenario
 
 RESULTS_PATH = RESULTS_DIR / "density.json"
 PLOT_PATH = Path(__file__).resolve().parents[2] / "docs" / "density" / "gpus.png"
@@ -71,7 +72,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
 
 def _scenario(
     args: argparse.Namespace, seed: int, standby: bool, shares: tuple[float, ...] | None
-) -> Any:
+) -> Scenario:
     """The long-tail scenario; with `shares`, one engine per share on every H100, pooling KV."""
     if shares is None:
         return long_tail(seed, args.models, args.peak_rate, standby=standby)

@@ -20,26 +20,17 @@ With one turn and nothing lent it is an EngineModel.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from qlm.engine.config import EngineConfig
 from qlm.engine.model import EngineModel
-from qlm.perf.profile import Profile
-from qlm.types import Fleet, Instance
 
 
 class SharedEngineModel(EngineModel):
     """An EngineModel whose compute turns and KV capacity are set from outside."""
 
-    def __init__(
-        self,
-        instance: Instance,
-        profiles: Fleet | Iterable[Profile],
-        config: EngineConfig | None = None,
-        start_s: float = 0.0,
-    ) -> None:
-        self._turns = 1  # busy engines taking turns on the GPUs, this one included
-        super().__init__(instance, profiles, config, start_s)
+    _turns = 1  # busy engines taking turns on the GPUs, this one included
+
+    @property
+    def turns(self) -> int:
+        return self._turns
 
     def take_turns(self, engines: int, now_s: float) -> None:
         """From now_s, `engines` busy engines (this one included) share the GPUs by turns."""

@@ -61,6 +61,10 @@ class SimulatedEngine:
         """The profile of the model loaded or loading (None: no model)."""
         return self.model.profile
 
+    @property
+    def turns(self) -> int:
+        return self.model.turns
+
     def take_turns(self, engines: int) -> None:
         """`engines` busy engines share this one's GPUs from now on (SharedEngineModel)."""
         self.model.take_turns(engines, self.clock.now_s())

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from qlm.perf.step import DecodeRun, StepTime
 
 GIB = 1024**3
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class Profile:
     load_s: float
     max_batch_size: int = 256
     min_kv_tokens: int = 4096
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     provenance: str = ""
     step_time: StepTime | None = None
     # The standby tier: seconds to serve again a model that sleeps on the instance (weights

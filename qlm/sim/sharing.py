@@ -27,10 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-from qlm.perf.profile import Profile
+from qlm.perf.profile import DEFAULT_GPU_MEMORY_UTILIZATION, Profile
 from qlm.sim.tracking import SimulationError, Slot
-
-DEFAULT_UTILIZATION = 0.9  # of an engine without a model (Profile's default)
 
 
 @runtime_checkable
@@ -43,6 +41,9 @@ class Sharer(Protocol):
 
     @property
     def profile(self) -> Profile | None: ...
+
+    @property
+    def turns(self) -> int: ...
 
     def take_turns(self, engines: int) -> None: ...
 
@@ -60,7 +61,6 @@ class SharedGpus:
     def __init__(self, slots: Iterable[Slot]) -> None:
         self._devices: dict[str, list[tuple[Slot, Sharer]]] = {}
         self._device_of: dict[str, str] = {}
-        self._turns: dict[str, int] = {}
         for slot in slots:
             device = slot.instance.device
             if device is None:
@@ -73,7 +73,6 @@ class SharedGpus:
                 )
             self._devices.setdefault(device, []).append((slot, engine))
             self._device_of[slot.id] = device
-            self._turns[slot.id] = 1
 
     def retime(self, touched: Iterable[str]) -> list[Slot]:
         """Hand the engines of every GPU set among `touched` (instance ids) their turns and
@@ -84,22 +83,23 @@ class SharedGpus:
         changed: dict[str, Slot] = {}
         for device in devices:
             members = self._devices[device]
-            for slot in self._hand_turns(members):
+            for slot in _hand_turns(members):
                 changed[slot.id] = slot
             if members[0][0].instance.kv_pool:
                 for slot in _lend_pool(members):
                     changed[slot.id] = slot
         return list(changed.values())
 
-    def _hand_turns(self, members: list[tuple[Slot, Sharer]]) -> list[Slot]:
-        turns = max(1, sum(1 for _, engine in members if engine.busy))
-        changed = []
-        for slot, engine in members:
-            if self._turns[slot.id] != turns:
-                self._turns[slot.id] = turns
-                engine.take_turns(turns)
-                changed.append(slot)
-        return changed
+
+def _hand_turns(members: list[tuple[Slot, Sharer]]) -> list[Slot]:
+    """Every engine of the GPU set takes as many turns as engines are busy (at least 1)."""
+    turns = max(1, sum(1 for _, engine in members if engine.busy))
+    changed = []
+    for slot, engine in members:
+        if engine.turns != turns:
+            engine.take_turns(turns)
+            changed.append(slot)
+    return changed
 
 
 def _lend_pool(members: list[tuple[Slot, Sharer]]) -> list[Slot]:
@@ -110,7 +110,7 @@ def _lend_pool(members: list[tuple[Slot, Sharer]]) -> list[Slot]:
         instance, profile = slot.instance, engine.profile
         share = instance.gpu_memory_bytes * instance.gpu_count
         usable += share * (
-            DEFAULT_UTILIZATION if profile is None else profile.gpu_memory_utilization
+            DEFAULT_GPU_MEMORY_UTILIZATION if profile is None else profile.gpu_memory_utilization
         )
         if profile is not None:
             held = engine.kv_held()
