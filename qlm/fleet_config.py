@@ -154,12 +154,13 @@ class FleetConfig(StrictModel):
         fleet = self.fleet({g.model for g in self.instances if g.model is not None})
         for i, group in enumerate(self.instances):
             device = group.prefix if group.slices > 1 else None
-            template = self._instance(group, group.prefix, fleet.profiles, device)
+            home = self.home_slice(group, fleet.profiles)
+            template = self._instance(group, group.prefix, fleet.profiles, device, home, home)
             if group.model is not None and not fleet.can_serve(template, group.model):
                 yield (
                     ("instances", i, "model"),
                     f"{group.model} cannot run on {template.gpu_count} x {group.gpu_type}"
-                    + (" in its first slice's memory" if group.slices > 1 else "")
+                    + (" in any of its slices' memory" if group.slices > 1 else "")
                     + " (no profile, or it does not fit)",
                 )
 
@@ -218,12 +219,31 @@ class FleetConfig(StrictModel):
         """The instances, and the profiles of these models (sorted) on the fleet's GPU types."""
         profiles = self.profiles_for(sorted(set(models)))
         instances = [
-            self._instance(group, engine, profiles, device if group.slices > 1 else None, j)
-            for group in self.instances
+            self._instance(group, engine, profiles, device if group.slices > 1 else None, j, home)
+            for group, home in ((g, self.home_slice(g, profiles)) for g in self.instances)
             for device, engines in group.devices()
             for j, engine in enumerate(engines)
         ]
         return Fleet(tuple(instances), profiles)
+
+    def home_slice(
+        self, group: InstanceGroupConfig, profiles: Mapping[tuple[str, str], Profile]
+    ) -> int:
+        """The slice whose engine starts with the group's model: the smallest share it fits
+        (best fit, so the larger shares stay free for larger models), the first of equals;
+        0 when it fits none (validation refuses that) or the group is not sliced."""
+        if group.slices == 1 or group.model is None:
+            return 0
+        profile = profiles.get((group.model, group.gpu_type))
+        gpus = self.gpu_count(group, group.model, profiles)
+        fitting = [
+            j
+            for j in range(group.slices)
+            if profile is not None
+            and gpus >= profile.gpu_count
+            and profile.fits(self.slice_bytes(group, j))
+        ]
+        return min(fitting, key=lambda j: (self.slice_bytes(group, j), j), default=0)
 
     def _instance(
         self,
@@ -232,11 +252,13 @@ class FleetConfig(StrictModel):
         profiles: Mapping[tuple[str, str], Profile],
         device: str | None = None,
         slice_index: int = 0,
+        home: int = 0,
     ) -> Instance:
-        """One engine of the group: the first slice of its GPUs starts with the group's model."""
+        """One engine of the group: the `home` slice of its GPUs starts with the group's model
+        (`home_slice`), the others idle."""
         gpus = self.gpu_count(group, group.model, profiles)
         memory = self.slice_bytes(group, slice_index)
-        model = group.model if slice_index == 0 else None
+        model = group.model if slice_index == home else None
         return Instance(inst_id, group.gpu_type, gpus, memory, model, slices=group.slices,
                         device=device, kv_pool=group.kv_pool and device is not None)  # fmt: skip
 

@@ -50,7 +50,8 @@ class InstanceGroupConfig(StrictModel):
         description="Engines sharing each instance's GPUs: every one holds its own model in "
         "1/slices of their memory, and they take turns on the compute when several are busy "
         "(several models active on one GPU). The simulator and `qlm plan` honour it; the "
-        "live plane refuses it. The first engine starts with `model`, the others idle.",
+        "live plane refuses it. The engine with the smallest share that fits `model` starts "
+        "with it (best fit: larger shares stay free for larger models), the others idle.",
     )
     slice_memory: tuple[Annotated[float, Field(gt=0, le=1)], ...] | None = Field(
         default=None,

@@ -42,8 +42,20 @@ def test_a_group_s_slices_split_each_gpu_s_memory_between_engines() -> None:
     assert config.with_counts({"H100": 3}).fleet(["mistral-7b"]).instances[-1].id.endswith("-2-s1")
 
 
+def test_a_group_s_model_starts_in_the_smallest_slice_it_fits() -> None:
+    def started(model: str) -> list[str | None]:
+        group = {"gpu_type": "H100", "model": model, "slices": 3}
+        group["slice_memory"] = [0.5, 0.25, 0.25]
+        fleet = FleetConfig.model_validate({"instances": [group]}).fleet([model])
+        return [i.loaded_model for i in fleet.instances]
+
+    # A 7B fits a quarter: the half stays free for a 13B, which fits only the half.
+    assert started("mistral-7b") == [None, "mistral-7b", None]
+    assert started("vicuna-13b") == ["vicuna-13b", None, None]
+
+
 def test_a_model_that_does_not_fit_its_slice_is_refused_naming_the_slices() -> None:
-    with pytest.raises(ValidationError, match=r"first slice.s memory"):
+    with pytest.raises(ValidationError, match=r"any of its slices' memory"):
         FleetConfig.model_validate(
             {"instances": [{"gpu_type": "H100", "model": "vicuna-13b", "slices": 3}]}
         )
