@@ -6,14 +6,16 @@ the target, per approach (benchmarks/density/run.py):
     .venv/bin/python benchmarks/density.py --seeds 0,1 --models 12
     .venv/bin/python benchmarks/density.py --seeds 0,1,2 --grid 5/2,8/2  # why fleets miss
     .venv/bin/python benchmarks/density.py --grid 5/2 --slice-memory 0.5,0.25,0.25
+    .venv/bin/python benchmarks/density.py --grid 6/1 --slice-memory 0.5,0.25,0.25 \
+        --large-memory 0.5,0.5                              # two 70B engines per A100 set
 
-Approaches: `qlm-edf` pooled with the standby tier (3 sleeping models per instance, wake in
-the profile's wake_s), with two or three engines sharing each H100 (fleet `slices`, pooled
-KV), the same with cold swaps only, and dedicated placement (each model on
-its own replicas, no swaps) scheduled by `qlm-edf` and by `llmd`. qlm runs with its EDF planner
-(`qlm-edf`): the MILP planner spends its 0.8 s limit on most of the replans of a 16-model
-fleet, some 10 minutes of wall time per 20-minute simulation, too slow for a search of a
-dozen fleets on this machine. Written: benchmarks/results/density.json, the "density" block
+Approaches: `qlm-edf` pooled with the standby tier (3 sleeping models per instance, wake in the
+profile's wake_s), with two or three engines sharing each H100 (fleet `slices`, pooled KV) and
+two sharing each A100 set, the same with cold swaps only, and dedicated placement (each model
+on its own replicas, no swaps) scheduled by `qlm-edf` and by `llmd`. qlm runs with its EDF
+planner (`qlm-edf`): the MILP planner spends its 0.8 s limit on most of the replans of a
+16-model fleet, some 10 minutes of wall time per 20-minute simulation, too slow for a search of
+a dozen fleets on this machine. Written: benchmarks/results/density.json, the "density" block
 of docs/benchmarks.md and docs/density/gpus.png. `--grid` writes nothing: for each seed and
 fleet (H100/A100 counts) it prints qlm's attainment, swaps and misses by cause.
 """
@@ -42,19 +44,23 @@ PLOT_PATH = Path(__file__).resolve().parents[2] / "docs" / "density" / "gpus.png
 POLICY = "qlm-edf"
 
 
-# (standby tier, H100 slice memory shares or None, label); every slice shares the KV pool
-POOLED = (
-    (True, (0.5, 0.25, 0.25), "qlm pooled, standby tier, 3 engines per H100"),
-    (True, (0.5, 0.5), "qlm pooled, standby tier, 2 engines per H100"),
-    (True, None, "qlm pooled, standby tier"),
-    (False, None, "qlm pooled, cold swaps"),
-)
+Shares = tuple[float, ...] | None
+# (standby tier, memory shares of the engines of an H100, of an A100 set (None: one engine),
+# label); the engines of a shared GPU set pool their KV
+POOLED: tuple[tuple[bool, Shares, Shares, str], ...] = (
+    (True, (0.5, 0.25, 0.25), (0.5, 0.5),
+     "qlm pooled, standby tier, 3 engines per H100, 2 per A100 set"),
+    (True, (0.5, 0.25, 0.25), None, "qlm pooled, standby tier, 3 engines per H100"),
+    (True, (0.5, 0.5), None, "qlm pooled, standby tier, 2 engines per H100"),
+    (True, None, None, "qlm pooled, standby tier"),
+    (False, None, None, "qlm pooled, cold swaps"),
+)  # fmt: skip
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     rows = []
-    for standby, shares, label in POOLED:
-        scenario = _scenario(args, seed, standby, shares)
+    for standby, shares, large, label in POOLED:
+        scenario = _scenario(args, seed, standby, shares, large)
         requests = scenario.requests(seed)
         print(f"seed {seed}: {label} ({len(requests)} requests)", flush=True)
         fleet = pooled_fleet(
@@ -71,13 +77,14 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
 
 
 def _scenario(
-    args: argparse.Namespace, seed: int, standby: bool, shares: tuple[float, ...] | None
+    args: argparse.Namespace, seed: int, standby: bool, shares: Shares, large: Shares = None
 ) -> Scenario:
-    """The long-tail scenario; with `shares`, one engine per share on every H100, pooling KV."""
+    """The long-tail scenario; with `shares`, one engine per share on every H100 (with
+    `large`, on every A100 set), pooling KV."""
     if shares is None:
         return long_tail(seed, args.models, args.peak_rate, standby=standby)
     return long_tail(seed, args.models, args.peak_rate, standby=standby, slices=len(shares),
-                     kv_pool=True, slice_memory=shares)  # fmt: skip
+                     kv_pool=True, slice_memory=shares, large_memory=large)  # fmt: skip
 
 
 def fetch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -103,7 +110,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for seed in sorted({r["seed"] for r in rows}):
         mine = {r["approach"]: r for r in rows if r["seed"] == seed}
-        found = [mine[label]["gpus"] for standby, _, label in POOLED if standby]
+        found = [mine[label]["gpus"] for standby, _, _, label in POOLED if standby]
         qlm = min((v for v in found if isinstance(v, int)), default=None)
         dedicated = mine["dedicated, qlm"]["gpus"]
         llmd = mine["dedicated, llmd"]["gpus"]
@@ -172,7 +179,10 @@ def render(report: dict[str, Any]) -> str:
             "memory (halves; or 0.5, 0.25, 0.25, so a 13B model fits the first beside two 7B), "
             "KV from one pool (kvcached-style), taking turns on the compute while several are "
             "busy (fleet `slices`, `slice_memory`, `kv_pool`; qlm/sim/sharing.py: with n busy, "
-            "each iteration n times as long); GPUs count once. The verdict takes qlm's fewest "
+            "each iteration n times as long); each model starts in the smallest share it fits; "
+            "GPUs count once. `2 per A100 set`: each 4-GPU A100 set the same way in halves, so "
+            "two 70B models stay resident beside each other (their weights leave about 12 GB "
+            "of KV between them). The verdict takes qlm's fewest "
             "GPUs over its pooled fleets with the standby tier.",
             "",
             table,
@@ -212,9 +222,12 @@ def fetch_section(rows: list[dict[str, Any]]) -> list[str]:
 def grid(args: argparse.Namespace, seeds: list[int]) -> int:
     """`--grid`: the misses on given fleets, by cause, printed (nothing written)."""
     rows = []
-    shares = tuple(float(x) for x in args.slice_memory.split(",")) if args.slice_memory else None
+    shares, large = (
+        tuple(float(x) for x in value.split(",")) if value else None
+        for value in (args.slice_memory, args.large_memory)
+    )
     for seed in seeds:
-        scenario = _scenario(args, seed, True, shares)
+        scenario = _scenario(args, seed, True, shares, large)
         requests = scenario.requests(seed)
         rows += grid_rows(scenario, requests, POLICY, seed, args.grid.split(","))
     columns = list(dict.fromkeys(key for row in rows for key in row))
@@ -236,6 +249,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--grid", help="H100/A100 counts: attainment and misses by cause only")
     parser.add_argument(
         "--slice-memory", help="--grid: engines per H100 by memory share, e.g. 0.5,0.25,0.25"
+    )
+    parser.add_argument(
+        "--large-memory", help="--grid, with --slice-memory: engines per A100 set, e.g. 0.5,0.5"
     )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]

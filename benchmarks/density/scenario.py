@@ -114,10 +114,12 @@ def long_tail(
     slices: int = 1,
     kv_pool: bool = False,
     slice_memory: tuple[float, ...] | None = None,
+    large_memory: tuple[float, ...] | None = None,
 ) -> Scenario:
     """The scenario (module docstring); `standby` False drops the profiles' wake_s (every
     swap is a cold load); `slices` engines share each H100, pooling their KV with `kv_pool`
-    (fleet_config's `slices`, `kv_pool`, `slice_memory`)."""
+    (fleet_config's `slices`, `kv_pool`, `slice_memory`); `large_memory`, one share per
+    engine, shares each A100 set the same way (its engines always pool their KV)."""
     names = model_names(models)
     shares = popularity(names, seed, zipf_s)
     base = dict(names)
@@ -128,10 +130,12 @@ def long_tail(
         else {"gpu_type": SMALL, "count": 1, "model": m, "slices": slices, "kv_pool": kv_pool}
         for m in by_rank
     ]
-    if slice_memory is not None:
-        for group in groups:
-            if group["gpu_type"] == SMALL:
-                group["slice_memory"] = list(slice_memory)
+    for group in groups:
+        if group["gpu_type"] == SMALL and slice_memory is not None:
+            group["slice_memory"] = list(slice_memory)
+        if group["gpu_type"] == LARGE and large_memory is not None:
+            group |= {"slices": len(large_memory), "kv_pool": True}
+            group["slice_memory"] = list(large_memory)
     document = {
         "name": f"long-tail-{models}",
         "seed": seed,

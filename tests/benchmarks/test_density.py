@@ -77,3 +77,20 @@ def test_shared_h100s_count_once_and_serve_the_small_models_in_halves() -> None:
     (row,) = grid_rows(sized, requests, "qlm-edf", 0, ["2/1"])
     assert row["gpus"] == 6  # 2 H100 + 4 A100 GPUs, not 4 + 4
     assert row["attainment"] > 0.5
+
+
+def test_shared_a100_sets_hold_two_70b_models_beside_each_other() -> None:
+    shares = (0.5, 0.25, 0.25)
+    scenario = long_tail(0, models=8, peak_rate=1.0, slices=3, kv_pool=True,
+                         slice_memory=shares, large_memory=(0.5, 0.5))  # fmt: skip
+    sized = scenario.with_fleet_counts({"H100": 1, "A100": 1})
+    fleet = sized.fleet()
+    a100 = [i for i in fleet.instances if i.gpu_type == "A100"]
+    assert len(a100) == 2
+    assert len({i.device for i in a100}) == 1
+    assert all(i.kv_pool for i in a100)
+    # each half of a 4-GPU A100 set holds a 70B model's weights, so both fit at once
+    assert all(fleet.can_serve(i, "m70b-01") for i in a100)
+    h100 = [i for i in fleet.instances if i.gpu_type == "H100"]
+    assert sum(i.gpus for i in fleet.instances) == 5  # 1 H100 + 4 A100, each GPU once
+    assert len(h100) == 3
