@@ -232,17 +232,13 @@ class FleetConfig(StrictModel):
         """The slice whose engine starts with the group's model: the smallest share it fits
         (best fit, so the larger shares stay free for larger models), the first of equals;
         0 when it fits none (validation refuses that) or the group is not sliced."""
-        if group.slices == 1 or group.model is None:
+        model = group.model
+        if group.slices == 1 or model is None:
             return 0
-        profile = profiles.get((group.model, group.gpu_type))
-        gpus = self.gpu_count(group, group.model, profiles)
-        fitting = [
-            j
-            for j in range(group.slices)
-            if profile is not None
-            and gpus >= profile.gpu_count
-            and profile.fits(self.slice_bytes(group, j))
-        ]
+        fits = Fleet((), profiles).can_serve
+        engines = (self._instance(group, group.prefix, profiles, group.prefix, j) for j in
+                   range(group.slices))  # fmt: skip
+        fitting = [j for j, engine in enumerate(engines) if fits(engine, model)]
         return min(fitting, key=lambda j: (self.slice_bytes(group, j), j), default=0)
 
     def _instance(

@@ -134,8 +134,8 @@ def long_tail(
         if group["gpu_type"] == SMALL and slice_memory is not None:
             group["slice_memory"] = list(slice_memory)
         if group["gpu_type"] == LARGE and large_memory is not None:
-            group |= {"slices": len(large_memory), "kv_pool": True}
-            group["slice_memory"] = list(large_memory)
+            group |= {"slices": len(large_memory), "kv_pool": True,
+                      "slice_memory": list(large_memory)}  # fmt: skip
     document = {
         "name": f"long-tail-{models}",
         "seed": seed,
