@@ -186,6 +186,9 @@ def _plane_session(
 
 
 SAMPLE_LISTS = ("ttft_ms", *PHASES)
+# Per run, medians over runs: in a burst, QLM's makespan against vLLM's splits into the wait
+# before anything reaches the engine (first submit, first token) and the rest.
+RUN_MEDIANS = ("makespan_s", "first_token_ms", "qlm_first_submit_ms")
 
 
 def summarise_overhead(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -227,6 +230,7 @@ def _overhead_row(runs: Sequence[Mapping[str, Any]], variant: str, workload: str
         "ok": sum(r["ok"] for r in good),
         "requests": sum(r["requests"] for r in mine),
         "tokens_per_s": median([r["tokens_per_s"] for r in good]),
+        **{name: median([r[name] for r in good if name in r]) for name in RUN_MEDIANS},
         "ttft_p50_ms": pooled("ttft_ms", 0.5),
         "ttft_p90_ms": pooled("ttft_ms", 0.9),
         "e2e_p50_ms": median([r["e2e_p50_ms"] for r in good]),

@@ -34,10 +34,11 @@ ADMISSION_COLUMNS = (
     "cpu_redis_us_per_req",
 )  # fmt: skip
 OVERHEAD_COLUMNS = (
-    "variant", "workload", "runs", "ok", "tokens_per_s", "baseline", "throughput_ratio",
-    "ttft_p50_ms", "added_ttft_p50_ms", "ttft_p90_ms", "e2e_p50_ms", "qlm_admit_p50_ms",
-    "qlm_dispatch_p50_ms", "qlm_engine_ttft_p50_ms", "qlm_delivery_p50_ms", "qlm_cpu_cores",
-    "qlm_cpu_ms_per_req", "qlm_runq_wait_share", "vllm_cpu_cores", "prompt_tokens_mean",
+    "variant", "workload", "runs", "ok", "tokens_per_s", "makespan_s", "first_token_ms",
+    "qlm_first_submit_ms", "baseline", "throughput_ratio", "ttft_p50_ms", "added_ttft_p50_ms",
+    "ttft_p90_ms", "e2e_p50_ms", "qlm_admit_p50_ms", "qlm_dispatch_p50_ms",
+    "qlm_engine_ttft_p50_ms", "qlm_delivery_p50_ms", "qlm_cpu_cores", "qlm_cpu_ms_per_req",
+    "qlm_runq_wait_share", "vllm_cpu_cores", "prompt_tokens_mean",
 )  # fmt: skip
 
 
@@ -147,7 +148,10 @@ OVERHEAD_NOTE = (
     "streams open and sends the next the moment one ends (what holding work outside the "
     "engine costs with a refill that takes no time; its TTFT counts from the send, after the "
     "wait for a place). Throughput: "
-    "output tokens over the makespan, median over runs; TTFT (to the first chunk with text) "
+    "output tokens over the makespan, median over runs; makespan_s (the run's first send to "
+    "its last token), first_token_ms (its first send to its first token) and "
+    "qlm_first_submit_ms (its first send to QLM's first submit into vLLM, from QLM's "
+    "records): medians over runs; TTFT (to the first chunk with text) "
     "pooled over runs. From QLM's records: qlm_dispatch (admission to the agent's submit to "
     "vLLM) and qlm_engine_ttft (submit to the first token as the agent sees it). CPU in "
     "cores: the qlm process and the vLLM server's processes; qlm_runq_wait_share: share of "

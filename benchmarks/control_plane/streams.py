@@ -129,15 +129,18 @@ async def run_workload(
 PHASES = ("admit_ms", "dispatch_ms", "engine_ttft_ms", "delivery_ms")
 
 
-async def qlm_phases(base_url: str, samples: Sequence[StreamSample]) -> dict[str, list[float]]:
+async def qlm_phases(base_url: str, samples: Sequence[StreamSample]) -> dict[str, Any]:
     """For requests served through QLM, their TTFT in four phases, from QLM's own records
     (wall clock; the client's times are converted to it): admit (client send to admission),
     dispatch (admission to the agent's submit into the engine), engine TTFT (submit to the
-    first token as the agent sees it), delivery (that token to the client)."""
-    phases: dict[str, list[float]] = {name: [] for name in PHASES}
+    first token as the agent sees it), delivery (that token to the client). Also the run's
+    `qlm_first_submit_ms`: its first send to the first submit into the engine (the engine
+    idles until then; vLLM driven directly starts on its first arrival)."""
+    phases: dict[str, Any] = {name: [] for name in PHASES}
     mine = [s for s in samples if s.request_id and s.first is not None]
     if not mine:
         return phases
+    submits: list[float] = []
     async with httpx.AsyncClient(base_url=base_url, timeout=30.0, trust_env=False) as client:
         for sample in mine:
             response = await client.get(f"/v1/qlm/requests/{sample.request_id}")
@@ -147,8 +150,12 @@ async def qlm_phases(base_url: str, samples: Sequence[StreamSample]) -> dict[str
                 continue
             sent, first = sample.sent + sample.wall_offset_s, sample.first + sample.wall_offset_s
             points = [sent, *marks, first]
+            submits.append(points[2])
             for name, a, b in zip(PHASES, points, points[1:], strict=False):
                 phases[name].append(1e3 * (b - a))
+    if submits:
+        start = min(s.sent + s.wall_offset_s for s in samples)
+        phases["qlm_first_submit_ms"] = 1e3 * (min(submits) - start)
     return phases
 
 
@@ -179,6 +186,7 @@ def summarise_stream(samples: Sequence[StreamSample]) -> dict[str, Any]:
         "prompt_tokens_mean": statistics.fmean(s.prompt_tokens for s in good),
         "makespan_s": makespan_s,
         "tokens_per_s": tokens / makespan_s,
+        "first_token_ms": 1e3 * (min(s.first for s in good if s.first is not None) - start),
         "requests_per_s": len(good) / makespan_s,
         "ttft_ms": ttft_ms,
         "ttft_p50_ms": percentile_or_nan(ttft_ms, 0.5),

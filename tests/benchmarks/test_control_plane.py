@@ -15,6 +15,7 @@ from benchmarks.control_plane.admission import summarise_admission
 from benchmarks.control_plane.load import Samples, arrival_times
 from benchmarks.control_plane.overhead import ALONE, CAPPED, summarise_overhead
 from benchmarks.control_plane.render import BEGIN, END, write_docs
+from benchmarks.control_plane.streams import StreamSample, summarise_stream
 from benchmarks.control_plane.targets import admission_targets, overhead_targets
 from tests.redis_server import redis_server_binary
 
@@ -149,6 +150,26 @@ def test_overhead_compares_qlm_with_the_vllm_run_beside_it() -> None:
     assert rows[ALONE]["baseline"] is None
     verdicts = overhead_targets(list(rows.values()))
     assert [v["result"] for v in verdicts] == ["MISS", "PASS"]  # 0.89 < 0.95; +15 ms <= 20
+
+
+def test_a_burst_s_makespan_splits_at_its_first_token_and_first_submit() -> None:
+    samples = [  # sent, first token, done (monotonic s); the first send is at 10.0
+        StreamSample(10.0, 10.30, 10.9, 32, 33),
+        StreamSample(10.05, 10.12, 10.5, 32, 33),
+        StreamSample(10.02, None, 10.2, 0, 0, error="http 500"),
+    ]
+    summary = summarise_stream(samples)
+    assert summary["makespan_s"] == pytest.approx(0.9)
+    assert summary["first_token_ms"] == pytest.approx(120.0)
+    runs = [
+        run("QLM memory", "burst", 960.0, [1.0]) | {"makespan_s": 0.9, "qlm_first_submit_ms": 80},
+        run("QLM memory", "burst", 990.0, [1.0]) | {"makespan_s": 0.7, "qlm_first_submit_ms": 60},
+        run("QLM memory", "burst", 999.0, [1.0]) | {"makespan_s": 0.8},  # no records read
+    ]
+    (row,) = summarise_overhead(runs)
+    assert row["makespan_s"] == pytest.approx(0.8)
+    assert row["qlm_first_submit_ms"] == pytest.approx(70.0)
+    assert row["first_token_ms"] is None  # no run had one
 
 
 def test_docs_block_is_replaced_and_other_blocks_stay(tmp_path: Path) -> None:
