@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,15 +88,18 @@ def start_bare_vllm(engine: Any, log_dir: Path) -> Proc:
     return proc
 
 
-def plane_config(engine: Any, redis_url: str | None, path: Path) -> Path:
-    """examples/fleet.yaml's QLM, controller and agent settings; one vLLM instance."""
+def plane_config(
+    engine: Any, redis_url: str | None, path: Path, agent: Mapping[str, Any] | None = None
+) -> Path:
+    """examples/fleet.yaml's QLM, controller and agent settings (`agent` overrides some of
+    the latter); one vLLM instance."""
     fleet = example_fleet()
     data = {
         "qlm": fleet["qlm"],
         "queue": {"url": redis_url, "key_prefix": "bench:"},
         "api": {"host": "127.0.0.1", "port": 0},
         "controller": fleet.get("controller", {}),
-        "agent": fleet["agent"],
+        "agent": {**fleet["agent"], **(agent or {})},
         "engine": {"kind": "vllm", "vllm": engine.model_dump(mode="json")},
         "models": [{"name": "tiny-a", "max_context_tokens": engine.max_model_len}],
         "fleet": {

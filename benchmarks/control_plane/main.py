@@ -40,6 +40,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--variants", nargs="+", choices=("bare", "memory", "redis"), help="overhead variants"
     )
+    parser.add_argument(
+        "--engine-backlogs",
+        nargs="+",
+        type=_backlog,
+        default=(),
+        help="also run a memory-queue plane per agent.engine_backlog value (auto or a count), "
+        "paired with each other",
+    )
     parser.add_argument("--poisson-rate", type=float, help="req/s (default: half the burst rate)")
     parser.add_argument(
         "--vllm-cores",
@@ -160,5 +168,13 @@ def _overhead(args: argparse.Namespace, quick: bool, work_dir: Path) -> dict[str
         variants=tuple(args.variants or ("bare", "memory", "redis")),
         poisson_rate_per_s=args.poisson_rate,
         vllm_cores=args.vllm_cores,
+        engine_backlogs=tuple(args.engine_backlogs),
     )
     return run_overhead(opts)
+
+
+def _backlog(text: str) -> str:
+    """An agent.engine_backlog value: auto or a count >= 0."""
+    if text != "auto" and not (text.isdigit()):
+        raise argparse.ArgumentTypeError(f"engine backlog {text!r}: auto or a count >= 0")
+    return text

@@ -122,10 +122,12 @@ class OverheadOptions:
     variants: tuple[str, ...] = ("bare", "memory", "redis")
     poisson_rate_per_s: float | None = None  # None: half the bare burst rate
     vllm_cores: tuple[int, ...] | None = None  # None: the last core (split_cores)
+    engine_backlogs: tuple[str, ...] = ()  # agent.engine_backlog values to sweep (memory queue)
 
 
 ALONE = "vLLM alone"
 CAPPED = "vLLM, client in flight <="  # a client that refills the engine's slots at once
+BACKLOG = "QLM memory, engine_backlog"  # the --engine-backlogs sweep's variants
 
 
 def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
@@ -152,6 +154,9 @@ def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
         if queue in opts.variants:
             got, rate = _plane_session(engine, queue, burst, rate, opts)
             runs += got
+    if opts.engine_backlogs:
+        got, rate = _backlog_session(engine, burst, rate, opts)
+        runs += got
     return {
         "cores": {"vllm": vllm_cores, "qlm_and_clients": own_cores},
         "engine": engine.model_dump(mode="json"),
@@ -185,6 +190,34 @@ def _plane_session(
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
 
+def _backlog_session(
+    engine: Any, burst: Workload, rate: float | None, opts: OverheadOptions
+) -> tuple[list[dict[str, Any]], float]:
+    """One memory-queue plane per `agent.engine_backlog` value, each with its own vLLM server
+    on the same cores (idle while another runs), taking turns with the first plane's vLLM
+    server driven directly (their common baseline): how much parking work inside the engine
+    buys, paired under the same machine load."""
+    print(f"  QLM serve per engine_backlog {', '.join(opts.engine_backlogs)} ...", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        targets: list[Target] = []
+        for backlog in opts.engine_backlogs:
+            setting: int | str = backlog if backlog == "auto" else int(backlog)
+            path = opts.work_dir / f"plane-backlog-{backlog}.yaml"
+            proc = start_plane(
+                plane_config(engine, None, path, {"engine_backlog": setting}), opts.work_dir
+            )
+            stack.callback(stop, proc, 60.0)
+            vllm_pid, vllm_port = find_vllm_server(proc.pid)
+            pids = ((proc.pid,), (vllm_pid, *descendants(vllm_pid)))
+            if not targets:
+                targets.append(
+                    Target(f"vLLM beside {BACKLOG}s", f"http://127.0.0.1:{vllm_port}", *pids)
+                )
+            targets.append(Target(f"{BACKLOG} {backlog}", f"http://127.0.0.1:{proc.port}", *pids))
+        return asyncio.run(drive(targets, burst, rate, opts.repeats))
+    raise AssertionError("unreachable")  # pragma: no cover - the with block returns
+
+
 SAMPLE_LISTS = ("ttft_ms", *PHASES)
 # Per run, medians over runs: in a burst, QLM's makespan against vLLM's splits into the wait
 # before anything reaches the engine (first submit, first token) and the rest.
@@ -208,6 +241,8 @@ def summarise_overhead(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
 
 
 def baseline_of(variant: str) -> str:
+    if variant.startswith(BACKLOG):
+        return f"vLLM beside {BACKLOG}s"
     if variant.startswith("QLM "):
         return f"vLLM beside {variant}"
     if variant.startswith(CAPPED):

@@ -13,7 +13,7 @@ import pytest
 from benchmarks.control_plane import main as cp_main
 from benchmarks.control_plane.admission import summarise_admission
 from benchmarks.control_plane.load import Samples, arrival_times
-from benchmarks.control_plane.overhead import ALONE, CAPPED, summarise_overhead
+from benchmarks.control_plane.overhead import ALONE, BACKLOG, CAPPED, summarise_overhead
 from benchmarks.control_plane.render import BEGIN, END, write_docs
 from benchmarks.control_plane.streams import StreamSample, summarise_stream
 from benchmarks.control_plane.targets import admission_targets, overhead_targets
@@ -150,6 +150,19 @@ def test_overhead_compares_qlm_with_the_vllm_run_beside_it() -> None:
     assert rows[ALONE]["baseline"] is None
     verdicts = overhead_targets(list(rows.values()))
     assert [v["result"] for v in verdicts] == ["MISS", "PASS"]  # 0.89 < 0.95; +15 ms <= 20
+
+
+def test_an_engine_backlog_sweep_shares_one_baseline_and_sets_no_verdict() -> None:
+    runs = [
+        run(f"vLLM beside {BACKLOG}s", "burst", 1000.0, [100.0]),
+        run(f"{BACKLOG} auto", "burst", 800.0, [120.0]),
+        run(f"{BACKLOG} 16", "burst", 900.0, [110.0]),
+    ]
+    rows = {r["variant"]: r for r in summarise_overhead(runs)}
+    assert rows[f"{BACKLOG} auto"]["throughput_ratio"] == pytest.approx(0.8)
+    assert rows[f"{BACKLOG} 16"]["throughput_ratio"] == pytest.approx(0.9)
+    assert rows[f"{BACKLOG} 16"]["added_ttft_p50_ms"] == pytest.approx(10.0)
+    assert overhead_targets(list(rows.values())) == []  # a diagnosis, not the product's target
 
 
 def test_a_burst_s_makespan_splits_at_its_first_token_and_first_submit() -> None:
