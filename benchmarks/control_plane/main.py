@@ -175,6 +175,6 @@ def _overhead(args: argparse.Namespace, quick: bool, work_dir: Path) -> dict[str
 
 def _backlog(text: str) -> str:
     """An agent.engine_backlog value: auto or a count >= 0."""
-    if text != "auto" and not (text.isdigit()):
+    if text != "auto" and not text.isdigit():
         raise argparse.ArgumentTypeError(f"engine backlog {text!r}: auto or a count >= 0")
     return text

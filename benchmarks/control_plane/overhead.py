@@ -166,26 +166,50 @@ def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class _Plane:
+    """A started `qlm serve` with one vLLM engine: its API and that engine's server."""
+
+    url: str
+    vllm_url: str
+    qlm_pids: tuple[int, ...]
+    vllm_pids: tuple[int, ...]
+
+
+def _start_plane(
+    stack: contextlib.ExitStack,
+    engine: Any,
+    name: str,
+    opts: OverheadOptions,
+    redis_url: str | None = None,
+    agent: Mapping[str, Any] | None = None,
+) -> _Plane:
+    config = plane_config(engine, redis_url, opts.work_dir / f"plane-{name}.yaml", agent)
+    proc = start_plane(config, opts.work_dir)
+    stack.callback(stop, proc, 60.0)
+    vllm_pid, vllm_port = find_vllm_server(proc.pid)
+    pids = (vllm_pid, *descendants(vllm_pid))
+    return _Plane(
+        f"http://127.0.0.1:{proc.port}", f"http://127.0.0.1:{vllm_port}", (proc.pid,), pids
+    )
+
+
 def _plane_session(
     engine: Any, queue: str, burst: Workload, rate: float | None, opts: OverheadOptions
 ) -> tuple[list[dict[str, Any]], float]:
     print(f"  QLM serve, {queue} queue ...", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(RedisServer()).url if queue == "redis" else None
-        config = plane_config(engine, redis_url, opts.work_dir / f"plane-{queue}.yaml")
-        proc = start_plane(config, opts.work_dir)
-        stack.callback(stop, proc, 60.0)
-        vllm_pid, vllm_port = find_vllm_server(proc.pid)
-        vllm_pids = (vllm_pid, *descendants(vllm_pid))
-        vllm_url = f"http://127.0.0.1:{vllm_port}"
+        plane = _start_plane(stack, engine, queue, opts, redis_url)
+        pids = (plane.qlm_pids, plane.vllm_pids)
         targets = [
-            Target(f"vLLM beside QLM {queue}", vllm_url, (proc.pid,), vllm_pids),
-            Target(f"QLM {queue}", f"http://127.0.0.1:{proc.port}", (proc.pid,), vllm_pids),
+            Target(f"vLLM beside QLM {queue}", plane.vllm_url, *pids),
+            Target(f"QLM {queue}", plane.url, *pids),
         ]
         if queue == "memory":  # what holding work outside the engine costs, QLM aside
             slots = engine.max_num_seqs
             capped = f"{CAPPED} {slots} beside QLM {queue}"
-            targets.append(Target(capped, vllm_url, (proc.pid,), vllm_pids, slots))
+            targets.append(Target(capped, plane.vllm_url, *pids, slots))
         return asyncio.run(drive(targets, burst, rate, opts.repeats))
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
@@ -202,18 +226,12 @@ def _backlog_session(
         targets: list[Target] = []
         for backlog in opts.engine_backlogs:
             setting: int | str = backlog if backlog == "auto" else int(backlog)
-            path = opts.work_dir / f"plane-backlog-{backlog}.yaml"
-            proc = start_plane(
-                plane_config(engine, None, path, {"engine_backlog": setting}), opts.work_dir
-            )
-            stack.callback(stop, proc, 60.0)
-            vllm_pid, vllm_port = find_vllm_server(proc.pid)
-            pids = ((proc.pid,), (vllm_pid, *descendants(vllm_pid)))
+            agent = {"engine_backlog": setting}
+            plane = _start_plane(stack, engine, f"backlog-{backlog}", opts, agent=agent)
+            pids = (plane.qlm_pids, plane.vllm_pids)
             if not targets:
-                targets.append(
-                    Target(f"vLLM beside {BACKLOG}s", f"http://127.0.0.1:{vllm_port}", *pids)
-                )
-            targets.append(Target(f"{BACKLOG} {backlog}", f"http://127.0.0.1:{proc.port}", *pids))
+                targets.append(Target(f"vLLM beside {BACKLOG}s", plane.vllm_url, *pids))
+            targets.append(Target(f"{BACKLOG} {backlog}", plane.url, *pids))
         return asyncio.run(drive(targets, burst, rate, opts.repeats))
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
