@@ -9,12 +9,13 @@
   requests alone on k instances of its GPU type, k = 1, 2, ... until the model meets the
   target; the fleet is the sum. Run with qlm's scheduling and with llmd's.
 
-Every evaluation is one simulation of the same requests (drawn once per seed).
+Every evaluation is one simulation of the same requests (drawn once per seed); it drains:
+arrivals stop at the horizon and the run goes on until every request has ended, so each
+request is judged against its own deadline (`simulated`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,13 +64,17 @@ def simulated(
     seed: int,
     policy_options: dict[str, object] | None = None,
 ) -> SimResult:
+    """One run that drains: `requests` arrive up to the scenario's horizon and the run goes
+    on until each has ended (or nothing happens for the runner's stall time). A run cut at
+    the horizon counts a request still on its way to its deadline (a batch request of the
+    last 600 s, an interactive one of the last 5 s) as a miss."""
     return simulate(
         scenario.fleet(),
         requests,
         policy,
         scenario.config,
         seed,
-        options=SimConfig(max_time_s=scenario.horizon_s or math.inf),
+        options=SimConfig(),
         policy_options=policy_options,
         engine_factory=SimulatedEngines(scenario.engine),
     )

@@ -61,7 +61,15 @@ def _list_schedule(table: CostTable, order: Sequence[int], choose: Chooser) -> Q
 
 
 def _earliest_ttft(table: CostTable, states: Sequence[_QueueState], g: int) -> int:
-    return min(table.compatible(g), key=lambda q: (_ttft_if_appended(table, states[q], g, q), q))
+    """The compatible instance where the group's TTFT is earliest; at a tie, one that
+    displaces no model (idle, or on the group's model) before one whose model it unloads."""
+    model = table.groups[g].model
+
+    def key(q: int) -> tuple[float, bool, int]:
+        held = states[q].model
+        return (_ttft_if_appended(table, states[q], g, q), held not in (None, model), q)
+
+    return min(table.compatible(g), key=key)
 
 
 def _least_loaded_same_model(table: CostTable, states: Sequence[_QueueState], g: int) -> int:

@@ -3,9 +3,10 @@ shares, two pools, the standby tier on or off), and the bisection finds the leas
 
 from __future__ import annotations
 
-from benchmarks.density.run import _least, grid_rows
+from benchmarks.density.run import _least, grid_rows, simulated
 from benchmarks.density.scenario import long_tail, model_names, popularity
 from qlm.causes import MissCause
+from qlm.sim.result import OutcomeState
 
 
 def test_the_model_mix_and_the_zipf_shares() -> None:
@@ -94,3 +95,13 @@ def test_shared_a100_sets_hold_two_70b_models_beside_each_other() -> None:
     h100 = [i for i in fleet.instances if i.gpu_type == "H100"]
     assert sum(i.gpus for i in fleet.instances) == 5  # 1 H100 + 4 A100, each GPU once
     assert len(h100) == 3
+
+
+def test_a_run_drains_so_no_request_is_judged_before_its_deadline() -> None:
+    scenario = long_tail(0, models=6, peak_rate=1.0).with_fleet_counts({"H100": 4, "A100": 1})
+    requests = scenario.requests(0)
+    last = max(r.arrival_at_s for r in requests)
+    assert last > 1190.0  # arrivals run to the horizon (1,200 s)
+    result = simulated(scenario, requests, "qlm-edf", 0)
+    assert result.end_s > last
+    assert not [o for o in result.outcomes if o.state is OutcomeState.UNFINISHED]

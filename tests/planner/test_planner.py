@@ -96,6 +96,18 @@ def test_milp_improves_on_edf_by_avoiding_a_swap() -> None:
     assert not milp.late_groups
 
 
+def test_edf_loads_a_new_model_on_an_idle_instance_before_unloading_one() -> None:
+    # i0 holds model a (nothing queued for it now), i1 holds nothing: loading b costs the
+    # same on both, so b's TTFT ties. Unloading a would cost its next arrivals a load, so
+    # EDF takes the idle instance, whichever comes first in the fleet.
+    profiles = [make_profile("a", load_s=20.0), make_profile("b", load_s=20.0)]
+    group = (make_group("b1", model="b", deadline_at_s=60.0),)
+    for order in ((("i0", "a"), ("i1", None)), (("i1", None), ("i0", "a"))):
+        fleet = Fleet.of([make_instance(i, loaded_model=m) for i, m in order], profiles)
+        plan = plan_with(PlanInput(group, fleet, now_s=0.0), policy="edf")
+        assert plan.instance_of("b1") == "i1"
+
+
 @pytest.mark.solver
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_overloaded_case_still_gets_a_plan(backend: str) -> None:
