@@ -158,3 +158,21 @@ def find_vllm_server(qlm_pid: int) -> tuple[int, int]:
             if argv[1:3] == ["-m", SERVE_MODULE] and "--port" in argv:  # not its reaper
                 return pid, int(argv[argv.index("--port") + 1])
     raise RuntimeError(f"no vLLM server among the processes of qlm serve ({qlm_pid})")
+
+
+STEPS_METRIC = "vllm:iteration_tokens_total"  # a histogram: one observation per engine step
+
+
+def engine_steps(metrics_text: str) -> float | None:
+    """Engine steps a vLLM server has run so far (its iteration histogram's count, summed
+    over engines), from its /metrics text; None when the server does not export it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = [
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        if family.name == STEPS_METRIC
+        for sample in family.samples
+        if sample.name == f"{STEPS_METRIC}_count"
+    ]
+    return sum(counts) if counts else None

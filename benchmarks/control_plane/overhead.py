@@ -15,11 +15,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from benchmarks.common.plane import descendants, stop
 from benchmarks.common.stats import median, percentile
 from benchmarks.control_plane.cpu import process_cpu_s, runqueue_wait_s
 from benchmarks.control_plane.engines import (
     engine_settings,
+    engine_steps,
     ensure_tiny_model,
     find_vllm_server,
     plane_config,
@@ -47,6 +50,11 @@ class Target:
     qlm_pids: tuple[int, ...] = ()
     vllm_pids: tuple[int, ...] = ()
     in_flight: int | None = None  # a client that keeps at most this many streams open
+    vllm_url: str | None = None  # the vLLM server whose engine steps a run counts
+
+    @property
+    def engine_url(self) -> str:
+        return self.vllm_url or self.base_url
 
 
 async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str, Any]:
@@ -54,6 +62,7 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
     qlm0 = sum(map(process_cpu_s, target.qlm_pids))
     wait0 = sum(map(runqueue_wait_s, target.qlm_pids))
     vllm0 = sum(map(process_cpu_s, target.vllm_pids))
+    steps0 = await _engine_steps(target.engine_url)
     started = time.monotonic()
     samples = await run_workload(target.base_url, workload, repeat + 1, target.in_flight)
     wall = time.monotonic() - started
@@ -63,6 +72,8 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
         file=sys.stderr,
     )
     qlm_cpu_s = sum(map(process_cpu_s, target.qlm_pids)) - qlm0
+    steps1 = await _engine_steps(target.engine_url)
+    steps = None if steps0 is None or steps1 is None else steps1 - steps0
     return {
         "variant": target.variant,
         "workload": workload.name,
@@ -71,9 +82,17 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
         "qlm_cpu_ms_per_req": 1e3 * qlm_cpu_s / workload.num_requests,
         "qlm_runq_wait_share": (sum(map(runqueue_wait_s, target.qlm_pids)) - wait0) / wall,
         "vllm_cpu_cores": (sum(map(process_cpu_s, target.vllm_pids)) - vllm0) / wall,
+        "vllm_steps": steps,
         **summary,
         **await qlm_phases(target.base_url, samples),
     }
+
+
+async def _engine_steps(url: str) -> float | None:
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
+        response = await client.get(f"{url}/metrics")
+        response.raise_for_status()
+        return engine_steps(response.text)
 
 
 async def drive(
@@ -204,7 +223,7 @@ def _plane_session(
         pids = (plane.qlm_pids, plane.vllm_pids)
         targets = [
             Target(f"vLLM beside QLM {queue}", plane.vllm_url, *pids),
-            Target(f"QLM {queue}", plane.url, *pids),
+            Target(f"QLM {queue}", plane.url, *pids, vllm_url=plane.vllm_url),
         ]
         if queue == "memory":  # what holding work outside the engine costs, QLM aside
             slots = engine.max_num_seqs
@@ -231,15 +250,18 @@ def _backlog_session(
             pids = (plane.qlm_pids, plane.vllm_pids)
             if not targets:
                 targets.append(Target(f"vLLM beside {BACKLOG}s", plane.vllm_url, *pids))
-            targets.append(Target(f"{BACKLOG} {backlog}", plane.url, *pids))
+            variant = f"{BACKLOG} {backlog}"
+            targets.append(Target(variant, plane.url, *pids, vllm_url=plane.vllm_url))
         return asyncio.run(drive(targets, burst, rate, opts.repeats))
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
 
 SAMPLE_LISTS = ("ttft_ms", *PHASES)
 # Per run, medians over runs: in a burst, QLM's makespan against vLLM's splits into the wait
-# before anything reaches the engine (first submit, first token) and the rest.
-RUN_MEDIANS = ("makespan_s", "first_token_ms", "qlm_first_submit_ms")
+# before anything reaches the engine (first submit, first token) and the rest; vllm_steps
+# (the engine steps the run took) shows the rest's batches: the same tokens in more steps
+# means steps ran with free sequence slots.
+RUN_MEDIANS = ("makespan_s", "first_token_ms", "qlm_first_submit_ms", "vllm_steps")
 
 
 def summarise_overhead(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -283,7 +305,9 @@ def _overhead_row(runs: Sequence[Mapping[str, Any]], variant: str, workload: str
         "ok": sum(r["ok"] for r in good),
         "requests": sum(r["requests"] for r in mine),
         "tokens_per_s": median([r["tokens_per_s"] for r in good]),
-        **{name: median([r[name] for r in good if name in r]) for name in RUN_MEDIANS},
+        **{
+            name: median([r[name] for r in good if r.get(name) is not None]) for name in RUN_MEDIANS
+        },
         "ttft_p50_ms": pooled("ttft_ms", 0.5),
         "ttft_p90_ms": pooled("ttft_ms", 0.9),
         "e2e_p50_ms": median([r["e2e_p50_ms"] for r in good]),

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.control_plane import main as cp_main
 from benchmarks.control_plane.admission import summarise_admission
+from benchmarks.control_plane.engines import engine_steps
 from benchmarks.control_plane.load import Samples, arrival_times
 from benchmarks.control_plane.overhead import ALONE, BACKLOG, CAPPED, summarise_overhead
 from benchmarks.control_plane.render import BEGIN, END, write_docs
@@ -183,6 +184,33 @@ def test_a_burst_s_makespan_splits_at_its_first_token_and_first_submit() -> None
     assert row["makespan_s"] == pytest.approx(0.8)
     assert row["qlm_first_submit_ms"] == pytest.approx(70.0)
     assert row["first_token_ms"] is None  # no run had one
+
+
+METRICS_TEXT = """\
+# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="tiny-a"} 3.0
+vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="tiny-a"} 129.0
+vllm:iteration_tokens_total_count{engine="0",model_name="tiny-a"} 129.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="tiny-a"} 4171.0
+vllm:iteration_tokens_total_count{engine="1",model_name="tiny-a"} 11.0
+vllm:iteration_tokens_total_sum{engine="1",model_name="tiny-a"} 40.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny-a"} 0.0
+"""
+
+
+def test_engine_steps_are_the_iteration_histogram_s_count_over_engines() -> None:
+    assert engine_steps(METRICS_TEXT) == 140.0  # 129 + 11: counts, not buckets or sums
+    assert engine_steps("# TYPE other gauge\nother 1.0\n") is None
+    runs = [
+        run("QLM memory", "burst", 960.0, [1.0]) | {"vllm_steps": 150.0},
+        run("QLM memory", "burst", 990.0, [1.0]) | {"vllm_steps": 140.0},
+        run("QLM memory", "burst", 999.0, [1.0]) | {"vllm_steps": None},  # not exported
+    ]
+    (row,) = summarise_overhead(runs)
+    assert row["vllm_steps"] == pytest.approx(145.0)
 
 
 def test_docs_block_is_replaced_and_other_blocks_stay(tmp_path: Path) -> None:
