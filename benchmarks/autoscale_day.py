@@ -230,7 +230,7 @@ def main(argv: list[str]) -> int:
         POLICY,
         scenario.config,
         args.seed,
-        options=SimConfig(max_time_s=horizon_s),
+        options=SimConfig(),  # drains, as density's runs do (benchmarks/density/run.py)
         engine_factory=SimulatedEngines(scenario.engine),
     )
     fleet = scenario.fleet()
