@@ -31,9 +31,9 @@ through its OpenAI API; (b) `qlm serve` with one vLLM engine of the same setting
 queue; (c) the same on Redis. TTFT is the time to the first chunk with text. Per run, the
 makespan, the first token and QLM's first submit into vLLM split a burst's gap into the wait
 before the engine starts and the rest; vllm_steps (the engine steps vLLM ran, from its
-/metrics) shows whether the rest ran in fuller or emptier batches. `--engine-backlogs` adds one in-memory plane per
-`agent.engine_backlog` value, paired with each other and with one vLLM server driven directly
-(diagnosis only: these rows get no verdict).
+/metrics) shows whether the rest ran in fuller or emptier batches. `--engine-backlogs` adds
+one in-memory plane per `agent.engine_backlog` value, paired with each other and with one
+vLLM server driven directly (diagnosis only: these rows get no verdict).
 
 Modules: load (the admission load generator), cpu (CPU accounting from /proc), admission
 (the admission steps), streams (streamed completions and their timing), engines (vLLM and
