@@ -166,13 +166,8 @@ STEPS_METRIC = "vllm:iteration_tokens_total"  # a histogram: one observation per
 def engine_steps(metrics_text: str) -> float | None:
     """Engine steps a vLLM server has run so far (its iteration histogram's count, summed
     over engines), from its /metrics text; None when the server does not export it."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from qlm.engine.vllm.metrics import histogram_totals
 
-    counts = [
-        sample.value
-        for family in text_string_to_metric_families(metrics_text)
-        if family.name == STEPS_METRIC
-        for sample in family.samples
-        if sample.name == f"{STEPS_METRIC}_count"
-    ]
-    return sum(counts) if counts else None
+    if STEPS_METRIC not in metrics_text:
+        return None
+    return histogram_totals(metrics_text, (STEPS_METRIC,))[STEPS_METRIC].count
