@@ -65,8 +65,7 @@ _WAKE = "wake:"  # + instance id: a request held back there (prefix hold, pacing
 
 @dataclass(frozen=True, slots=True)
 class QlmVariant:
-    """Which ablation of qlm runs, and the virtual time a solve is charged. When the control
-    loop checks and re-plans is the scenario's `qlm.control` (the same as the live plane's)."""
+    """Which ablation of qlm runs, the virtual time a solve is charged (re-plans: qlm.control)."""
 
     planning_latency_s: float | None = None  # None: planner time limit (milp), else 0
     planner: str | None = None  # override config.planner.policy (qlm-edf: "edf")
@@ -74,6 +73,7 @@ class QlmVariant:
     pin_models: bool = False  # plan as if every loaded instance can hold only its model
     shortcuts: bool = True  # skip agent steps and queue tails that cannot change reconcile
     fetch_standby: bool = True  # fill free standby places with the worthiest models (warming)
+    wake_for_backlog: bool = True  # a wake also counts the arrivals a backlog makes late
 
 
 class QlmPolicy(BasePolicy):
@@ -107,9 +107,9 @@ class QlmPolicy(BasePolicy):
         config = _reproducible(ctx.config)
         controller = Controller(config, fleet, self._wall, planner_policy=planner)
         self._driver = ControlDriver(controller, config.control)
-        self._members = config.control.published_members_per_instance
-        self._priority = {c.name: c.priority for c in ctx.config.slo_classes}
-        self._dispatch_view = SimDispatch(ctx, self._priority, self._members)
+        members = self._members = config.control.published_members_per_instance
+        priority = self._priority = {c.name: c.priority for c in ctx.config.slo_classes}
+        self._dispatch_view = SimDispatch(ctx, priority, members, variant.wake_for_backlog)
         latency = variant.planning_latency_s
         if latency is None:
             latency = ctx.config.planner.time_limit_s if planner == "milp" else 0.0

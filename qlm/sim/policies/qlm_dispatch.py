@@ -35,8 +35,15 @@ from qlm.types import Request
 
 
 class SimDispatch:
-    def __init__(self, ctx: SimContext, priority: Mapping[str, int], members: int) -> None:
+    def __init__(
+        self,
+        ctx: SimContext,
+        priority: Mapping[str, int],
+        members: int,
+        wake_for_backlog: bool = True,
+    ) -> None:
         self.ctx = ctx
+        self.wake_for_backlog = wake_for_backlog  # `swap_pays` counts `_backlog_risk`
         self.priority = priority
         self.members = members
         self._queues = ModelQueues()
@@ -230,7 +237,10 @@ class SimDispatch:
         without it, plus, when the instance is its model's last, the arrivals of that model
         expected while it is away (the target's load and the load back) that cannot wait that
         long (`ArrivalRates.at_risk`). Instances loading the target count in its
-        pool, so two instances do not swap for the same requests."""
+        pool, so two instances do not swap for the same requests. A wake from the standby
+        tier gains at least the target's urgent arrivals expected while its backlog lasts
+        (`_backlog_risk`): a pool overrun by a burst drops what is due before the wake is
+        ready, which the count above leaves out, and goes on dropping the next arrivals."""
         ctx = self.ctx
         model = ctx.model_of(instance_id)
         profile = ctx.fleet.profile(head.model, ctx.fleet.instance(instance_id))
@@ -249,10 +259,24 @@ class SimDispatch:
         target = self._pool(head.model) + self._loading(head.model)
         if not target:  # it serves a model no instance serves unless a promise breaks
             return lost < 1
-        gained = self._unkept(head.model, target, ready_s) - self._unkept(
+        gained: float = self._unkept(head.model, target, ready_s) - self._unkept(
             head.model, (*target, instance_id), ready_s
         )
+        if standby and self.wake_for_backlog:
+            gained = max(gained, self._backlog_risk(head.model, target, now_s, ready_s))
         return gained > lost
+
+    def _backlog_risk(self, model: str, pool: tuple[str, ...], now_s: float, ready: float) -> float:
+        """The model's recent arrivals whose TTFT budget is shorter than the lag (how far
+        the pool's last kept request's due start lies past `ready`), at their rate over
+        the lag (`ArrivalRates.at_risk`): the arrivals that cannot wait for the pool's
+        backlog, which an instance ready by `ready` would take a share of. A bound, not a
+        prediction: an urgent arrival passes less urgent work in the queue. Wakes only: a
+        few seconds ahead the recent rate holds; a cold load's minutes outlast a burst
+        (benchmarks/density.py `--grid --no-wake-for-backlog` measures it both ways)."""
+        starts = self._schedule(model, pool).start_at_s.values()
+        lag_s = max(starts, default=now_s) - ready
+        return self._arrivals.at_risk(model, now_s, lag_s)
 
     def standby_fetches(self) -> tuple[FetchStandby, ...]:
         """What each instance with a standby tier fetches into it now (qlm/agents/warming.py):
