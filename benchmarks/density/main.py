@@ -6,6 +6,8 @@ the target, per approach (benchmarks/density/run.py):
     .venv/bin/python benchmarks/density.py --seeds 0,1 --models 12
     .venv/bin/python benchmarks/density.py --seeds 0,1,2 --grid 5/2,8/2  # why fleets miss
     .venv/bin/python benchmarks/density.py --grid 5/2 --slice-memory 0.5,0.25,0.25
+    .venv/bin/python benchmarks/density.py --grid 5/2 --slice-memory 0.5,0.25,0.25 \
+        --no-wake-for-backlog                               # wakes by queued promises alone
     .venv/bin/python benchmarks/density.py --grid 6/1 --slice-memory 0.5,0.25,0.25 \
         --large-memory 0.5,0.5                              # two 70B engines per A100 set
 
@@ -231,7 +233,8 @@ def grid(args: argparse.Namespace, seeds: list[int]) -> int:
     for seed in seeds:
         scenario = _scenario(args, seed, True, shares, large)
         requests = scenario.requests(seed)
-        rows += grid_rows(scenario, requests, POLICY, seed, args.grid.split(","))
+        options = {"wake_for_backlog": args.wake_for_backlog}
+        rows += grid_rows(scenario, requests, POLICY, seed, args.grid.split(","), options)
     columns = list(dict.fromkeys(key for row in rows for key in row))
     print(markdown_table(rows, columns, lambda v, _: "0" if v is None else str(v)))
     gains = [row["attainment"] for row in rows]
@@ -255,6 +258,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--large-memory", help="--grid, with --slice-memory: engines per A100 set, e.g. 0.5,0.5"
     )
+    parser.add_argument(
+        "--no-wake-for-backlog", dest="wake_for_backlog", action="store_false",
+        help="--grid: wakes weigh queued promises alone (qlm_dispatch.py `_backlog_risk`)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.grid:

@@ -81,7 +81,12 @@ def simulated(
 
 
 def grid_rows(
-    scenario: Scenario, requests: Sequence[Request], policy: str, seed: int, fleets: Sequence[str]
+    scenario: Scenario,
+    requests: Sequence[Request],
+    policy: str,
+    seed: int,
+    fleets: Sequence[str],
+    policy_options: dict[str, object] | None = None,
 ) -> list[dict[str, Any]]:
     """Attainment and the misses by cause (qlm/causes.py) on each fleet (`"H100/A100"`
     counts), same requests: where a fleet falls short, and why."""
@@ -89,7 +94,7 @@ def grid_rows(
     for fleet in fleets:
         small, large = (int(n) for n in fleet.split("/"))
         sized = scenario.with_fleet_counts({SMALL: small, LARGE: large})
-        result = simulated(sized, requests, policy, seed)
+        result = simulated(sized, requests, policy, seed, policy_options)
         causes = miss_cause_counts(result.outcomes, result.end_s)
         row: dict[str, Any] = {"seed": seed, "fleet": f"{small} x {SMALL}, {large} x {LARGE}"}
         row |= {"gpus": _gpus(sized), "attainment": round(result.attainment(), 4)}

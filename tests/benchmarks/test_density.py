@@ -105,3 +105,19 @@ def test_a_run_drains_so_no_request_is_judged_before_its_deadline() -> None:
     result = simulated(scenario, requests, "qlm-edf", 0)
     assert result.end_s > last
     assert not [o for o in result.outcomes if o.state is OutcomeState.UNFINISHED]
+
+
+def test_a_wake_for_a_backlog_that_outlasts_it_keeps_more_promises() -> None:
+    """qlm_dispatch.py `_backlog_risk`: with it, an instance wakes a model from its standby
+    tier when that model's pool is overrun by a burst (it drops requests due before the wake
+    is ready, which the queued count leaves out). Off, the burst's model stays on its pool
+    and its next arrivals miss too."""
+    scenario = long_tail(2, models=8, peak_rate=6.0, slices=3, kv_pool=True,
+                         slice_memory=(0.5, 0.25, 0.25))  # fmt: skip
+    requests = scenario.requests(2)
+    off, on = (
+        grid_rows(scenario, requests, "qlm-edf", 2, ["2/2"], {"wake_for_backlog": wake})[0]
+        for wake in (False, True)
+    )
+    assert on.get("queued", 0) < off.get("queued", 0)
+    assert on["attainment"] > off["attainment"] + 0.005
