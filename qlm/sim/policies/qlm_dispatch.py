@@ -263,19 +263,19 @@ class SimDispatch:
             head.model, (*target, instance_id), ready_s
         )
         if standby and self.wake_for_backlog:
-            gained = max(gained, self._backlog_risk(head.model, target, now_s, ready_s))
+            gained = max(gained, self._backlog_risk(head.model, target, ready_s))
         return gained > lost
 
-    def _backlog_risk(self, model: str, pool: tuple[str, ...], now_s: float, ready: float) -> float:
+    def _backlog_risk(self, model: str, pool: tuple[str, ...], ready_s: float) -> float:
         """The model's recent arrivals whose TTFT budget is shorter than the lag (how far
-        the pool's last kept request's due start lies past `ready`), at their rate over
+        the pool's last kept request's due start lies past `ready_s`), at their rate over
         the lag (`ArrivalRates.at_risk`): the arrivals that cannot wait for the pool's
-        backlog, which an instance ready by `ready` would take a share of. A bound, not a
-        prediction: an urgent arrival passes less urgent work in the queue. Wakes only: a
-        few seconds ahead the recent rate holds; a cold load's minutes outlast a burst
-        (benchmarks/density.py `--grid --no-wake-for-backlog` measures it both ways)."""
+        backlog, which an instance ready by `ready_s` would take a share of. A bound, not a
+        prediction: an urgent arrival passes less urgent work in the queue. Wakes only: the
+        recent rate holds seconds ahead, not a cold load's minutes (density.py `--grid`)."""
         starts = self._schedule(model, pool).start_at_s.values()
-        lag_s = max(starts, default=now_s) - ready
+        now_s = self.ctx.clock.now_s()
+        lag_s = max(starts, default=now_s) - ready_s
         return self._arrivals.at_risk(model, now_s, lag_s)
 
     def standby_fetches(self) -> tuple[FetchStandby, ...]:
