@@ -22,10 +22,13 @@ The rules, stated once:
 3. A re-plan asked for starts at once, or `min_replan_interval_s` after the previous start if
    that is later; asks in between coalesce into one.
 4. While a plan is being solved or is in flight (not yet adopted), arrivals wait for it;
-   they join the new plan when it is adopted, if still queued. They are not hidden
-   meanwhile (`waiting`): the live loop shows them to agents, whose dispatch serves every
-   queued request of their model by deadline, as the simulator's dispatch sees every
-   queued request the moment it arrives.
+   they join the new plan when it is adopted, if still queued. Neither they nor the
+   arrivals of rule 1 that asked for the re-plan are hidden meanwhile (`waiting`): the live
+   loop shows them to agents, whose dispatch serves every queued request of their model by
+   deadline, as the simulator's dispatch sees every queued request the moment it arrives.
+   (An arrival of a model and class no planned group holds once waited, unseen, for the
+   throttled re-plan of rule 3 and its solve: up to `min_replan_interval_s` on an idle
+   fleet.)
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class ControlDriver:
         self._solving = False  # `begin_solve` was called; `solve` has not returned yet
         self._adopted: PublishedPlan | None = None
         self._deferred: list[Request] = []
+        self._outside: dict[str, Request] = {}  # rule 1's arrivals that asked for a re-plan
         self._next_check_at_s: float | None = None  # None: nothing queued at the last look
         self.counts: dict[str, int] = {}
 
@@ -82,8 +86,9 @@ class ControlDriver:
 
     @property
     def waiting(self) -> tuple[Request, ...]:
-        """The arrivals that wait for the plan being solved or in flight (rule 4)."""
-        return tuple(self._deferred)
+        """The arrivals that wait for a plan (rule 4): those that fit no planned group and
+        asked for a re-plan, then those that came while it was solved or in flight."""
+        return (*self._outside.values(), *self._deferred)
 
     def _busy(self) -> bool:
         return self._solving or self._in_flight is not None
@@ -104,6 +109,7 @@ class ControlDriver:
             plan = self.controller.on_arrival(request, now_s)
             if plan is None:
                 self._count("arrivals_outside_plan")
+                self._outside[request.id] = request
                 first_ask = self._ask_replan(now_s)
                 asked = asked if first_ask is None else first_ask
                 continue
@@ -122,7 +128,7 @@ class ControlDriver:
         """The queued requests the plan does not hold and that do not wait for a plan in
         flight: new arrivals, and requests back in the queue (evicted, or their agent died)
         that the plan forgot while they were out. The live loop offers these each round."""
-        waiting = {r.id for r in self._deferred}
+        waiting = {r.id for r in self.waiting}
         return [r for r in queued if not self.controller.holds(r.id) and r.id not in waiting]
 
     # The violation check
@@ -191,6 +197,7 @@ class ControlDriver:
             self.begin_solve()
         try:
             if not queued:
+                self._outside = {}  # nothing is queued: they left
                 return None
             self._last_replan_s = now_s
             self._count("replans")
@@ -206,6 +213,7 @@ class ControlDriver:
         if self._in_flight is None:
             return NOTHING
         self._adopted, self._in_flight = self._in_flight, None
+        self._outside = {}  # the plan was solved over them (those still queued)
         deferred, self._deferred = self._deferred, []
         # the live loop also defers queued requests the old plan lacked, which the new one
         # may hold already (it was solved over them)
@@ -217,6 +225,7 @@ class ControlDriver:
         self._in_flight = None
         self._solving = False
         self._deferred.clear()
+        self._outside = {}  # offered again next round, they ask again
 
     def _ask_replan(self, now_s: float) -> float | None:
         if self._wanted_since_s is not None:

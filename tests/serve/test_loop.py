@@ -220,3 +220,27 @@ def test_arrivals_during_a_solve_are_shown_to_agents_before_it_ends(
     assert after is not None
     assert "waiting:m7b" not in after.groups
     assert "chat" in {rid for g in after.groups.values() for rid in g.request_ids}
+
+
+def test_an_arrival_that_asks_for_a_held_back_replan_is_shown_to_agents_at_once() -> None:
+    """A request of a model and class no planned group holds asks for a re-plan, which the
+    throttle holds back (rule 3); agents see it meanwhile, instead of after the re-plan."""
+
+    async def run() -> tuple[int, PublishedPlan | None]:
+        clock = VirtualClock(100.0)
+        queue = MemoryQueue(clock=clock)
+        loop = _loop(queue, clock, interval_s=5.0)
+        await queue.enqueue(make_request(id="r0", arrival_at_s=clock.now_s()))
+        await loop.step()  # the first plan
+        clock.advance_by(1.0)
+        chat = make_request(
+            id="chat", model="m13b", slo_class="interactive", arrival_at_s=clock.now_s()
+        )
+        await queue.enqueue(chat)
+        await loop.step()  # asks for a re-plan, held back until 5 s after the first
+        return loop.counters.replans, await queue.current_plan()
+
+    replans, plan = asyncio.run(run())
+    assert replans == 1  # still held back
+    assert plan is not None
+    assert plan.groups["waiting:m13b"].request_ids == ("chat",)
