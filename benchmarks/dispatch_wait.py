@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
-from benchmarks.common.plane import example_fleet, start_qlm, stop, wait_http
+from benchmarks.client_latency import plane_config
+from benchmarks.common.plane import start_qlm, stop, wait_http
 from benchmarks.common.stats import percentile
 from benchmarks.common.tables import markdown_table, target_row
 from benchmarks.control_plane.streams import prompt_text
@@ -56,14 +56,6 @@ KEYS = (
 TARGET_MS = 50.0  # issue 13: added TTFT within 50 ms at light load; here an interactive
 TARGET_CLASS = "interactive"  # request's worst wait (a batch class has minutes to spare)
 NOTE = "the client shares the machine's 2 cores with `qlm serve`"
-
-
-def plane_config(path: Path, speedup: float) -> Path:
-    fleet = example_fleet()
-    fleet["engine"] = {**fleet["engine"], "speedup": speedup}
-    fleet["api"] = {"host": "127.0.0.1", "port": 0}
-    path.write_text(yaml.safe_dump(fleet, sort_keys=False))
-    return path
 
 
 async def one(client: httpx.AsyncClient, index: int, model: str, slo_class: str) -> dict[str, Any]:
