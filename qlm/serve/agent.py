@@ -84,13 +84,14 @@ class Agent:
         keeper = asyncio.create_task(keeping, name=f"leases-{self.instance.id}")
         try:
             while not stop.is_set():
-                settled = False
+                ran = False
                 try:
-                    settled = await self.step() is not None
+                    await self.step()
+                    ran = True
                     self.leases.round_done()
                 except Exception:  # a failed round must not kill the agent
                     log.exception("agent %s: round failed", self.instance.id)
-                await self._idle(stop, wake_on_plan=settled)
+                await self._idle(stop, wake_on_plan=ran)
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
@@ -110,7 +111,9 @@ class Agent:
     async def _idle(self, stop: asyncio.Event, *, wake_on_plan: bool) -> None:
         """Sleep until there is work: engine events (tokens, completions), a newer plan, the
         stop signal, or `poll_s` at the latest (leases, status, time-driven decisions). After
-        a round that failed or found no plan, a newer plan does not wake it (same failure)."""
+        a round that failed, a newer plan does not wake it (it would fail the same way); after
+        one that found no plan, the first plan does (the queue's wait blocks until one exists,
+        so this cannot spin; waiting out `poll_s` held a fresh plane's first burst ~0.2 s)."""
         timeout_s = self.settings.poll_s
         waits: list[Awaitable[bool]] = [stop.wait()]
         if wake_on_plan:
