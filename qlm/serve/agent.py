@@ -84,14 +84,14 @@ class Agent:
         keeper = asyncio.create_task(keeping, name=f"leases-{self.instance.id}")
         try:
             while not stop.is_set():
-                ran = False
                 try:
                     await self.step()
-                    ran = True
                     self.leases.round_done()
                 except Exception:  # a failed round must not kill the agent
                     log.exception("agent %s: round failed", self.instance.id)
-                await self._idle(stop, wake_on_plan=ran)
+                    await self._idle(stop, wake_on_plan=False)
+                else:
+                    await self._idle(stop, wake_on_plan=True)
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
@@ -109,11 +109,8 @@ class Agent:
             self.engine.abort(dropped)
 
     async def _idle(self, stop: asyncio.Event, *, wake_on_plan: bool) -> None:
-        """Sleep until there is work: engine events (tokens, completions), a newer plan, the
-        stop signal, or `poll_s` at the latest (leases, status, time-driven decisions). After
-        a round that failed, a newer plan does not wake it (it would fail the same way); after
-        one that found no plan, the first plan does (the queue's wait blocks until one exists,
-        so this cannot spin; waiting out `poll_s` held a fresh plane's first burst ~0.2 s)."""
+        """Sleep until engine events, a newer plan (not after a failed round: it would fail the
+        same way), the stop signal, or `poll_s` at the latest (leases, status, time decisions)."""
         timeout_s = self.settings.poll_s
         waits: list[Awaitable[bool]] = [stop.wait()]
         if wake_on_plan:
