@@ -1,0 +1,103 @@
+"""Live against simulated on the same requests: attainment overall and per class, swaps,
+evictions, TTFT quantiles and the wait predictions' error, as a table and a JSON document."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from qlm.sim.result import SimResult
+
+
+def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, Any]:
+    """Per class: the median absolute error of the predicted TTFT (the run's
+    `ttft_predictions`; a predicted miss counts as the target) against the TTFT seen, as a
+    share of the class's target, and how often the TTFT came within the prediction
+    (`held`); over requests with both a prediction and a first token."""
+    errors: dict[str, list[float]] = {}
+    held: dict[str, list[bool]] = {}
+    for outcome in result.outcomes:
+        prediction = result.ttft_predictions.get(outcome.request_id)
+        ttft_s = outcome.ttft_s
+        target_s = targets_s.get(outcome.slo_class)
+        if prediction is None or ttft_s is None or not target_s:
+            continue
+        predicted_s = target_s if prediction.predicted_s is None else prediction.predicted_s
+        errors.setdefault(outcome.slo_class, []).append(abs(predicted_s - ttft_s) / target_s)
+        held.setdefault(outcome.slo_class, []).append(ttft_s <= predicted_s)
+    return {
+        name: {
+            "requests": len(values),
+            "median_abs_error_of_target": statistics.median(values),
+            "held": sum(held[name]) / len(held[name]),
+        }
+        for name, values in sorted(errors.items())
+    }
+
+
+def run_figures(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, Any]:
+    """What the comparison reads of one run."""
+    ttfts = sorted(o.ttft_s for o in result.outcomes if o.ttft_s is not None)
+    return {
+        "policy": result.policy,
+        "requests": result.num_requests,
+        "overall": result.attainment(),
+        "by_class": result.attainment_by_class(),
+        "swaps": result.total_swaps,
+        "evictions": result.evictions,
+        "ttft_p50_s": _quantile(ttfts, 0.5),
+        "ttft_p99_s": _quantile(ttfts, 0.99),
+        "prediction": prediction_error(result, targets_s),
+    }
+
+
+def comparison(
+    live: SimResult, simulated: SimResult, targets_s: Mapping[str, float]
+) -> dict[str, Any]:
+    """Both runs' figures and the gaps (live less simulated, in attainment points)."""
+    a, b = run_figures(live, targets_s), run_figures(simulated, targets_s)
+    classes = sorted(set(a["by_class"]) | set(b["by_class"]))
+    return {
+        "live": a,
+        "simulated": b,
+        "gap_points": {
+            "overall": 100 * (a["overall"] - b["overall"]),
+            **{c: 100 * (a["by_class"].get(c, 0.0) - b["by_class"].get(c, 0.0)) for c in classes},
+        },
+    }
+
+
+def comparison_table(doc: Mapping[str, Any]) -> str:
+    """The comparison as a fixed-width table, one row per run and one for the gap."""
+    classes = sorted(doc["gap_points"].keys() - {"overall"})
+    head = ["run", "overall", *classes, "swaps", "evictions", "ttft p50", "ttft p99"]
+    rows = [head]
+    for key in ("live", "simulated"):
+        run = doc[key]
+        cells = [run["policy"], _pct(run["overall"])]
+        cells += [_pct(run["by_class"].get(c)) for c in classes]
+        cells += [str(run["swaps"]), str(run["evictions"])]
+        cells += [_secs(run["ttft_p50_s"]), _secs(run["ttft_p99_s"])]
+        rows.append(cells)
+    gap = doc["gap_points"]
+    rows.append(["gap (points)", f"{gap['overall']:+.1f}", *(f"{gap[c]:+.1f}" for c in classes)])
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    )
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"

@@ -1,0 +1,107 @@
+"""The plane `qlm replay --embedded` starts: the scenario's fleet on emulated engines, `qlm serve`
+in a process of its own (the in-memory queue), every time setting scaled by the speedup.
+
+Emulated engines follow the packaged profiles, the same engine model the simulator runs, on the
+wall clock `speedup` times faster; each request generates exactly its `max_tokens` (the
+scenario's true output length, `engine.output_length: cap`). So that the plane sees the
+scenario as the simulator does, only faster, every time the policy reads is divided by the
+speedup too: SLO targets, the planner's time limit, the control loop's tick and re-plan
+interval, and the agents' poll and status periods. What cannot be scaled is the plane's own
+CPU time per decision: at a high speedup it weighs more than in the deployed plane (keep the
+speedup at 4 or below on a small machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from qlm.sim.scenario import Scenario
+from qlm.types import Request
+
+QLM_MAIN = "import sys; from qlm.cli import main; sys.exit(main())"
+READY_TIMEOUT_S = 120.0
+
+
+def embedded_config(
+    scenario: Scenario, requests: Sequence[Request], speedup: float, port: int
+) -> dict[str, Any]:
+    """A fleet file (as a dict) serving the scenario on emulated engines at `speedup`."""
+    if not speedup > 0:
+        raise ValueError("speedup must be > 0")
+    qlm: dict[str, Any] = scenario.config.model_dump(mode="json")
+    for slo in qlm["slo_classes"]:
+        slo["ttft_s"] /= speedup
+        if slo.get("completion_s") is not None:
+            slo["completion_s"] /= speedup
+    qlm["planner"]["time_limit_s"] /= speedup
+    control = qlm["control"]
+    control["tick_s"] /= speedup
+    control["min_replan_interval_s"] /= speedup
+    context: dict[str, int] = {}
+    for request in requests:
+        need = request.prompt_tokens + request.max_output_tokens
+        context[request.model] = max(context.get(request.model, 16), need)
+    models = [{"name": m, "max_context_tokens": context.get(m, 8192)} for m in scenario.models]
+    return {
+        "qlm": qlm,
+        "queue": {"url": None},
+        "api": {"host": "127.0.0.1", "port": port, "max_deadline_s": 7 * 24 * 3600},
+        "agent": {"poll_s": 0.25 / speedup, "status_every_s": 0.5 / speedup},
+        "engine": {"kind": "emulated", "speedup": speedup, "seed": 0, "output_length": "cap"},
+        "models": models,
+        "fleet": scenario.fleet_config.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True
+        ),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def embedded_plane(config: dict[str, Any], folder: Path) -> Iterator[str]:
+    """`qlm serve` on `config` (written to folder/fleet.yaml, its log to folder/serve.log)
+    until the block ends; yields its base URL once /readyz answers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "fleet.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    url = f"http://127.0.0.1:{config['api']['port']}"
+    with (folder / "serve.log").open("wb") as log:
+        argv = [sys.executable, "-c", QLM_MAIN, "serve", "--config", str(path)]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(url, proc)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"qlm serve exited with status {proc.returncode} before ready")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=2.0, trust_env=False).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"qlm serve at {url} not ready after {READY_TIMEOUT_S:.0f} s")

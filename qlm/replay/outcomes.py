@@ -1,0 +1,122 @@
+"""A replay's requests as the simulator's result type (`SimResult`), in scenario seconds, so that
+`qlm replay` writes the very files `qlm simulate` writes and the two compare row by row.
+
+Server-side times come from the queue's records, on the plane's clock: each is taken relative
+to the request's own arrival there and multiplied by the speedup, then added to the request's
+arrival in the scenario. Clock offsets between this process and the plane cancel out. Client-side
+times (streamed requests) are kept beside them, in `ClientTimes`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from qlm.replay.sender import Sent
+from qlm.sim.result import OutcomeState, RequestOutcome, SimResult, TtftPrediction
+
+SWAPS_FAMILY = "qlm_model_swaps"  # qlm_model_swaps_total, by instance and model
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTimes:
+    """One streamed request as its client saw it, in scenario seconds from its send."""
+
+    request_id: str
+    ttft_s: float | None
+    estimated_wait_s: float | None
+
+
+def outcome_of(sent: Sent, speedup: float) -> RequestOutcome:
+    """The request's fate in scenario seconds (UNFINISHED when it never ended, FAILED when
+    refused at admission or failed)."""
+    request, record = sent.request, sent.record
+    times: Mapping[str, Any] = record.get("times") or {}
+    arrival_srv = times.get("arrival_at_s")
+
+    def at(name: str) -> float | None:
+        value = times.get(name)
+        if value is None or arrival_srv is None:
+            return None
+        return request.arrival_at_s + (float(value) - float(arrival_srv)) * speedup
+
+    state = {"completed": OutcomeState.COMPLETED, None: OutcomeState.UNFINISHED}.get(
+        record.get("state"), OutcomeState.FAILED
+    )
+    if record and record.get("state") not in ("completed", "failed", "cancelled"):
+        state = OutcomeState.UNFINISHED
+    return RequestOutcome(
+        request_id=request.id,
+        slo_class=request.slo_class,
+        model=request.model,
+        instance_id=record.get("instance_id"),
+        arrival_s=request.arrival_at_s,
+        dispatch_s=at("dispatched_at_s"),
+        first_token_s=at("first_token_at_s"),
+        finish_s=at("finished_at_s"),
+        ttft_deadline_s=request.ttft_deadline_at_s,
+        completion_deadline_s=request.completion_deadline_at_s,
+        evictions=int(record.get("evictions") or 0),
+        state=state,
+    )
+
+
+def client_times(sent: Sent, speedup: float) -> ClientTimes:
+    ttft_s = None
+    if sent.first_chunk_at_s is not None and sent.sent_at_s is not None:
+        ttft_s = (sent.first_chunk_at_s - sent.sent_at_s) * speedup
+    wait_s = None if sent.estimated_wait_s is None else sent.estimated_wait_s * speedup
+    return ClientTimes(sent.request.id, ttft_s, wait_s)
+
+
+def swaps_by_instance(metrics_text: str) -> dict[str, int]:
+    """Model swaps each instance's agent started (the plane's Prometheus counter)."""
+    swaps: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != SWAPS_FAMILY:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                instance = sample.labels.get("instance_id", "")
+                swaps[instance] = swaps.get(instance, 0) + int(sample.value)
+    return swaps
+
+
+def live_result(
+    sent: Sequence[Sent],
+    speedup: float,
+    seed: int,
+    slo_classes: Sequence[str],
+    swaps: Mapping[str, int],
+    wall_s: float,
+    policy: str = "qlm-live",
+) -> SimResult:
+    """The replay as a `SimResult` (the simulator's report writers take it as they are).
+    The API's wait estimate at admission is the run's `ttft_predictions`."""
+    outcomes = tuple(outcome_of(s, speedup) for s in sent)
+    ends = [o.finish_s for o in outcomes if o.finish_s is not None]
+    predictions = {
+        s.request.id: TtftPrediction(s.estimated_wait_s * speedup, s.request.prompt_tokens)
+        for s in sent
+        if s.estimated_wait_s is not None and math.isfinite(s.estimated_wait_s)
+    }
+    return SimResult(
+        policy=policy,
+        seed=seed,
+        slo_classes=tuple(slo_classes),
+        outcomes=outcomes,
+        interrupted=(),
+        loads=(),
+        swaps=dict(swaps),
+        evictions=sum(o.evictions for o in outcomes),
+        queue_samples=(),
+        events_processed=0,
+        start_s=min((o.arrival_s for o in outcomes), default=0.0),
+        end_s=max(ends, default=0.0),
+        sim_wall_s=wall_s,
+        ttft_predictions=predictions,
+    )

@@ -1,0 +1,157 @@
+"""Send a scenario's requests to a running QLM at their arrival times, through its public API.
+
+Requests of latency classes (a TTFT target under `stream_below_s`) go as streamed completions
+through the official `openai` client, so the client's own first-token time is measured too;
+the others go through QLM's asynchronous API (`POST /v1/qlm/requests`, 202 at once), as a
+batch client would send them, without holding a stream open per request. Every request asks
+for exactly its true output length (`max_tokens` with `ignore_eos`) and carries its SLO class
+and its own TTFT target (`slo_ttft_s`, scaled by the speedup), so the plane plans it as the
+simulator does. The prompt is text the API's default token counter (utf8-bytes: four ASCII
+bytes a token) counts as exactly the scenario's prompt tokens.
+
+Once every request is sent, the queue's records (`GET /v1/qlm/requests/{id}`) give each
+request's server-side times: arrival, dispatch, first token, finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from openai import AsyncOpenAI
+
+from qlm.types import Request
+
+REQUESTS_PATH = "/v1/qlm/requests"
+QUEUE_PATH = "/v1/qlm/queue"
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass(slots=True)
+class Sent:
+    """What the client saw of one request (monotonic seconds of this process)."""
+
+    request: Request
+    server_id: str | None = None
+    sent_at_s: float | None = None
+    first_chunk_at_s: float | None = None
+    done_at_s: float | None = None
+    estimated_wait_s: float | None = None  # x-qlm-estimated-wait-s, server seconds
+    error: str | None = None
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+def prompt_of(prompt_tokens: int) -> str:
+    """Text of exactly `prompt_tokens` tokens by the utf8-bytes counter."""
+    return "tok " * max(1, prompt_tokens)
+
+
+def body_of(request: Request, speedup: float) -> dict[str, Any]:
+    """The completion body (less stream) for a scenario request at this speedup."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "prompt": prompt_of(request.prompt_tokens),
+        "max_tokens": request.max_output_tokens,
+        "ignore_eos": True,
+        "slo_class": request.slo_class,
+        "slo_ttft_s": (request.ttft_deadline_at_s - request.arrival_at_s) / speedup,
+    }
+    if request.completion_deadline_at_s is not None:
+        body["deadline_s"] = (request.completion_deadline_at_s - request.arrival_at_s) / speedup
+    return body
+
+
+class Sender:
+    """Sends requests to `url` on the scenario's schedule, `speedup` times faster."""
+
+    def __init__(self, url: str, speedup: float, stream_below_s: float, api_key: str) -> None:
+        self.url = url.rstrip("/")
+        self.speedup = speedup
+        self.stream_below_s = stream_below_s
+        self._openai = AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0)
+        headers = {"authorization": f"Bearer {api_key}"}
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, timeout=60.0, headers=headers, limits=limits, trust_env=False
+        )
+
+    async def close(self) -> None:
+        await self._openai.close()
+        await self._http.aclose()
+
+    async def run(self, requests: Sequence[Request], drain_timeout_s: float) -> list[Sent]:
+        """Send every request at its time; then wait (at most `drain_timeout_s` of wall
+        time after the last send) until every admitted request has ended, and read records."""
+        start_s = time.monotonic()
+        first_s = requests[0].arrival_at_s if requests else 0.0
+        sent = [Sent(r) for r in requests]
+        tasks = [
+            asyncio.create_task(
+                self._one(s, start_s + (s.request.arrival_at_s - first_s) / self.speedup)
+            )
+            for s in sent
+        ]
+        await asyncio.gather(*tasks)
+        await self._records(sent, time.monotonic() + drain_timeout_s)
+        return sent
+
+    async def _one(self, sent: Sent, at_s: float) -> None:
+        await asyncio.sleep(max(0.0, at_s - time.monotonic()))
+        sent.sent_at_s = time.monotonic()
+        request = sent.request
+        budget_s = request.ttft_deadline_at_s - request.arrival_at_s
+        try:
+            if budget_s < self.stream_below_s:
+                await self._stream(sent)
+            else:
+                await self._submit(sent)
+        except Exception as exc:  # a refused or broken request is an outcome, not a crash
+            sent.error = f"{type(exc).__name__}: {exc}"
+
+    async def _stream(self, sent: Sent) -> None:
+        body = body_of(sent.request, self.speedup)
+        model, prompt, max_tokens = body.pop("model"), body.pop("prompt"), body.pop("max_tokens")
+        raw = await self._openai.completions.with_raw_response.create(
+            model=model, prompt=prompt, max_tokens=max_tokens, stream=True, extra_body=body
+        )
+        self._note_headers(sent, raw.headers)
+        stream = raw.parse()
+        async for _chunk in stream:
+            if sent.first_chunk_at_s is None:
+                sent.first_chunk_at_s = time.monotonic()
+        sent.done_at_s = time.monotonic()
+
+    async def _submit(self, sent: Sent) -> None:
+        body = {"kind": "completion", **body_of(sent.request, self.speedup)}
+        response = await self._http.post(REQUESTS_PATH, json=body)
+        if response.status_code != 202:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+        self._note_headers(sent, response.headers)
+
+    @staticmethod
+    def _note_headers(sent: Sent, headers: Mapping[str, str]) -> None:
+        sent.server_id = headers.get("x-qlm-request-id")
+        wait = headers.get("x-qlm-estimated-wait-s")
+        sent.estimated_wait_s = None if wait is None else float(wait)
+
+    async def _records(self, sent: Sequence[Sent], until_s: float) -> None:
+        """Wait until the queue holds nothing unended (or time is up), then read each
+        admitted request's record."""
+        while time.monotonic() < until_s:
+            counts = (await self._http.get(QUEUE_PATH)).json()["counts"]
+            if not any(n for state, n in counts.items() if state not in TERMINAL):
+                break
+            await asyncio.sleep(0.5)
+        gate = asyncio.Semaphore(32)
+
+        async def read(s: Sent) -> None:
+            async with gate:
+                response = await self._http.get(f"{REQUESTS_PATH}/{s.server_id}")
+            if response.status_code == 200:
+                s.record = response.json()
+
+        await asyncio.gather(*(read(s) for s in sent if s.server_id is not None))
