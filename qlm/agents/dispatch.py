@@ -35,10 +35,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from qlm.agents.job_gate import LeaderGate
-from qlm.agents.pacing import Pacing, unheld
+from qlm.agents.pacing import Pacing
 from qlm.agents.prefix_affinity import HOLD
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
-from qlm.agents.virtual_queue import head_model, planned_items, virtual_queue
+from qlm.agents.virtual_queue import planned_items
 from qlm.control.plan import PublishedPlan
 from qlm.perf.profile import Profile
 from qlm.types import Fleet
@@ -322,52 +322,6 @@ def follows_swap(
     if model_queued and any(g.model == model for g in planned):
         return False  # the plan comes back to this model here: serve it first
     return swap_pays()
-
-
-def agent_queue(
-    plan: PublishedPlan,
-    instance_id: str,
-    model: str | None,
-    is_queued: Callable[[str], bool],
-    fleet: Fleet,
-    now_s: float,
-    limit: int,
-    affinity: Callable[[QueuedItem], int] | None = None,
-    pacing: Pacing | None = None,
-    prefilling: Collection[str] = frozenset(),
-) -> tuple[QueuedGroup, ...]:
-    """What a live agent reconciles: its virtual queue when it follows the plan to another
-    model, else the dispatch queue of its model over the published plan's members of that
-    model (ordered by prefix locality with `affinity`, as `dispatch_groups`; paced
-    requests not due to start yet left out, qlm/agents/pacing.py). The agent
-    does not see which model the other instances hold: another instance is on the model
-    when the plan's head for it is a group of that model; those and this one make the
-    pool."""
-    planned = virtual_queue(plan, instance_id, is_queued)
-    items = [] if model is None else plan_items(plan, model, is_queued)
-    others = pool_others(plan, instance_id, model, is_queued)
-    if follows_swap(model, planned, len(items), lambda: bool(others) or not items):
-        return planned
-    if model is None:
-        return ()
-    kept = schedule(items, PoolRate.of(fleet, (instance_id, *others), model), now_s)
-    unseen = unseen_paced(plan, model, items, pacing)
-    due, _ = unheld(lambda _: True, kept.kept, kept.due_and_cost, pacing, now_s, unseen)
-    return dispatch_groups(model, kept, now_s, limit, due, affinity, prefilling)
-
-
-def pool_others(
-    plan: PublishedPlan, instance_id: str, model: str | None, is_queued: Callable[[str], bool]
-) -> list[str]:
-    """The other instances in the pool of `model` as an agent sees it: those whose plan
-    head is a group of that model."""
-    if model is None:
-        return []
-    return [
-        other
-        for other in plan.queues
-        if other != instance_id and head_model(plan, other, is_queued) == model
-    ]
 
 
 def unseen_paced(

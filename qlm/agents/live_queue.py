@@ -1,60 +1,107 @@
-"""The live agent's dispatch queue, kept between rounds (`AgentQueue`), as the simulator keeps
-its own (`ModelQueues`, qlm/agents/model_queues.py).
+"""The live agent's side of the one dispatch decision (qlm/agents/decision.py): its view of the
+fleet (`ReportedFleet`) and its queue state kept between rounds (`AgentQueue`).
 
-`agent_queue` (qlm/agents/dispatch.py) says what an agent reconciles: its virtual queue when
-it follows the plan to another model, else the dispatch queue of its model over every planned
-member of that model. Computed from nothing, that costs a pass over the whole published plan,
-a price and a sort per member and a Moore-Hodgson pass per round: with a 2,000-request batch
-job queued, five agents on one event loop spent 20 ms a round on it, 65 % of the process, and
-interactive requests waited seconds for the loop. `AgentQueue.heads` answers the same
-question from state it keeps: the plan's members are read once per published plan (a
-member's fields never change, so those seen before are reused), the queue of the model is
-the simulator's `ModelQueues` (each member priced once per pool, kept sorted, the schedule
-made anew only when its window changes) brought in line with what is still queued by
-difference, and pool prices are kept per pool. It orders as the simulator's dispatch over the
-same queue does, less the admitted work that delays a class's next first token (the live
-agent does not count it, as `agent_queue` does not; drain.start_blocks_by_rank): the first
-`max_jobs` requests by due time are checked, the rest follow; requests that can no longer
-start in time are set aside behind the dropped ones.
+The decision is the simulator's (`Dispatcher`); what differs is where its inputs come from.
+`ReportedFleet` is the live `FleetView`: this instance from its engine's observation (exact,
+now), every other instance from its agent's last status report (`InstanceStatus`: its model,
+whether it is loading, its standby tier and the per-class start blocks of its admitted work),
+at most `agent.status_every_s` old. The queue is the published plan's members (the head of each
+virtual queue, `control.published_members_per_instance`, and the waiting groups), brought
+into the `Dispatcher`'s `ModelQueues` by difference each round: read once per published plan
+(a member's fields never change, so those seen before are reused), each member priced once per
+pool, the schedule made anew only when its window changes. The recent arrivals that the swap
+test reads are the plan's members noted the first time the agent sees them: a request another
+instance pulls before this agent reads a plan that holds it is not counted.
+
+With a 2,000-request batch job queued, five agents on one event loop once spent 20 ms a round
+making this answer from nothing (65 % of the process): hence the state kept.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 
-from qlm.agents.dispatch import (
-    PoolRate,
-    Schedule,
-    dispatch_groups,
-    follows_swap,
-    pool_others,
-    unseen_paced,
-)
-from qlm.agents.model_queues import ModelQueues
+from qlm.agents.decision import Dispatcher, engine_blocks
+from qlm.agents.dispatch import Schedule, dispatch_groups, unseen_paced
 from qlm.agents.pacing import Pacing, first_compressed_s, held_back
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.virtual_queue import head_model, planned_items, virtual_queue
 from qlm.control.plan import PublishedPlan
+from qlm.engine.types import EngineObservation, EngineState
+from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet
+
+ARRIVALS_KEPT_S = 120.0  # noted member ids are forgotten this long after their arrival
+
+
+@dataclass(frozen=True)
+class ReportedFleet:
+    """The live `FleetView`: this instance's engine now, the others as their agents last
+    reported them (`reports`, the instances that are up; this one's own report ignored)."""
+
+    fleet: Fleet
+    instance_id: str
+    own: EngineObservation
+    priority: Mapping[str, int]
+    reports: Mapping[str, InstanceStatus] = field(default_factory=dict)
+
+    def _state(self, instance_id: str) -> tuple[str | None, bool]:
+        """(model, loading) of an instance; (None, False) for one not heard from."""
+        if instance_id == self.instance_id:
+            return self.own.model, self.own.state is EngineState.LOADING
+        report = self.reports.get(instance_id)
+        if report is None:
+            return None, False
+        return report.model, report.state == str(EngineState.LOADING)
+
+    def model_of(self, instance_id: str) -> str | None:
+        return self._state(instance_id)[0]
+
+    def serving(self, model: str) -> tuple[str, ...]:
+        return tuple(i.id for i in self.fleet.instances if self._state(i.id) == (model, False))
+
+    def loading(self, model: str) -> tuple[str, ...]:
+        return tuple(i.id for i in self.fleet.instances if self._state(i.id) == (model, True))
+
+    def standby_models(self, instance_id: str) -> Collection[str]:
+        if instance_id == self.instance_id:
+            return self.own.standby_models
+        report = self.reports.get(instance_id)
+        return () if report is None else report.standby_models
+
+    def blocks_of(self, instance_id: str) -> tuple[float, Mapping[str, float]]:
+        model = self.model_of(instance_id)
+        instance = self.fleet.instance(instance_id)
+        profile = None if model is None else self.fleet.profile(model, instance)
+        if profile is None:
+            return 0.0, {}
+        if instance_id == self.instance_id:
+            return engine_blocks(self.own, profile, self.priority)
+        report = self.reports.get(instance_id)
+        blocks = {} if report is None else dict(report.start_blocks_s)
+        return profile.prefill_tokens_per_s, blocks
 
 
 class AgentQueue:
     """One instance's dispatch state across rounds (not thread-safe; one per agent)."""
 
-    def __init__(self, fleet: Fleet, instance_id: str, max_jobs: int = 1024) -> None:
+    def __init__(
+        self, fleet: Fleet, instance_id: str, priority: Mapping[str, int], max_jobs: int = 1024
+    ) -> None:
         self.fleet = fleet
         self.instance_id = instance_id
-        self._queues = ModelQueues(max_jobs)
-        self._rates: dict[tuple[str, ...], PoolRate] = {}
+        self.decision = Dispatcher(fleet, priority, max_jobs=max_jobs)
         self._held = HeldBackCache()
         self._plan: PublishedPlan | None = None  # the plan `_members` was read from
         self._members: dict[str, dict[str, QueuedItem]] = {}  # model -> request id -> item
+        self._noted: dict[str, float] = {}  # member ids whose arrival was noted -> arrival
 
     def heads(
         self,
         plan: PublishedPlan,
-        model: str | None,
+        view: ReportedFleet,
         is_queued: Callable[[str], bool],
         now_s: float,
         limit: int,
@@ -62,28 +109,37 @@ class AgentQueue:
         pacing: Pacing | None = None,
         prefilling: Collection[str] = frozenset(),
     ) -> tuple[QueuedGroup, ...]:
-        """`agent_queue`'s answer for this instance (same arguments, less the fleet and the
-        instance, which it was made with)."""
+        """What this instance reconciles: its virtual queue when the decision follows the
+        plan to another model (`Dispatcher.follows`), else its model's dispatch queue over
+        the plan's members of that model (ordered by prefix locality with `affinity`; paced
+        requests not due to start yet left out, qlm/agents/pacing.py)."""
+        model = view.model_of(self.instance_id)
         head = head_model(plan, self.instance_id, is_queued)
         planned = () if head in (None, model) else virtual_queue(plan, self.instance_id, is_queued)
-        queued: dict[str, QueuedItem] = {}
-        if model is not None:
-            members = self._members_of(plan, model)
-            queued = {rid: item for rid, item in members.items() if is_queued(rid)}
-        others = pool_others(plan, self.instance_id, model, is_queued)
-        if follows_swap(model, planned, len(queued), lambda: bool(others) or not queued):
+        models = [m for m in (model, head if planned else None) if m is not None]
+        queued = {m: self._queued(plan, m, is_queued, now_s) for m in models}
+        self._sync(queued)
+        decision = self.decision
+        if decision.follows(view, self.instance_id, planned, now_s):
             return planned
         if model is None:
             return ()
-        self._sync(model, queued)
-        pool = (self.instance_id, *others)
-        kept = self._queues.schedule(model, pool, self._rate(pool, model), now_s)
-        unseen = unseen_paced(plan, model, queued.values(), pacing)
-        due = self._held.unheld(queued.__contains__, kept, pacing, now_s, unseen)
+        pool = decision.pool(view, model, self.instance_id)
+        kept = decision.schedule(view, model, pool, now_s)
+        mine = queued[model]
+        unseen = unseen_paced(plan, model, mine.values(), pacing)
+        due = self._held.unheld(mine.__contains__, kept, pacing, now_s, unseen)
         return dispatch_groups(model, kept, now_s, limit, due, affinity, prefilling)
 
-    def _members_of(self, plan: PublishedPlan, model: str) -> dict[str, QueuedItem]:
-        """Every planned member of `model` in `plan`, read once per plan and model."""
+    def _queued(
+        self, plan: PublishedPlan, model: str, is_queued: Callable[[str], bool], now_s: float
+    ) -> dict[str, QueuedItem]:
+        members = self._members_of(plan, model, now_s)
+        return {rid: item for rid, item in members.items() if is_queued(rid)}
+
+    def _members_of(self, plan: PublishedPlan, model: str, now_s: float) -> dict[str, QueuedItem]:
+        """Every planned member of `model` in `plan`, read once per plan and model; members
+        seen for the first time are noted as arrivals (`Dispatcher.arrived`)."""
         if plan is not self._plan:
             self._plan, previous, self._members = plan, self._members, {}
         else:
@@ -91,24 +147,39 @@ class AgentQueue:
         members = self._members.get(model)
         if members is None:
             members = self._members[model] = planned_items(plan, model, previous.get(model, {}))
+            self._note(model, members, now_s)
         return members
 
-    def _sync(self, model: str, queued: dict[str, QueuedItem]) -> None:
-        """Bring the kept queue of `model` in line with what is queued now."""
-        queues = self._queues
-        kept = queues.items(model)
-        queues.remove(sorted(kept.keys() - queued.keys()))
-        for rid in sorted(queued.keys() - kept.keys()):
-            queues.add(queued[rid], model)
+    def _note(self, model: str, members: Mapping[str, QueuedItem], now_s: float) -> None:
+        noted = self._noted
+        for rid, item in members.items():
+            if rid not in noted and math.isfinite(item.arrival_at_s):
+                noted[rid] = item.arrival_at_s
+                budget_s = item.ttft_deadline_at_s - item.arrival_at_s
+                self.decision.arrived(model, item.arrival_at_s, budget_s)
+        if len(noted) > 4 * len(members) + 1024:  # forget ids long past the arrivals' window
+            horizon_s = now_s - ARRIVALS_KEPT_S
+            self._noted = {rid: at_s for rid, at_s in noted.items() if at_s >= horizon_s}
+
+    def _sync(self, queued: Mapping[str, dict[str, QueuedItem]]) -> None:
+        """Bring the decision's queue in line with what is queued now of the models asked
+        about (the others are dropped: this agent serves one model at a time)."""
+        queues = self.decision.queues
+        for model, items in queued.items():
+            kept = queues.items(model)
+            queues.remove(sorted(kept.keys() - items.keys()))
+            new = (items[rid] for rid in items.keys() - kept.keys())
+            for item in sorted(new, key=_arrival_order):  # as the simulator queues them
+                queues.add(item, model)
         for other in queues.models():
-            if other != model:  # this agent serves one model at a time
+            if other not in queued:
                 queues.remove(list(queues.items(other)))
 
-    def _rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
-        rate = self._rates.get((model, *pool))
-        if rate is None:
-            rate = self._rates[(model, *pool)] = PoolRate.of(self.fleet, pool, model)
-        return rate
+
+def _arrival_order(item: QueuedItem) -> tuple[float, str]:
+    """The simulator adds requests to its queue as they arrive; so does the agent, as far
+    as it knows (the queue's order of a class's requests breaks ties in what waits)."""
+    return item.arrival_at_s, item.request_id
 
 
 class HeldBackCache:

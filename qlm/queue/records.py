@@ -196,6 +196,10 @@ class InstanceStatus:
     standby_models: tuple[str, ...] = ()  # models asleep there (EngineObservation)
     fetching_models: tuple[str, ...] = ()  # being read into its standby tier
     standby_capacity: int = 0  # models its standby tier holds at most
+    # Per SLO class, how long the work admitted to its engine delays a new request's first
+    # token (qlm/agents/drain.py start_blocks_by_rank): the other agents' dispatch reads it
+    # (qlm/agents/live_queue.py ReportedFleet).
+    start_blocks_s: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -206,4 +210,5 @@ class InstanceStatus:
         data["prefix_keys"] = tuple(data.get("prefix_keys", ()))
         data["standby_models"] = tuple(data.get("standby_models", ()))
         data["fetching_models"] = tuple(data.get("fetching_models", ()))
+        data["start_blocks_s"] = tuple((c, float(s)) for c, s in data.get("start_blocks_s", ()))
         return cls(**data)

@@ -1,6 +1,8 @@
 """The live agent: one per instance. Each round it turns engine events into queue updates,
-reconciles the published plan against the engine (the pure step in qlm/agents/reconcile.py)
-and applies the resulting LSOs. All decisions are the reconcile step's; this file is I/O."""
+decides what its instance serves next (qlm/agents/live_queue.py: the dispatch decision the
+simulator runs, qlm/agents/decision.py, over this engine and the other agents' reports),
+reconciles that against the engine (the pure step in qlm/agents/reconcile.py) and applies the
+resulting LSOs. Every decision is the pure core's; this file is I/O."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ import logging
 from collections.abc import Awaitable, Mapping, Sequence
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
-from qlm.agents.drain import drain_estimate_s, engine_timing, load_left_s
+from qlm.agents.drain import engine_timing, load_left_s
 from qlm.agents.job_gate import prefilling_ids
-from qlm.agents.live_queue import AgentQueue
+from qlm.agents.live_queue import AgentQueue, ReportedFleet
 from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
 from qlm.aio import first_done
@@ -34,6 +36,7 @@ from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.agent_prefixes import EARLY_REPORT_S, AgentPrefixes
+from qlm.serve.agent_reports import PeerReports, instance_status
 from qlm.serve.config import AgentConfig
 from qlm.serve.engine_loads import ModelLoads, RefillBacklog
 from qlm.serve.leases import LeaseKeeper
@@ -76,7 +79,8 @@ class Agent:
         self._loads = ModelLoads()
         self._backlog = RefillBacklog(settings.engine_backlog)
         self.prefixes = AgentPrefixes(instance.id)
-        self.dispatch = AgentQueue(fleet, instance.id)
+        self.dispatch = AgentQueue(fleet, instance.id, self.priority)
+        self.peers = PeerReports(instance.id, settings.status_every_s)
         self.pacing = pacing
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -135,6 +139,7 @@ class Agent:
             if not (new_plan or self._reconcile_due(events)):
                 return ()  # only tokens streamed: nothing to decide, the next round will
             self._last_reconcile_s = self.clock.monotonic_s()
+            await self.peers.refresh(self.queue, self.clock.now_s())
             obs = self.engine.observe()
             inp = ReconcileInput(obs, self._heads(plan, obs), self.priority, self._timing(obs))
             actions = reconcile(inp, self.settings.reconcile_options(self._backlog.size))
@@ -164,7 +169,8 @@ class Agent:
         affinity = self.prefixes.affinity(plan, profile, now_s)
         limit = obs.max_num_seqs + self._backlog.size  # what one round may pull
         rest = (now_s, limit, affinity, self.pacing, prefilling_ids(obs))
-        heads = self.dispatch.heads(plan, model, still_queued, *rest)
+        view = ReportedFleet(self.fleet, self.instance.id, obs, self.priority, self.peers.reports)
+        heads = self.dispatch.heads(plan, view, still_queued, *rest)
         if affinity is not None:
             affinity.prune()
         return heads
@@ -380,21 +386,14 @@ class Agent:
         profile = self.fleet.profile(obs.model, self.instance) if obs.model else None
         started_s = self._loads.started_at_s(obs.model, now_s)
         left_s = load_left_s(profile, self._loads.warm, now_s - started_s)
-        return InstanceStatus(
-            instance_id=self.instance.id,
-            state=str(obs.state),
-            model=obs.model,
-            busy_s=drain_estimate_s(obs, profile, left_s),
-            running=len(obs.active),
-            kv_used_tokens=obs.kv_used_tokens,
-            kv_capacity_tokens=obs.kv_capacity_tokens,
-            at_s=now_s,
+        return instance_status(
+            self.instance.id,
+            obs,
+            profile,
+            left_s,
+            self.priority,
+            now_s,
             swaps=self.counters.swaps,
             evictions=self.counters.evictions,
-            prefix_prompt_tokens=obs.prefix_prompt_tokens,
-            prefix_hit_tokens=obs.prefix_hit_tokens,
             prefix_keys=self.prefixes.report(),
-            standby_models=obs.standby_models,
-            fetching_models=obs.fetching_models,
-            standby_capacity=obs.standby_capacity,
         )

@@ -1,18 +1,27 @@
-"""The live agent's kept dispatch queue (qlm/agents/live_queue.py) answers what `agent_queue`
+"""The live agent's kept dispatch queue (qlm/agents/live_queue.py) answers what a new one
 answers from nothing, round after round, while plans, arrivals and pulls change it."""
 
 from __future__ import annotations
 
 import random
 
-from qlm.agents.dispatch import agent_queue
-from qlm.agents.live_queue import AgentQueue
+from qlm.agents.live_queue import AgentQueue, ReportedFleet
 from qlm.agents.virtual_queue import planned_items
 from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.engine.types import EngineObservation, EngineState
+from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile
 
 INSTANCES = ("i0", "i1", "i2")
+PRIORITY = {"batch-1": 1}
+
+
+def view(the_fleet: Fleet) -> ReportedFleet:
+    """i0 idle on m7b; i1 and i2 reporting m7b loaded: the pool is all three."""
+    own = EngineObservation("i0", EngineState.READY, "m7b", (), 0, 100_000, 64)
+    reports = {i: InstanceStatus(i, "ready", "m7b", 0.0, 0, 0, 100_000, 0.0) for i in INSTANCES[1:]}
+    return ReportedFleet(the_fleet, "i0", own, PRIORITY, reports)
 
 
 def fleet() -> Fleet:
@@ -50,7 +59,8 @@ def ids_of(heads: tuple[object, ...]) -> list[list[str]]:
 def test_kept_queue_matches_the_queue_made_from_nothing_round_after_round() -> None:
     rng = random.Random(11)
     the_fleet = fleet()
-    kept = AgentQueue(the_fleet, "i0")
+    kept = AgentQueue(the_fleet, "i0", PRIORITY)
+    seen = view(the_fleet)
     queued = [f"r{k}" for k in range(300)]
     next_id = 300
     plan = random_plan(rng, 0, queued)
@@ -69,18 +79,19 @@ def test_kept_queue_matches_the_queue_made_from_nothing_round_after_round() -> N
 
         now_s = float(round_)
         limit = rng.choice((4, 16, 64))
-        fresh = agent_queue(plan, "i0", "m7b", is_queued, the_fleet, now_s, limit)
-        assert ids_of(kept.heads(plan, "m7b", is_queued, now_s, limit)) == ids_of(fresh)
+        fresh = AgentQueue(the_fleet, "i0", PRIORITY).heads(plan, seen, is_queued, now_s, limit)
+        assert ids_of(kept.heads(plan, seen, is_queued, now_s, limit)) == ids_of(fresh)
         assert fresh, "the scenario must leave something to dispatch"
 
 
 def test_a_request_pulled_under_a_standing_schedule_is_not_offered_again() -> None:
     rng = random.Random(3)
-    kept = AgentQueue(fleet(), "i0")
+    the_fleet = fleet()
+    kept = AgentQueue(the_fleet, "i0", PRIORITY)
     plan = random_plan(rng, 0, [f"r{k}" for k in range(40)])
-    first = ids_of(kept.heads(plan, "m7b", lambda _: True, 0.0, 8))[0]
+    first = ids_of(kept.heads(plan, view(the_fleet), lambda _: True, 0.0, 8))[0]
     gone = set(first[:3])
-    again = ids_of(kept.heads(plan, "m7b", lambda rid: rid not in gone, 0.1, 8))[0]
+    again = ids_of(kept.heads(plan, view(the_fleet), lambda rid: rid not in gone, 0.1, 8))[0]
     assert not gone & set(again)
     assert again[:5] == first[3:8]
 

@@ -105,8 +105,9 @@ def test_queued_work_a_live_agent_is_not_shown_counts() -> None:
 
 
 def test_the_live_agent_paces_on_the_whole_queue_not_only_the_published_head() -> None:
-    from qlm.agents.dispatch import agent_queue
+    from qlm.agents.live_queue import AgentQueue, ReportedFleet
     from qlm.control.plan import PlannedGroup, PublishedPlan
+    from qlm.engine.types import EngineObservation, EngineState
     from qlm.types import Fleet
     from tests.factories import make_instance, make_profile
 
@@ -115,7 +116,10 @@ def test_the_live_agent_paces_on_the_whole_queue_not_only_the_published_head() -
     shown = PublishedPlan(1, 0.0, {"i0": ("g",)}, {"g": group})
 
     def pulled_now(plan: PublishedPlan) -> list[str]:
-        heads = agent_queue(plan, "i0", "m7b", lambda _: True, fleet, 0.0, 8, None, PACING)
+        own = EngineObservation("i0", EngineState.READY, "m7b", (), 0, 100_000, 64)
+        view = ReportedFleet(fleet, "i0", own, {"job": 0})
+        queue = AgentQueue(fleet, "i0", {"job": 0})
+        heads = queue.heads(plan, view, lambda _: True, 0.0, 8, None, PACING)
         return [item.request_id for group in heads for item in group.items]
 
     assert pulled_now(shown) == []  # alone, `a` can wait: it is due by 500 s

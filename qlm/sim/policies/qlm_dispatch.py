@@ -8,19 +8,16 @@ another model, else its model's dispatch queue."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from qlm.agents.actions import FetchStandby
-from qlm.agents.arrival_rates import ArrivalRates
+from qlm.agents.decision import Dispatcher, engine_blocks
 from qlm.agents.dispatch import (
     PoolRate,
     Schedule,
     dispatch_groups,
-    follows_swap,
 )
-from qlm.agents.drain import start_blocks_by_rank
 from qlm.agents.job_gate import prefilling_ids
-from qlm.agents.model_queues import ModelQueues
 from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.prefix_affinity import PrefixAffinity
 from qlm.agents.prefix_index import PrefixIndex
@@ -43,11 +40,11 @@ class SimDispatch:
         wake_for_backlog: bool = True,
     ) -> None:
         self.ctx = ctx
-        self.wake_for_backlog = wake_for_backlog  # `swap_pays` counts `_backlog_risk`
         self.priority = priority
         self.members = members
-        self._queues = ModelQueues()
-        self._rates: dict[tuple[str, ...], PoolRate] = {}
+        # The decision both planes run (qlm/agents/decision.py); this object is its FleetView.
+        self.decision = Dispatcher(ctx.fleet, priority, wake_for_backlog=wake_for_backlog)
+        self._queues = self.decision.queues
         # instance -> (prefill speed, class -> how long admitted work delays its next start)
         self._blocks: dict[str, tuple[float, dict[str, float]]] = {}
         self._room: dict[str, Room] = {}  # instance -> its room when last reconciled, untouched
@@ -62,14 +59,13 @@ class SimDispatch:
         self.hold_ends: dict[str, float] = {}
         self._pacing = Pacing.of(ctx.config)
         self._jobs = False  # a planned job's member with a leader has arrived (job_gate.py)
-        self._arrivals = ArrivalRates()
         self._hosts: dict[str, int] | None = None  # model -> instances that can serve it
         self._tiered: tuple[str, ...] | None = None  # instances with a standby tier
 
     def arrived(self, request: Request) -> None:
         """A new request (not one back from an engine): its model's recent arrivals."""
         budget_s = request.ttft_deadline_at_s - request.arrival_at_s
-        self._arrivals.arrived(request.model, request.arrival_at_s, budget_s)
+        self.decision.arrived(request.model, request.arrival_at_s, budget_s)
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
@@ -152,8 +148,7 @@ class SimDispatch:
             if plan is None or stays  # the plan keeps it on its model: it serves the model
             else virtual_queue(plan, instance_id, queued, self.members, until)
         )
-        count = 0 if model is None else self._queues.count(model)
-        if follows_swap(model, planned, count, lambda: self.swap_pays(planned[0], instance_id)):
+        if self.decision.follows(self, instance_id, planned, ctx.clock.now_s()):
             return planned
         if model is None:
             return ()
@@ -229,55 +224,6 @@ class SimDispatch:
         predicted_s = start_s + blocked_s + prefill_s - request.arrival_at_s
         return TtftPrediction(predicted_s, request.prompt_tokens)
 
-    def swap_pays(self, head: QueuedGroup, instance_id: str) -> bool:
-        """Whether swapping the instance to the model of the plan's head keeps more promises
-        than it breaks (no swap on a whim): the target model's requests it would keep (kept
-        with the instance in the target's pool and not without it, due after the load) must
-        outnumber the requests of its own model that its pool keeps with it and not
-        without it, plus, when the instance is its model's last, the arrivals of that model
-        expected while it is away (the target's load and the load back) that cannot wait that
-        long (`ArrivalRates.at_risk`). Instances loading the target count in its
-        pool, so two instances do not swap for the same requests. A wake from the standby
-        tier gains at least the target's urgent arrivals expected while its backlog lasts
-        (`_backlog_risk`): a pool overrun by a burst drops what is due before the wake is
-        ready, which the count above leaves out, and goes on dropping the next arrivals."""
-        ctx = self.ctx
-        model = ctx.model_of(instance_id)
-        profile = ctx.fleet.profile(head.model, ctx.fleet.instance(instance_id))
-        if model is None or profile is None:
-            return profile is not None
-        pool = self._pool(model)
-        rest = tuple(i for i in pool if i != instance_id)
-        lost: float = self._unkept(model, rest) - self._unkept(model, pool)
-        standby = head.model in ctx.observe(instance_id).standby_models
-        now_s = ctx.clock.now_s()
-        ready_s = now_s + profile.load_time_s(standby)
-        if not rest:  # its last instance: what arrives for it meanwhile is at risk
-            back = ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
-            back_s = 0.0 if back is None else back.load_time_s(True)
-            lost += self._arrivals.at_risk(model, now_s, ready_s - now_s + back_s)
-        target = self._pool(head.model) + self._loading(head.model)
-        if not target:  # it serves a model no instance serves unless a promise breaks
-            return lost < 1
-        gained: float = self._unkept(head.model, target, ready_s) - self._unkept(
-            head.model, (*target, instance_id), ready_s
-        )
-        if standby and self.wake_for_backlog:
-            gained = max(gained, self._backlog_risk(head.model, target, ready_s))
-        return gained > lost
-
-    def _backlog_risk(self, model: str, pool: tuple[str, ...], ready_s: float) -> float:
-        """The model's recent arrivals whose TTFT budget is shorter than the lag (how far
-        the pool's last kept request's due start lies past `ready_s`), at their rate over
-        the lag (`ArrivalRates.at_risk`): the arrivals that cannot wait for the pool's
-        backlog, which an instance ready by `ready_s` would take a share of. A bound, not a
-        prediction: an urgent arrival passes less urgent work in the queue. Wakes only: the
-        recent rate holds seconds ahead, not a cold load's minutes (density.py `--grid`)."""
-        starts = self._schedule(model, pool).start_at_s.values()
-        now_s = self.ctx.clock.now_s()
-        lag_s = max(starts, default=now_s) - ready_s
-        return self._arrivals.at_risk(model, now_s, lag_s)
-
     def standby_fetches(self) -> tuple[FetchStandby, ...]:
         """What each instance with a standby tier fetches into it now (qlm/agents/warming.py):
         worths by instance shape (GPU type, count, memory: the same profiles fit)."""
@@ -291,40 +237,7 @@ class SimDispatch:
             return ()
         assert self._hosts is not None
         reports = (ctx.observe(i.id) for i in fleet.instances)
-        return fleet_fetches(fleet, reports, self._arrivals, ctx.clock.now_s(), self._hosts)
-
-    def _unkept(self, model: str, pool: tuple[str, ...], due_from_s: float = -math.inf) -> int:
-        """Queued requests of `model` the pool cannot keep (all of them for no pool), of
-        those due at or after `due_from_s`."""
-        if not pool:
-            return self._queues.count(model)
-        dropped = self._schedule(model, pool).dropped  # may list requests pulled since
-        queued = self._queues.queued(model)
-        return sum(
-            item.ttft_deadline_at_s >= due_from_s and queued(item.request_id) for item in dropped
-        )
-
-    def _schedule(self, model: str, pool: tuple[str, ...]) -> Schedule:
-        rate = self._rate(pool, model)
-        now_s = self.ctx.clock.now_s()
-        return self._queues.schedule(model, pool, rate, now_s, lambda: self._blocked_s(pool))
-
-    def _pool(self, model: str) -> tuple[str, ...]:
-        """The instances serving `model` now (loaded, not loading)."""
-        return self.ctx.serving(model)
-
-    def _loading(self, model: str) -> tuple[str, ...]:
-        """The instances loading `model` now."""
-        ctx = self.ctx
-        return tuple(
-            i.id for i in ctx.fleet.instances if ctx.loading(i.id) and ctx.model_of(i.id) == model
-        )
-
-    def _rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
-        rate = self._rates.get((model, *pool))
-        if rate is None:
-            rate = self._rates[(model, *pool)] = PoolRate.of(self.ctx.fleet, pool, model)
-        return rate
+        return fleet_fetches(fleet, reports, self.decision.arrivals, ctx.clock.now_s(), self._hosts)
 
     def room_of(self, instance_id: str) -> Room | None:
         """The instance's room as its last reconcile, which did nothing, left it (None: it
@@ -344,23 +257,35 @@ class SimDispatch:
         self._blocks.pop(instance_id, None)
         self._room.pop(instance_id, None)
 
-    def _blocked_s(self, pool: tuple[str, ...]) -> dict[str, float]:
-        """Per SLO class, how long admitted work delays the pool's (as one machine) first
-        token for a new request of that class (`start_blocks_by_rank`: a load, admitted
-        prompts of its class or a more urgent one not prefilled yet, and the wait for room
-        on an engine full of work it may not preempt). The pool's is the instances' work
-        ahead over their speed together: the mean of theirs, weighted by their prefill
-        speed (exact for the requests that start once every instance has done its own)."""
-        work = dict.fromkeys(self.priority, 0.0)
-        speed = 0.0
-        for instance_id in pool:
-            rate, blocks = self._blocks_of(instance_id)
-            speed += rate
-            for name, block_s in blocks.items():
-                work[name] += block_s * rate
-        return {name: w / speed if speed > 0 else 0.0 for name, w in work.items()}
+    # --- the FleetView the decision reads (qlm/agents/decision.py): exact in the simulator ---
 
-    def _blocks_of(self, instance_id: str) -> tuple[float, dict[str, float]]:
+    def model_of(self, instance_id: str) -> str | None:
+        return self.ctx.model_of(instance_id)
+
+    def serving(self, model: str) -> tuple[str, ...]:
+        """The instances serving `model` now (loaded, not loading)."""
+        return self.ctx.serving(model)
+
+    def loading(self, model: str) -> tuple[str, ...]:
+        """The instances loading `model` now."""
+        ctx = self.ctx
+        return tuple(
+            i.id for i in ctx.fleet.instances if ctx.loading(i.id) and ctx.model_of(i.id) == model
+        )
+
+    def standby_models(self, instance_id: str) -> Collection[str]:
+        return self.ctx.observe(instance_id).standby_models
+
+    def _pool(self, model: str) -> tuple[str, ...]:
+        return self.ctx.serving(model)
+
+    def _schedule(self, model: str, pool: tuple[str, ...]) -> Schedule:
+        return self.decision.schedule(self, model, pool, self.ctx.clock.now_s())
+
+    def _rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
+        return self.decision.rate(pool, model)
+
+    def blocks_of(self, instance_id: str) -> tuple[float, dict[str, float]]:
         """The instance's prefill speed, and per class how long its admitted work delays a
         new request of that class (kept until the engine reports events or is acted on)."""
         known = self._blocks.get(instance_id)
@@ -370,15 +295,8 @@ class SimDispatch:
             assert model is not None
             profile = ctx.fleet.profile(model, ctx.fleet.instance(instance_id))
             assert profile is not None
-            priority = self.priority
-            by_rank = start_blocks_by_rank(
-                ctx.observe(instance_id),
-                profile,
-                lambda r: priority.get(r.slo_class, 0),
-                priority.values(),
-            )
-            blocks = {name: by_rank[rank] for name, rank in priority.items()}
-            known = self._blocks[instance_id] = (profile.prefill_tokens_per_s, blocks)
+            obs = ctx.observe(instance_id)
+            known = self._blocks[instance_id] = engine_blocks(obs, profile, self.priority)
         return known
 
 

@@ -1,0 +1,222 @@
+"""The one dispatch decision both planes run: what an instance serves next, and whether it
+follows the plan to another model.
+
+`Dispatcher` holds the decision's state (the queue by model with each pool's schedule, the
+recent arrivals, pool prices: caches, no I/O) and answers for any instance from a `FleetView`,
+the declared input of everything the decision reads besides the queue. The simulator's `qlm`
+policy (qlm/sim/policies/qlm_dispatch.py) and the live agent (qlm/agents/live_queue.py, called
+by qlm/serve/agent.py) each build a `FleetView` and carry out the answer; no rule lives on one
+side only. Where the live plane cannot know a thing exactly, its view says how it knows it
+(qlm/agents/README.md, "Inputs and where each plane gets them").
+
+The rules, in order:
+
+1. `follows`: an instance follows its plan to another model only when the plan's head is of
+   another model, the plan does not come back to its model while it has queued work
+   (`dispatch.follows_swap`), and the swap keeps more promises than it breaks (`swap_pays`).
+2. Otherwise it serves its model's dispatch queue: `schedule` (Moore-Hodgson over the model's
+   pool, the instances serving it, seen as one machine; each class's due times shifted by
+   the engine work that blocks its next first token) cut by `dispatch.dispatch_groups`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
+
+from qlm.agents.arrival_rates import ArrivalRates
+from qlm.agents.dispatch import PoolRate, Schedule, follows_swap
+from qlm.agents.drain import start_blocks_by_rank
+from qlm.agents.model_queues import ModelQueues
+from qlm.agents.queued import QueuedGroup
+from qlm.engine.types import EngineObservation
+from qlm.perf.profile import Profile
+from qlm.types import Fleet
+
+
+def engine_blocks(
+    obs: EngineObservation, profile: Profile, priority: Mapping[str, int]
+) -> tuple[float, dict[str, float]]:
+    """`FleetView.blocks_of` of one engine from its observation: the profile's prefill speed,
+    and per class how long its admitted work delays a new request's first token."""
+    by_rank = start_blocks_by_rank(
+        obs, profile, lambda r: priority.get(r.slo_class, 0), priority.values()
+    )
+    return profile.prefill_tokens_per_s, {name: by_rank[rank] for name, rank in priority.items()}
+
+
+class FleetView(Protocol):
+    """What the dispatch decision reads about the fleet (besides the queue it is given)."""
+
+    def model_of(self, instance_id: str) -> str | None:
+        """The model the instance holds or is loading (None: none)."""
+        ...
+
+    def serving(self, model: str) -> tuple[str, ...]:
+        """The instances with `model` loaded and not loading, in fleet order: its pool."""
+        ...
+
+    def loading(self, model: str) -> tuple[str, ...]:
+        """The instances loading `model` now, in fleet order."""
+        ...
+
+    def standby_models(self, instance_id: str) -> Collection[str]:
+        """The models asleep in the instance's standby tier (a swap to one is a wake)."""
+        ...
+
+    def blocks_of(self, instance_id: str) -> tuple[float, Mapping[str, float]]:
+        """The instance's prefill speed (tokens/s) and, per SLO class, how long the work
+        admitted to its engine delays a new request's first token
+        (`drain.start_blocks_by_rank`)."""
+        ...
+
+
+class Dispatcher:
+    """The decision's state across calls (one per simulated fleet, one per live agent)."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        priority: Mapping[str, int],
+        *,
+        wake_for_backlog: bool = True,
+        max_jobs: int = 1024,
+    ) -> None:
+        self.fleet = fleet
+        self.priority = dict(priority)
+        self.wake_for_backlog = wake_for_backlog  # `swap_pays` counts `backlog_risk`
+        self.queues = ModelQueues(max_jobs)
+        self.arrivals = ArrivalRates()
+        self._rates: dict[tuple[str, ...], PoolRate] = {}
+
+    def arrived(self, model: str, at_s: float, budget_s: float) -> None:
+        """A new request of `model` (its TTFT budget): the recent arrivals `swap_pays` reads."""
+        self.arrivals.arrived(model, at_s, budget_s)
+
+    # --- rule 1: follow the plan to another model? -------------------------------------------
+
+    def follows(
+        self, view: FleetView, instance_id: str, planned: Sequence[QueuedGroup], now_s: float
+    ) -> bool:
+        """Whether the instance serves its virtual queue `planned` (a swap to its head's
+        model, or an empty instance's first load) rather than its model's dispatch queue."""
+        model = view.model_of(instance_id)
+        count = 0 if model is None else self.queues.count(model)
+        return follows_swap(
+            model,
+            planned,
+            count,
+            lambda: self.swap_pays(view, planned[0].model, instance_id, now_s),
+        )
+
+    def swap_pays(self, view: FleetView, target: str, instance_id: str, now_s: float) -> bool:
+        """Whether swapping the instance to `target` keeps more promises than it breaks (no
+        swap on a whim): the target model's requests it would keep (kept with the instance
+        in the target's pool and not without it, due after the load) must outnumber the
+        requests of its own model that its pool keeps with it and not without it, plus, when
+        the instance is its model's last, the arrivals of that model expected while it is
+        away (the target's load and the load back) that cannot wait that long
+        (`ArrivalRates.at_risk`). Instances loading the target count in its pool, so two
+        instances do not swap for the same requests. A wake from the standby tier gains at
+        least the target's urgent arrivals expected while its backlog lasts
+        (`backlog_risk`): a pool overrun by a burst drops what is due before the wake is
+        ready, which the count above leaves out, and goes on dropping the next arrivals."""
+        fleet = self.fleet
+        model = view.model_of(instance_id)
+        profile = fleet.profile(target, fleet.instance(instance_id))
+        if model is None or profile is None:
+            return profile is not None
+        pool = self.pool(view, model, instance_id)
+        rest = tuple(i for i in pool if i != instance_id)
+        lost: float = self._unkept(view, model, rest, now_s) - self._unkept(
+            view, model, pool, now_s
+        )
+        standby = target in view.standby_models(instance_id)
+        ready_s = now_s + profile.load_time_s(standby)
+        if not rest:  # its last instance: what arrives for it meanwhile is at risk
+            back = fleet.profile(model, fleet.instance(instance_id))
+            back_s = 0.0 if back is None else back.load_time_s(True)
+            lost += self.arrivals.at_risk(model, now_s, ready_s - now_s + back_s)
+        others = view.serving(target) + view.loading(target)
+        if not others:  # it serves a model no instance serves unless a promise breaks
+            return lost < 1
+        gained: float = self._unkept(view, target, others, now_s, ready_s) - self._unkept(
+            view, target, (*others, instance_id), now_s, ready_s
+        )
+        if standby and self.wake_for_backlog:
+            gained = max(gained, self.backlog_risk(view, target, others, now_s, ready_s))
+        return gained > lost
+
+    def backlog_risk(
+        self, view: FleetView, model: str, pool: tuple[str, ...], now_s: float, ready_s: float
+    ) -> float:
+        """The model's recent arrivals whose TTFT budget is shorter than the lag (how far
+        the pool's last kept request's due start lies past `ready_s`), at their rate over
+        the lag (`ArrivalRates.at_risk`): the arrivals that cannot wait for the pool's
+        backlog, which an instance ready by `ready_s` would take a share of. A bound, not a
+        prediction: an urgent arrival passes less urgent work in the queue. Wakes only: the
+        recent rate holds seconds ahead, not a cold load's minutes (density.py `--grid`)."""
+        starts = self.schedule(view, model, pool, now_s).start_at_s.values()
+        lag_s = max(starts, default=now_s) - ready_s
+        return self.arrivals.at_risk(model, now_s, lag_s)
+
+    def _unkept(
+        self,
+        view: FleetView,
+        model: str,
+        pool: tuple[str, ...],
+        now_s: float,
+        due_from_s: float = -math.inf,
+    ) -> int:
+        """Queued requests of `model` the pool cannot keep (all of them for no pool), of
+        those due at or after `due_from_s`."""
+        if not pool:
+            return self.queues.count(model)
+        dropped = self.schedule(view, model, pool, now_s).dropped  # may list pulled ones
+        queued = self.queues.queued(model)
+        return sum(
+            item.ttft_deadline_at_s >= due_from_s and queued(item.request_id) for item in dropped
+        )
+
+    # --- rule 2: the model's dispatch queue ----------------------------------------------------
+
+    def pool(self, view: FleetView, model: str, instance_id: str) -> tuple[str, ...]:
+        """The instances the model's schedule runs over: those serving it, and the asking
+        instance while it loads the model (it will serve the queue it pulls from)."""
+        pool = view.serving(model)
+        if instance_id in pool or view.model_of(instance_id) != model:
+            return pool
+        order = {i.id: k for k, i in enumerate(self.fleet.instances)}
+        return tuple(sorted((*pool, instance_id), key=order.__getitem__))
+
+    def schedule(
+        self, view: FleetView, model: str, pool: tuple[str, ...], now_s: float
+    ) -> Schedule:
+        """The model's schedule over `pool` (qlm/agents/model_queues.py), each class's due
+        times shifted by the engine work blocking it (`blocked_s`)."""
+        rate = self.rate(pool, model)
+        return self.queues.schedule(model, pool, rate, now_s, lambda: self.blocked_s(view, pool))
+
+    def rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
+        rate = self._rates.get((model, *pool))
+        if rate is None:
+            rate = self._rates[(model, *pool)] = PoolRate.of(self.fleet, pool, model)
+        return rate
+
+    def blocked_s(self, view: FleetView, pool: tuple[str, ...]) -> dict[str, float]:
+        """Per SLO class, how long admitted work delays the pool's (as one machine) first
+        token for a new request of that class (`start_blocks_by_rank`: a load, admitted
+        prompts of its class or a more urgent one not prefilled yet, and the wait for room
+        on an engine full of work it may not preempt). The pool's is the instances' work
+        ahead over their speed together: the mean of theirs, weighted by their prefill
+        speed (exact for the requests that start once every instance has done its own)."""
+        work = dict.fromkeys(self.priority, 0.0)
+        speed = 0.0
+        for instance_id in pool:
+            rate, blocks = view.blocks_of(instance_id)
+            speed += rate
+            for name, block_s in blocks.items():
+                if name in work:
+                    work[name] += block_s * rate
+        return {name: w / speed if speed > 0 else 0.0 for name, w in work.items()}
