@@ -18,7 +18,7 @@ from qlm.config import ConfigError
 from qlm.replay.compare import comparison, comparison_table
 from qlm.replay.embedded import embedded_config, embedded_plane, free_port
 from qlm.replay.outcomes import live_result, swaps_by_instance
-from qlm.replay.sender import Sender
+from qlm.replay.sender import Sender, Sent
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario, load_scenario
 from qlm.types import Request
@@ -57,6 +57,7 @@ def _replay_command(args: argparse.Namespace) -> int:
     seed = scenario.seed if args.seed is None else args.seed
     out: Path = args.out or Path("replay-out") / scenario.name
     out.mkdir(parents=True, exist_ok=True)
+    args.out_dir = out
     requests = scenario.requests(seed)
     live = replay(scenario, requests, seed, speedup, args, out)
     _write(out, scenario, seed, [live])
@@ -109,6 +110,7 @@ def _send(
         wall_s = time.monotonic() - started
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
             metrics = (await http.get(f"{url.rstrip('/')}/metrics")).text
+        _write_records(args.out_dir, sent)
         classes = [c.name for c in scenario.slo_classes]
         return live_result(sent, speedup, seed, classes, swaps_by_instance(metrics), wall_s)
 
@@ -141,6 +143,16 @@ def simulate_same(scenario: Scenario, requests: list[Request], seed: int, policy
         options=options,
         engine_factory=engines,
     )
+
+
+def _write_records(out: Path, sent: list[Sent]) -> None:
+    """records.jsonl: per request, the scenario's id, the client's view and the queue's record."""
+    with (out / "records.jsonl").open("w", encoding="utf-8") as f:
+        for s in sent:
+            line = {"id": s.request.id, "server_id": s.server_id, "error": s.error}
+            line.update(sent_at_s=s.sent_at_s, first_chunk_at_s=s.first_chunk_at_s)
+            line.update(estimated_wait_s=s.estimated_wait_s, record=dict(s.record))
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
 def _write(out: Path, scenario: Scenario, seed: int, results: list[SimResult]) -> None:

@@ -16,6 +16,7 @@ request's server-side times: arrival, dispatch, first token, finish.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,16 +46,46 @@ class Sent:
     record: Mapping[str, Any] = field(default_factory=dict)
 
 
-def prompt_of(prompt_tokens: int) -> str:
-    """Text of exactly `prompt_tokens` tokens by the utf8-bytes counter."""
-    return "tok " * max(1, prompt_tokens)
+def words(seed: str, count: int) -> str:
+    """`count` four-byte words ("k3x ") drawn from `seed`: text the utf8-bytes counter counts
+    as `count` tokens, different for every seed from its first word."""
+    out: list[str] = []
+    block = 0
+    while len(out) < count:
+        digest = hashlib.blake2b(f"{seed}/{block}".encode(), digest_size=32).digest()
+        for k in range(0, len(digest) - 1, 2):
+            n = int.from_bytes(digest[k : k + 2], "big") % (36**3)
+            out.append(_base36(n).rjust(3, "0") + " ")
+        block += 1
+    return "".join(out[:count])
+
+
+def prompt_of(request: Request) -> str:
+    """The prompt text of a scenario request: exactly its prompt tokens by the API's default
+    counter; its prefix blocks (`Request.prefix`) as text every request with the same block
+    key shares, the rest its own. Without distinct text every prompt would share one prefix,
+    and engines with a prefix cache would serve the replay faster than the scenario says."""
+    parts = [words(f"block-{block.key}", block.tokens) for block in request.prefix]
+    own = request.prompt_tokens - sum(block.tokens for block in request.prefix)
+    parts.append(words(f"request-{request.id}", max(1 if not parts else 0, own)))
+    return "".join(parts)
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while True:
+        n, d = divmod(n, 36)
+        text = digits[d] + text
+        if n == 0:
+            return text
 
 
 def body_of(request: Request, speedup: float) -> dict[str, Any]:
     """The completion body (less stream) for a scenario request at this speedup."""
     body: dict[str, Any] = {
         "model": request.model,
-        "prompt": prompt_of(request.prompt_tokens),
+        "prompt": prompt_of(request),
         "max_tokens": request.max_output_tokens,
         "ignore_eos": True,
         "slo_class": request.slo_class,
