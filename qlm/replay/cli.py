@@ -149,8 +149,8 @@ def _write_records(out: Path, sent: list[Sent]) -> None:
     """records.jsonl: per request, the scenario's id, the client's view and the queue's record."""
     with (out / "records.jsonl").open("w", encoding="utf-8") as f:
         for s in sent:
-            line = {"id": s.request.id, "server_id": s.server_id, "error": s.error}
-            line.update(sent_at_s=s.sent_at_s, first_chunk_at_s=s.first_chunk_at_s)
+            line: dict[str, object] = {"id": s.request.id, "server_id": s.server_id}
+            line.update(error=s.error, sent_at_s=s.sent_at_s, first_chunk_at_s=s.first_chunk_at_s)
             line.update(estimated_wait_s=s.estimated_wait_s, record=dict(s.record))
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
 

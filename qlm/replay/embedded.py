@@ -1,14 +1,18 @@
 """The plane `qlm replay --embedded` starts: the scenario's fleet on emulated engines, `qlm serve`
-in a process of its own (the in-memory queue), every time setting scaled by the speedup.
+in a process of its own (the in-memory queue), every time scaled by the speedup.
 
-Emulated engines follow the packaged profiles, the same engine model the simulator runs, on the
-wall clock `speedup` times faster; each request generates exactly its `max_tokens` (the
-scenario's true output length, `engine.output_length: cap`). So that the plane sees the
-scenario as the simulator does, only faster, every time the policy reads is divided by the
-speedup too: SLO targets, the planner's time limit, the control loop's tick and re-plan
-interval, and the agents' poll and status periods. What cannot be scaled is the plane's own
-CPU time per decision: at a high speedup it weighs more than in the deployed plane (keep the
-speedup at 4 or below on a small machine).
+The plane must see the scenario as the simulator does, only `speedup` times faster, and be
+right about it: so the profiles themselves are scaled (`scaled_profile`: every step, prefill,
+load and wake time divided by the speedup) and written into the fleet file, the emulated
+engines follow them on the wall clock (the same engine model the simulator runs), and the
+planner, the estimator and the dispatch decision price work with the same scaled profiles.
+(Engines run faster than the profiles the plane prices with would make every load look four
+times longer than it is against deadlines four times shorter: no swap would ever pay.) Every
+other time the policy reads is divided too: SLO targets, the planner's time limit, the control
+loop's tick and re-plan interval, the agents' poll and status periods. Each request generates
+exactly its `max_tokens` (the scenario's true output length, `engine.output_length: cap`).
+What cannot be scaled is the plane's own CPU time per decision: at a high speedup it weighs
+more than in the deployed plane (keep the speedup at 4 or below on a small machine).
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from qlm.engine.profiling.library import ProfileFile
+from qlm.perf.profile import Profile
+from qlm.perf.step import StepTime
 from qlm.sim.scenario import Scenario
 from qlm.types import Request
 
@@ -52,17 +60,44 @@ def embedded_config(
         need = request.prompt_tokens + request.max_output_tokens
         context[request.model] = max(context.get(request.model, 16), need)
     models = [{"name": m, "max_context_tokens": context.get(m, 8192)} for m in scenario.models]
+    fleet = scenario.fleet_config.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    fleet.pop("profile_files", None)
+    fleet["packaged_profiles"] = False
+    fleet["profiles"] = [
+        ProfileFile.of(scaled_profile(p, speedup)).model_dump(mode="json", exclude_none=True)
+        for p in scenario.fleet().profiles.values()
+    ]
     return {
         "qlm": qlm,
         "queue": {"url": None},
         "api": {"host": "127.0.0.1", "port": port, "max_deadline_s": 7 * 24 * 3600},
         "agent": {"poll_s": 0.25 / speedup, "status_every_s": 0.5 / speedup},
-        "engine": {"kind": "emulated", "speedup": speedup, "seed": 0, "output_length": "cap"},
+        "engine": {"kind": "emulated", "speedup": 1.0, "seed": 0, "output_length": "cap"},
         "models": models,
-        "fleet": scenario.fleet_config.model_dump(
-            mode="json", by_alias=True, exclude_defaults=True
-        ),
+        "fleet": fleet,
     }
+
+
+def scaled_profile(profile: Profile, speedup: float) -> Profile:
+    """The profile of an engine `speedup` times faster: every time divided by it."""
+    step = profile.step_time
+    scaled_step = None
+    if step is not None:
+        scaled_step = StepTime(
+            step.base_s / speedup,
+            step.per_prefill_token_s / speedup,
+            step.per_decode_seq_s / speedup,
+            step.per_context_token_s / speedup,
+        )
+    return replace(
+        profile,
+        decode_step_s=tuple(s / speedup for s in profile.decode_step_s),
+        prefill_tokens_per_s=profile.prefill_tokens_per_s * speedup,
+        load_s=profile.load_s / speedup,
+        wake_s=None if profile.wake_s is None else profile.wake_s / speedup,
+        step_time=scaled_step,
+        provenance=f"{profile.provenance} [times / {speedup:g}: qlm replay --embedded]",
+    )
 
 
 def free_port() -> int:
