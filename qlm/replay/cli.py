@@ -10,7 +10,9 @@ import asyncio
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,6 +51,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(handler=_replay_command)
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """Where and how a replay runs (the command's flags)."""
+
+    url: str | None = None  # None: an embedded plane on emulated engines
+    speedup: float = 1.0
+    api_key: str = "unused"
+    stream_below_s: float = 30.0
+    policy: str = "qlm"  # the simulated policy compared with
+    compare: bool = True
+
+
 def _replay_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     speedup = args.speedup or (DEFAULT_EMBEDDED_SPEEDUP if args.embedded else 1.0)
@@ -56,52 +70,67 @@ def _replay_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--speedup: must be a positive number, got {speedup}")
     seed = scenario.seed if args.seed is None else args.seed
     out: Path = args.out or Path("replay-out") / scenario.name
-    out.mkdir(parents=True, exist_ok=True)
-    args.out_dir = out
-    requests = scenario.requests(seed)
-    live = replay(scenario, requests, seed, speedup, args, out)
-    _write(out, scenario, seed, [live])
-    if args.no_compare:
+    options = ReplayOptions(
+        None if args.embedded else args.url,
+        speedup,
+        args.api_key,
+        args.stream_below_s,
+        args.policy,
+        not args.no_compare,
+    )
+    doc = run_replay(scenario, seed, options, out)
+    if doc is None:
         print(f"wrote {out}/requests.csv and {out}/summary.json")
         return 0
-    simulated = simulate_same(scenario, requests, seed, args.policy)
-    targets = {c.name: c.ttft_s for c in scenario.slo_classes}
-    doc = comparison(live, simulated, targets)
-    doc.update(scenario=scenario.name, seed=seed, speedup=speedup)
-    (out / "compare.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     print(comparison_table(doc), flush=True)
     print(f"wrote {out}/requests.csv, {out}/summary.json and {out}/compare.json")
     return 0
 
 
+def run_replay(
+    scenario: Scenario, seed: int, options: ReplayOptions, out: Path
+) -> dict[str, Any] | None:
+    """Replay the scenario's requests for `seed`; write requests.csv, summary.json and
+    records.jsonl into `out`, and, when comparing, compare.json: returned as a dict."""
+    out.mkdir(parents=True, exist_ok=True)
+    requests = scenario.requests(seed)
+    live = replay(scenario, requests, seed, options, out)
+    _write(out, scenario, seed, [live])
+    if not options.compare:
+        return None
+    simulated = simulate_same(scenario, requests, seed, options.policy)
+    targets = {c.name: c.ttft_s for c in scenario.slo_classes}
+    doc = comparison(live, simulated, targets)
+    doc.update(scenario=scenario.name, seed=seed, speedup=options.speedup)
+    (out / "compare.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return doc
+
+
 def replay(
-    scenario: Scenario,
-    requests: list[Request],
-    seed: int,
-    speedup: float,
-    args: argparse.Namespace,
-    out: Path,
+    scenario: Scenario, requests: list[Request], seed: int, options: ReplayOptions, out: Path
 ) -> SimResult:
-    """Send the requests (to `--url`, or to an embedded plane) and read their outcomes."""
-    drain_s = _drain_wall_s(scenario, requests, speedup)
-    if args.embedded:
-        config = embedded_config(scenario, requests, speedup, free_port())
+    """Send the requests (to `options.url`, or to an embedded plane) and read their outcomes."""
+    drain_s = _drain_wall_s(scenario, requests, options.speedup)
+    if options.url is None:
+        config = embedded_config(scenario, requests, options.speedup, free_port())
         with embedded_plane(config, out / "plane") as url:
-            return _send(url, requests, seed, speedup, scenario, args, drain_s)
-    return _send(args.url, requests, seed, speedup, scenario, args, drain_s)
+            return _send(url, requests, seed, scenario, options, drain_s, out)
+    return _send(options.url, requests, seed, scenario, options, drain_s, out)
 
 
 def _send(
     url: str,
     requests: list[Request],
     seed: int,
-    speedup: float,
     scenario: Scenario,
-    args: argparse.Namespace,
+    options: ReplayOptions,
     drain_s: float,
+    out: Path,
 ) -> SimResult:
+    speedup = options.speedup
+
     async def go() -> SimResult:
-        sender = Sender(url, speedup, args.stream_below_s, args.api_key)
+        sender = Sender(url, speedup, options.stream_below_s, options.api_key)
         started = time.monotonic()
         try:
             sent = await sender.run(requests, drain_s)
@@ -110,7 +139,7 @@ def _send(
         wall_s = time.monotonic() - started
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
             metrics = (await http.get(f"{url.rstrip('/')}/metrics")).text
-        _write_records(args.out_dir, sent)
+        _write_records(out, sent)
         classes = [c.name for c in scenario.slo_classes]
         return live_result(sent, speedup, seed, classes, swaps_by_instance(metrics), wall_s)
 

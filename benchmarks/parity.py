@@ -1,0 +1,178 @@
+"""Parity: the live plane against the simulator on the same requests.
+
+Each case is a scenario at a seed: the shipped quick scenarios (wa-, wb-, wc-quick) at seeds 0,
+1 and 7, and random scenarios from qlm/sim/fuzz (`random:K`, several models and swaps among
+them). Each is replayed `--repeats` times through the public API into an embedded plane on
+emulated engines (`qlm replay --embedded`: profiles, SLO targets and loop periods scaled by
+the speedup, qlm/replay/embedded.py), and simulated once with `qlm` (deterministic). The
+speedup is at most `--speedup` and keeps the replay's arrival rate at or below `--max-rps`
+requests per wall second (this machine's two cores also run the plane).
+
+A case is within bounds when the median live run is within 2 points of the simulated overall
+attainment and 3 points in every class, and its swaps within 25 % (or one swap) of the
+simulated ones. Reported with it: the spread of the live repeats, TTFT p50/p99, and the
+accuracy of the wait estimate each plane gives (live: the API's x-qlm-estimated-wait-s;
+simulated: the policy's prediction at arrival): median absolute error as a share of the
+class's TTFT target (worst class), and how often the TTFT came within it.
+
+    .venv/bin/python benchmarks/parity.py                     # every case, 3 repeats
+    .venv/bin/python benchmarks/parity.py --repeats 1 --random 6 --no-docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
+
+from benchmarks.report import (
+    RESULTS_DIR,
+    finish_header,
+    header_lines,
+    run_header,
+    write_docs_block,
+    write_results,
+)
+from qlm.replay.cli import ReplayOptions, run_replay
+from qlm.sim.scenario import Scenario, load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_PATH = RESULTS_DIR / "parity.json"
+QUICK = ("wa-quick", "wb-quick", "wc-quick")
+OVERALL_POINTS, CLASS_POINTS, SWAP_SHARE = 2.0, 3.0, 0.25
+
+
+def speedup_for(scenario: Scenario, seed: int, most: float, max_rps: float) -> float:
+    """The largest speedup up to `most` that keeps arrivals at or below `max_rps`."""
+    requests = scenario.requests(seed)
+    span_s = max(r.arrival_at_s for r in requests) - min(r.arrival_at_s for r in requests)
+    rate = len(requests) / max(span_s, 1.0)
+    return round(min(most, max_rps / rate), 2)
+
+
+def within(case: dict[str, Any]) -> bool:
+    """The case's bounds: overall, every class, swaps."""
+    gap = case["gap_points"]
+    classes_ok = all(abs(v) <= CLASS_POINTS for k, v in gap.items() if k != "overall")
+    live, sim = case["live_swaps"], case["simulated"]["swaps"]
+    swaps_ok = abs(live - sim) <= max(1.0, SWAP_SHARE * sim)
+    return abs(gap["overall"]) <= OVERALL_POINTS and classes_ok and swaps_ok
+
+
+def run_case(name: str, seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Replay one case `args.repeats` times; the median live run against the simulation."""
+    path = Path(name) if name.startswith("random:") else ROOT / "sims" / f"{name}.yaml"
+    scenario = load_scenario(path)
+    speedup = speedup_for(scenario, seed, args.speedup, args.max_rps)
+    runs = []
+    for repeat in range(args.repeats):
+        out = work / f"{name.replace(':', '-')}-{seed}-{repeat}"
+        doc = run_replay(scenario, seed, ReplayOptions(speedup=speedup), out)
+        assert doc is not None
+        runs.append(doc)
+        live = doc["live"]
+        print(f"  {name} seed {seed} run {repeat}: live {100 * live['overall']:.1f} %, "
+              f"simulated {100 * doc['simulated']['overall']:.1f} %", flush=True)  # fmt: skip
+    overalls = [r["live"]["overall"] for r in runs]
+    median_run = sorted(runs, key=lambda r: r["live"]["overall"])[len(runs) // 2]
+    case = {
+        "case": name,
+        "seed": seed,
+        "speedup": speedup,
+        "requests": median_run["live"]["requests"],
+        "live": median_run["live"],
+        "simulated": median_run["simulated"],
+        "gap_points": median_run["gap_points"],
+        "live_overall_spread_points": 100 * (max(overalls) - min(overalls)),
+        "live_swaps": statistics.median(r["live"]["swaps"] for r in runs),
+        "runs": [r["live"] for r in runs],
+    }
+    case["within"] = within(case)
+    return case
+
+
+def _worst_error(prediction: dict[str, Any]) -> str:
+    if not prediction:
+        return "-"
+    worst = max(prediction.values(), key=lambda p: p["median_abs_error_of_target"])
+    held = min(p["held"] for p in prediction.values())
+    return f"{100 * worst['median_abs_error_of_target']:.0f} % / {100 * held:.0f} %"
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def table(cases: Sequence[dict[str, Any]]) -> str:
+    head = [
+        "case", "seed", "x", "live", "sim", "gap", "worst class gap", "spread",
+        "swaps live/sim", "TTFT p50 live/sim", "wait err / held live", "wait err / held sim",
+        "within",
+    ]  # fmt: skip
+    rows = []
+    for c in cases:
+        gap = c["gap_points"]
+        classes = {k: v for k, v in gap.items() if k != "overall"}
+        worst = max(classes, key=lambda k: abs(classes[k])) if classes else "-"
+        live, sim = c["live"], c["simulated"]
+        rows.append([
+            c["case"], str(c["seed"]), f"{c['speedup']:g}",
+            f"{100 * live['overall']:.1f} %", f"{100 * sim['overall']:.1f} %",
+            f"{gap['overall']:+.1f}", f"{worst} {classes.get(worst, 0.0):+.1f}",
+            f"{c['live_overall_spread_points']:.1f}",
+            f"{c['live_swaps']:g} / {sim['swaps']}",
+            f"{live['ttft_p50_s'] or 0:.2f} / {sim['ttft_p50_s'] or 0:.2f} s",
+            _worst_error(live["prediction"]), _worst_error(sim["prediction"]),
+            "yes" if c["within"] else "NO",
+        ])  # fmt: skip
+    return markdown_table(head, rows)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", nargs="*", default=list(QUICK), help="shipped scenarios")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 7])
+    parser.add_argument("--random", type=int, default=20, help="random scenarios random:0..N-1")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--speedup", type=float, default=4.0)
+    parser.add_argument("--max-rps", type=float, default=100.0)
+    parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="results JSON file")
+    parser.add_argument("--no-docs", action="store_true")
+    args = parser.parse_args(argv)
+    report = run_header("benchmarks/parity.py", argv, "emulated engines, in-memory queue")
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="qlm-parity-") as tmp:
+        work = Path(tmp)
+        todo = [(n, s) for n in args.quick for s in args.seeds]
+        todo += [
+            (f"random:{k}", load_scenario(Path(f"random:{k}")).seed) for k in range(args.random)
+        ]
+        for name, seed in todo:
+            cases.append(run_case(name, seed, args, work))
+    finish_header(report)
+    report["cases"] = cases
+    report["bounds"] = {"overall_points": OVERALL_POINTS, "class_points": CLASS_POINTS}
+    write_results(args.results, report)
+    text = table(cases)
+    held = sum(c["within"] for c in cases)
+    summary = f"{held} of {len(cases)} cases within bounds"
+    print(text)
+    print(summary)
+    if not args.no_docs:
+        lines = ["## Parity: live against simulated on the same requests", ""]
+        lines += header_lines(report)
+        lines += ["", text, "", summary + "."]
+        write_docs_block("parity", "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""The pieces of `qlm replay` (qlm/replay/): the prompts it sends, the plane it configures, how
+it reads server times back into scenario seconds, and the comparison's arithmetic."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from qlm.api.prefix_blocks import prompt_prefix
+from qlm.api.tokens import Utf8BytesCounter
+from qlm.replay.compare import comparison, prediction_error
+from qlm.replay.embedded import embedded_config, scaled_profile
+from qlm.replay.outcomes import live_result, outcome_of, swaps_by_instance
+from qlm.replay.sender import Sent, body_of, prompt_of
+from qlm.serve.config import ServeConfig
+from qlm.sim.result import OutcomeState
+from qlm.sim.scenario import load_scenario
+from qlm.types import PrefixBlock
+from tests.factories import make_profile, make_request
+
+SIMS = Path(__file__).resolve().parents[2] / "sims"
+
+
+def test_a_prompt_counts_as_its_tokens_and_differs_from_every_other() -> None:
+    counter = Utf8BytesCounter()
+    a, b = make_request(prompt_tokens=777), make_request(prompt_tokens=777)
+    assert counter.count(prompt_of(a)) == 777
+    # no shared leading block: the API's prefix blocks of the two prompts differ from the first
+    blocks_a = prompt_prefix(prompt_of(a), 777)
+    blocks_b = prompt_prefix(prompt_of(b), 777)
+    assert blocks_a
+    assert blocks_a[0].key != blocks_b[0].key
+
+
+def test_requests_with_a_shared_prefix_block_share_its_text() -> None:
+    shared = (PrefixBlock(key=42, tokens=300),)
+    a = replace(make_request(prompt_tokens=500), prefix=shared)
+    b = replace(make_request(prompt_tokens=400), prefix=shared)
+    text_a, text_b = prompt_of(a), prompt_of(b)
+    assert text_a[: 4 * 300] == text_b[: 4 * 300]
+    assert text_a[4 * 300 : 4 * 301] != text_b[4 * 300 : 4 * 301]
+    assert Utf8BytesCounter().count(text_a) == 500
+
+
+def test_the_body_carries_class_target_and_exact_length_at_the_speedup() -> None:
+    request = make_request(prompt_tokens=10, max_output_tokens=33, ttft_s=60.0, completion_s=120.0)
+    body = body_of(request, speedup=4.0)
+    assert body["max_tokens"] == 33
+    assert body["ignore_eos"] is True
+    assert body["slo_ttft_s"] == pytest.approx(15.0)
+    assert body["deadline_s"] == pytest.approx(30.0)
+
+
+def test_the_embedded_plane_scales_profiles_targets_and_periods_alike() -> None:
+    scenario = load_scenario(SIMS / "wb-quick.yaml")
+    requests = scenario.requests(7)[:50]
+    data = embedded_config(scenario, requests, speedup=4.0, port=8123)
+    config = ServeConfig.model_validate(data)  # a valid fleet file
+    classes = {c.name: c.ttft_s for c in config.qlm.slo_classes}
+    assert classes["batch-1"] == pytest.approx(15.0)
+    fleet, original = config.fleet(), scenario.fleet()
+    for key, profile in original.profiles.items():
+        fast = fleet.profiles[key]
+        assert fast.load_s == pytest.approx(profile.load_s / 4)
+        assert fast.prefill_tokens_per_s == pytest.approx(profile.prefill_tokens_per_s * 4)
+        assert fast.decode_step_s[0] == pytest.approx(profile.decode_step_s[0] / 4)
+    assert config.engine.speedup == 1.0  # the engines follow the scaled profiles as they are
+    assert config.qlm.planner.time_limit_s == pytest.approx(
+        scenario.config.planner.time_limit_s / 4
+    )
+
+
+def test_a_scaled_profile_keeps_everything_but_time() -> None:
+    profile = make_profile(load_s=20.0)
+    fast = scaled_profile(profile, 2.0)
+    assert (fast.weight_bytes, fast.max_batch_size) == (
+        profile.weight_bytes,
+        profile.max_batch_size,
+    )
+    assert fast.load_s == 10.0
+    assert fast.decode_step_s == tuple(s / 2 for s in profile.decode_step_s)
+
+
+def test_server_times_come_back_as_scenario_seconds() -> None:
+    request = make_request(arrival_at_s=100.0, ttft_s=60.0)
+    times = {"arrival_at_s": 5000.0, "dispatched_at_s": 5001.0, "first_token_at_s": 5002.5,
+             "finished_at_s": 5010.0}  # fmt: skip
+    sent = Sent(request, "req-1", record={"state": "completed", "times": times, "evictions": 2})
+    outcome = outcome_of(sent, speedup=4.0)
+    assert outcome.dispatch_s == pytest.approx(104.0)
+    assert outcome.first_token_s == pytest.approx(110.0)
+    assert outcome.finish_s == pytest.approx(140.0)
+    assert outcome.state is OutcomeState.COMPLETED
+    assert outcome.met_slo
+    assert outcome.evictions == 2
+    late = outcome_of(Sent(request, "req-2", record={"state": "queued", "times": times}), 4.0)
+    assert late.state is OutcomeState.UNFINISHED
+    assert not late.met_slo
+    refused = outcome_of(Sent(request, None, error="HTTP 429"), 4.0)
+    assert refused.state is OutcomeState.UNFINISHED
+    assert refused.first_token_s is None
+
+
+def test_swaps_are_read_from_the_plane_metrics() -> None:
+    text = (
+        "# TYPE qlm_model_swaps_total counter\n"
+        'qlm_model_swaps_total{instance_id="a",model_name="m"} 2.0\n'
+        'qlm_model_swaps_total{instance_id="a",model_name="n"} 1.0\n'
+        'qlm_model_swaps_total{instance_id="b",model_name="m"} 1.0\n'
+    )
+    assert swaps_by_instance(text) == {"a": 3, "b": 1}
+
+
+def test_the_comparison_counts_gaps_and_prediction_error() -> None:
+    request = make_request(arrival_at_s=0.0, ttft_s=10.0, id="x")
+    times = {"arrival_at_s": 0.0, "first_token_at_s": 2.0, "finished_at_s": 3.0}
+    met = Sent(request, "1", estimated_wait_s=1.0, record={"state": "completed", "times": times})
+    missed_times = {**times, "first_token_at_s": 20.0, "finished_at_s": 21.0}
+    other = make_request(arrival_at_s=0.0, ttft_s=10.0, id="y")
+    record = {"state": "completed", "times": missed_times}
+    missed = Sent(other, "2", estimated_wait_s=4.0, record=record)
+    live = live_result([met, missed], 1.0, 0, ["interactive"], {}, 1.0)
+    simulated = live_result([met], 1.0, 0, ["interactive"], {"i": 2}, 1.0, policy="qlm")
+    doc = comparison(live, simulated, {"interactive": 10.0})
+    assert doc["gap_points"]["overall"] == pytest.approx(-50.0)
+    assert doc["simulated"]["swaps"] == 2
+    error = prediction_error(live, {"interactive": 10.0})["interactive"]
+    assert error["median_abs_error_of_target"] == pytest.approx((0.1 + 1.6) / 2)
+    assert error["held"] == 0.0  # both came later than predicted
