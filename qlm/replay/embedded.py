@@ -9,7 +9,12 @@ planner, the estimator and the dispatch decision price work with the same scaled
 (Engines run faster than the profiles the plane prices with would make every load look four
 times longer than it is against deadlines four times shorter: no swap would ever pay.) Every
 other time the policy reads is divided too: SLO targets, the planner's time limit, the control
-loop's tick and re-plan interval, the agents' poll and status periods. Each request generates
+loop's tick and re-plan interval, the agents' poll and status periods. Not the planner's: it
+gets the simulator's work budget (CP-SAT's deterministic work, as `qlm simulate` runs it) and
+its unscaled time limit, so it finds the plans the simulator finds; a solve then takes up to
+`speedup` times longer in scenario time than the latency the simulator charges (with a
+quarter of the budget, at 4x on two cores, the live planner proposed the swaps of a burst
+seconds later than the simulator and kept 4 points fewer promises). Each request generates
 exactly its `max_tokens` (the scenario's true output length, `engine.output_length: cap`).
 What cannot be scaled is the plane's own CPU time per decision: at a high speedup it weighs
 more than in the deployed plane (keep the speedup at 4 or below on a small machine).
@@ -51,7 +56,10 @@ def embedded_config(
         slo["ttft_s"] /= speedup
         if slo.get("completion_s") is not None:
             slo["completion_s"] /= speedup
-    qlm["planner"]["time_limit_s"] /= speedup
+    planner = qlm["planner"]
+    if planner["backend"] == "cpsat" and planner.get("deterministic_work") is None:
+        # the simulator's solve: the same work budget (qlm/sim/policies/qlm.py _reproducible)
+        planner["deterministic_work"] = planner["time_limit_s"]
     control = qlm["control"]
     control["tick_s"] /= speedup
     control["min_replan_interval_s"] /= speedup
