@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import openai
 from openai import AsyncOpenAI
 
 from qlm.types import Request
 
 REQUESTS_PATH = "/v1/qlm/requests"
 QUEUE_PATH = "/v1/qlm/queue"
+CONNECT_TIMEOUT_S = 60.0
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 
@@ -103,11 +105,19 @@ class Sender:
         self.url = url.rstrip("/")
         self.speedup = speedup
         self.stream_below_s = stream_below_s
-        self._openai = AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0)
+        # No overall timeout (a batch-class stream may wait its whole target); a minute to
+        # connect, so that a busy API's slow accepts delay a request instead of failing it.
+        self._openai = AsyncOpenAI(
+            base_url=f"{self.url}/v1",
+            api_key=api_key,
+            max_retries=0,
+            timeout=openai.Timeout(None, connect=CONNECT_TIMEOUT_S),
+        )
+        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         headers = {"authorization": f"Bearer {api_key}"}
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=60.0, headers=headers, limits=limits, trust_env=False
+            base_url=self.url, timeout=timeout, headers=headers, limits=limits, trust_env=False
         )
 
     async def close(self) -> None:
