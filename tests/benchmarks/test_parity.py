@@ -1,0 +1,45 @@
+"""The parity benchmark's arithmetic: a case's bounds (overall, every class, swaps) and the docs
+block merged from several results files, a later file's case replacing an earlier one's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.parity import render, within
+
+HEADER = {"command": "x", "date": "d", "machine": "m", "platform": "p", "code": "c"}
+
+
+def figures(overall: float, swaps: int) -> dict[str, Any]:
+    return {
+        "overall": overall, "by_class": {}, "swaps": swaps, "ttft_p50_s": 1.0,
+        "ttft_p99_s": 2.0, "prediction": {},
+    }  # fmt: skip
+
+
+def case(name: str, gap: dict[str, float], live_swaps: float, sim_swaps: int) -> dict[str, Any]:
+    return {
+        "case": name, "seed": 0, "speedup": 4.0, "gap_points": gap,
+        "live": figures(0.9, int(live_swaps)), "simulated": figures(0.9, sim_swaps),
+        "live_swaps": live_swaps, "live_overall_spread_points": 0.0,
+    }  # fmt: skip
+
+
+def test_bounds_hold_overall_in_every_class_and_on_swaps() -> None:
+    assert within(case("a", {"overall": 1.9, "x": -2.9}, 4, 4))
+    assert not within(case("a", {"overall": 2.1, "x": 0.0}, 4, 4))
+    assert not within(case("a", {"overall": 0.0, "x": 3.1}, 4, 4))
+    assert within(case("a", {"overall": 0.0}, 5, 4))  # one swap either way
+    assert not within(case("a", {"overall": 0.0}, 14, 10))  # past 25 %
+    assert within(case("a", {"overall": 0.0}, 12, 10))
+
+
+def test_a_later_results_file_replaces_the_same_case() -> None:
+    first = {**HEADER, "cases": [case("wc-quick", {"overall": -20.0}, 0, 0)]}
+    first["cases"][0]["within"] = False
+    again = {**HEADER, "cases": [case("wc-quick", {"overall": -1.0}, 0, 0)]}
+    again["cases"][0]["within"] = True
+    block = render([first, again])
+    assert "-1.0" in block
+    assert "-20.0" not in block
+    assert "1 of 1 cases within bounds" in block
