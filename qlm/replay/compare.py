@@ -10,6 +10,8 @@ from typing import Any
 
 from qlm.sim.result import SimResult
 
+REPLAY_STATS = ("client_errors", "admission_lag_p99_s")
+
 
 def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, Any]:
     """Per class: the median absolute error of the predicted TTFT (the run's
@@ -50,6 +52,8 @@ def run_figures(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, 
         "ttft_p50_s": _quantile(ttfts, 0.5),
         "ttft_p99_s": _quantile(ttfts, 0.99),
         "prediction": prediction_error(result, targets_s),
+        # the replay's own health (live only): client errors, admission lag
+        **{k: v for k, v in result.policy_stats.items() if k in REPLAY_STATS},
     }
 
 

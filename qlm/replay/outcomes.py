@@ -65,6 +65,16 @@ def outcome_of(sent: Sent, speedup: float) -> RequestOutcome:
     )
 
 
+def admission_lag_s(sent: Sent, speedup: float) -> float | None:
+    """Scenario seconds from the client's send to the plane's arrival stamp (a plane on
+    this host or with a synchronised clock): time the replay does not count as waiting, so a
+    large lag means the API could not keep up and the comparison flatters the live plane."""
+    arrival_srv = (sent.record.get("times") or {}).get("arrival_at_s")
+    if arrival_srv is None or sent.sent_wall_s is None:
+        return None
+    return max(0.0, float(arrival_srv) - sent.sent_wall_s) * speedup
+
+
 def client_times(sent: Sent, speedup: float) -> ClientTimes:
     ttft_s = None
     if sent.first_chunk_at_s is not None and sent.sent_at_s is not None:
@@ -104,6 +114,9 @@ def live_result(
         for s in sent
         if s.estimated_wait_s is not None and math.isfinite(s.estimated_wait_s)
     }
+    lags = sorted(lag for s in sent if (lag := admission_lag_s(s, speedup)) is not None)
+    stats = {"admission_lag_p99_s": lags[int(0.99 * (len(lags) - 1))]} if lags else {}
+    stats["client_errors"] = float(sum(s.error is not None for s in sent))
     return SimResult(
         policy=policy,
         seed=seed,
@@ -119,4 +132,5 @@ def live_result(
         end_s=max(ends, default=0.0),
         sim_wall_s=wall_s,
         ttft_predictions=predictions,
+        policy_stats=stats,
     )

@@ -41,6 +41,7 @@ class Sent:
     request: Request
     server_id: str | None = None
     sent_at_s: float | None = None
+    sent_wall_s: float | None = None  # the same moment on the wall clock (the plane's times)
     first_chunk_at_s: float | None = None
     done_at_s: float | None = None
     estimated_wait_s: float | None = None  # x-qlm-estimated-wait-s, server seconds
@@ -115,7 +116,7 @@ class Sender:
         )
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         headers = {"authorization": f"Bearer {api_key}"}
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         self._http = httpx.AsyncClient(
             base_url=self.url, timeout=timeout, headers=headers, limits=limits, trust_env=False
         )
@@ -143,6 +144,7 @@ class Sender:
     async def _one(self, sent: Sent, at_s: float) -> None:
         await asyncio.sleep(max(0.0, at_s - time.monotonic()))
         sent.sent_at_s = time.monotonic()
+        sent.sent_wall_s = time.time()
         request = sent.request
         budget_s = request.ttft_deadline_at_s - request.arrival_at_s
         try:
