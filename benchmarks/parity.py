@@ -158,7 +158,12 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", nargs="*", default=list(QUICK), help="shipped scenarios")
+    parser.add_argument(
+        "--quick",
+        nargs="*",
+        default=list(QUICK),
+        help="shipped scenarios (or random:K at its seed)",
+    )
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 7])
     parser.add_argument("--random", type=int, default=20, help="random scenarios random:0..N-1")
     parser.add_argument("--repeats", type=int, default=3)
@@ -177,7 +182,8 @@ def main(argv: Sequence[str]) -> int:
     cases = []
     with tempfile.TemporaryDirectory(prefix="qlm-parity-") as tmp:
         work = Path(tmp)
-        todo = [(n, s) for n in args.quick for s in args.seeds]
+        todo = [(n, s) for n in args.quick if not n.startswith("random:") for s in args.seeds]
+        todo += [(n, load_scenario(Path(n)).seed) for n in args.quick if n.startswith("random:")]
         todo += [
             (f"random:{k}", load_scenario(Path(f"random:{k}")).seed) for k in range(args.random)
         ]
