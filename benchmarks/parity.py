@@ -42,7 +42,7 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
-from qlm.replay.cli import ReplayOptions, run_replay
+from qlm.replay.cli import ReplayConfig, run_replay
 from qlm.sim.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def run_case(name: str, seed: int, args: argparse.Namespace, work: Path) -> dict
     runs = []
     for repeat in range(args.repeats):
         out = work / f"{name.replace(':', '-')}-{seed}-{repeat}"
-        doc = run_replay(scenario, seed, ReplayOptions(speedup=speedup), out)
+        doc = run_replay(scenario, seed, ReplayConfig(speedup=speedup), out)
         assert doc is not None
         runs.append(doc)
         live = doc["live"]

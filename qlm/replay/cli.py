@@ -52,7 +52,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayOptions:
+class ReplayConfig:
     """Where and how a replay runs (the command's flags)."""
 
     url: str | None = None  # None: an embedded plane on emulated engines
@@ -70,7 +70,7 @@ def _replay_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--speedup: must be a positive number, got {speedup}")
     seed = scenario.seed if args.seed is None else args.seed
     out: Path = args.out or Path("replay-out") / scenario.name
-    options = ReplayOptions(
+    options = ReplayConfig(
         None if args.embedded else args.url,
         speedup,
         args.api_key,
@@ -88,7 +88,7 @@ def _replay_command(args: argparse.Namespace) -> int:
 
 
 def run_replay(
-    scenario: Scenario, seed: int, options: ReplayOptions, out: Path
+    scenario: Scenario, seed: int, options: ReplayConfig, out: Path
 ) -> dict[str, Any] | None:
     """Replay the scenario's requests for `seed`; write requests.csv, summary.json and
     records.jsonl into `out`, and, when comparing, compare.json: returned as a dict."""
@@ -107,7 +107,7 @@ def run_replay(
 
 
 def replay(
-    scenario: Scenario, requests: list[Request], seed: int, options: ReplayOptions, out: Path
+    scenario: Scenario, requests: list[Request], seed: int, options: ReplayConfig, out: Path
 ) -> SimResult:
     """Send the requests (to `options.url`, or to an embedded plane) and read their outcomes."""
     drain_s = _drain_wall_s(scenario, requests, options.speedup)
@@ -123,7 +123,7 @@ def _send(
     requests: list[Request],
     seed: int,
     scenario: Scenario,
-    options: ReplayOptions,
+    options: ReplayConfig,
     drain_s: float,
     out: Path,
 ) -> SimResult:

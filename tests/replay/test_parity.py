@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qlm.replay.cli import ReplayOptions, run_replay
+from qlm.replay.cli import ReplayConfig, run_replay
 from qlm.sim.scenario import load_scenario
 
 SCENARIO = Path(__file__).with_name("parity-swap.yaml")
@@ -19,7 +19,7 @@ def test_live_attains_what_the_simulator_predicts_on_a_burst_that_needs_swaps(
     tmp_path: Path,
 ) -> None:
     scenario = load_scenario(SCENARIO)
-    doc = run_replay(scenario, scenario.seed, ReplayOptions(speedup=4.0), tmp_path)
+    doc = run_replay(scenario, scenario.seed, ReplayConfig(speedup=4.0), tmp_path)
     assert doc is not None
     live, simulated = doc["live"], doc["simulated"]
     assert simulated["swaps"] >= 1  # the case needs swaps (without them: 79.4 %)
