@@ -19,7 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from qlm.replay.sender import Sent
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult, TtftPrediction
 
-SWAPS_FAMILY = "qlm_model_swaps"  # qlm_model_swaps_total, by instance and model
+SWAPS_FAMILY = "qlm_model_swaps"
+_STATES = {  # a record's terminal state -> the simulator's outcome
+    "completed": OutcomeState.COMPLETED,
+    "failed": OutcomeState.FAILED,
+    "cancelled": OutcomeState.FAILED,
+}  # qlm_model_swaps_total, by instance and model
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +37,8 @@ class ClientTimes:
 
 
 def outcome_of(sent: Sent, speedup: float) -> RequestOutcome:
-    """The request's fate in scenario seconds (UNFINISHED when it never ended, FAILED when
-    refused at admission or failed)."""
+    """The request's fate in scenario seconds (UNFINISHED when it never ended or was never
+    admitted, FAILED when it failed or was cancelled)."""
     request, record = sent.request, sent.record
     times: Mapping[str, Any] = record.get("times") or {}
     arrival_srv = times.get("arrival_at_s")
@@ -44,11 +49,7 @@ def outcome_of(sent: Sent, speedup: float) -> RequestOutcome:
             return None
         return request.arrival_at_s + (float(value) - float(arrival_srv)) * speedup
 
-    state = {"completed": OutcomeState.COMPLETED, None: OutcomeState.UNFINISHED}.get(
-        record.get("state"), OutcomeState.FAILED
-    )
-    if record and record.get("state") not in ("completed", "failed", "cancelled"):
-        state = OutcomeState.UNFINISHED
+    state = _STATES.get(str(record.get("state")), OutcomeState.UNFINISHED)  # unended, no record
     return RequestOutcome(
         request_id=request.id,
         slo_class=request.slo_class,

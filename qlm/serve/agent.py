@@ -393,7 +393,5 @@ class Agent:
             left_s,
             self.priority,
             now_s,
-            swaps=self.counters.swaps,
-            evictions=self.counters.evictions,
-            prefix_keys=self.prefixes.report(),
+            (self.counters.swaps, self.counters.evictions, self.prefixes.report()),
         )

@@ -29,11 +29,12 @@ def instance_status(
     load_left: float | None,
     priority: Mapping[str, int],
     at_s: float,
-    **counts: object,
+    tallies: tuple[int, int, tuple[int, ...]] = (0, 0, ()),
 ) -> InstanceStatus:
     """The report of an instance from its engine's observation; `load_left` is what is
-    left of a load in progress (seconds), `counts` the agent's tallies (swaps, evictions,
-    prefix_keys)."""
+    left of a load in progress (seconds), `tallies` the agent's (swaps, evictions, prefix
+    keys)."""
+    swaps, evictions, prefix_keys = tallies
     blocks = engine_blocks(obs, profile, priority)[1] if profile is not None else {}
     return InstanceStatus(
         instance_id=instance_id,
@@ -50,7 +51,9 @@ def instance_status(
         fetching_models=obs.fetching_models,
         standby_capacity=obs.standby_capacity,
         start_blocks_s=tuple(sorted(blocks.items())),
-        **counts,  # type: ignore[arg-type]
+        swaps=swaps,
+        evictions=evictions,
+        prefix_keys=prefix_keys,
     )
 
 

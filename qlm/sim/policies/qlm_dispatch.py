@@ -13,7 +13,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from qlm.agents.actions import FetchStandby
 from qlm.agents.decision import Dispatcher, engine_blocks
 from qlm.agents.dispatch import (
-    PoolRate,
     Schedule,
     dispatch_groups,
 )
@@ -122,7 +121,7 @@ class SimDispatch:
 
     def _first_in_line(self, model: str) -> QueuedItem | None:
         """The request an instance serving the model's dispatch queue admits first."""
-        pool = self._pool(model)
+        pool = self.serving(model)
         if not pool:
             return None
         now_s = self.ctx.clock.now_s()
@@ -152,7 +151,7 @@ class SimDispatch:
             return planned
         if model is None:
             return ()
-        pool = self._pool(model)
+        pool = self.serving(model)
         kept = self._schedule(model, pool)
         limit = ctx.max_num_seqs(instance_id)
         now_s = ctx.clock.now_s()
@@ -210,7 +209,7 @@ class SimDispatch:
         its start on the model's pool, the engine work that blocks its class, its prefill;
         a predicted miss (None inside) when the schedule drops it. None when the schedule
         does not check that far down the queue, or no instance serves its model."""
-        pool = self._pool(request.model)
+        pool = self.serving(request.model)
         if not pool:
             return None
         schedule = self._schedule(request.model, pool)
@@ -219,7 +218,7 @@ class SimDispatch:
             dropped = any(item.request_id == request.id for item in schedule.dropped)
             return TtftPrediction(None, request.prompt_tokens) if dropped else None
         item = QueuedItem(request.id, request.prompt_tokens, request.max_output_tokens)
-        _, prefill_s = self._rate(pool, request.model).cost_s(item)
+        _, prefill_s = self.decision.rate(pool, request.model).cost_s(item)
         blocked_s = self._queues.blocked_s(request.model, pool).get(request.slo_class, 0.0)
         predicted_s = start_s + blocked_s + prefill_s - request.arrival_at_s
         return TtftPrediction(predicted_s, request.prompt_tokens)
@@ -276,14 +275,8 @@ class SimDispatch:
     def standby_models(self, instance_id: str) -> Collection[str]:
         return self.ctx.observe(instance_id).standby_models
 
-    def _pool(self, model: str) -> tuple[str, ...]:
-        return self.ctx.serving(model)
-
     def _schedule(self, model: str, pool: tuple[str, ...]) -> Schedule:
         return self.decision.schedule(self, model, pool, self.ctx.clock.now_s())
-
-    def _rate(self, pool: tuple[str, ...], model: str) -> PoolRate:
-        return self.decision.rate(pool, model)
 
     def blocks_of(self, instance_id: str) -> tuple[float, dict[str, float]]:
         """The instance's prefill speed, and per class how long its admitted work delays a
