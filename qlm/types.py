@@ -130,8 +130,8 @@ class Request:
     # completions and for engines that take text.
     messages: list[dict[str, object]] | None = field(default=None, hash=False, compare=False)
     # The API's prediction at admission (qlm/api/wait_estimate.py): seconds from arrival to
-    # the first token, and what it rests on ("plan", "idle", "no-plan"). None and "" for
-    # requests that did not come through the API (simulated ones).
+    # the first token, and what it rests on ("schedule", "late", "plan", "idle", "no-plan").
+    # None and "" for requests that did not come through the API (simulated ones).
     estimated_wait_s: float | None = field(default=None, hash=False, compare=False)
     estimate_basis: str = field(default="", hash=False, compare=False)
     # Seconds from arrival to the predicted end of the output; None where nothing is known

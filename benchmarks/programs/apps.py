@@ -1,5 +1,5 @@
 """The three applications of the programs benchmark, each built as a `ProgramBuilder` (the body
-of one program) from arXiv summarisation lengths (../shared/data/traces): a chain that
+of one program) from arXiv summarisation lengths (sims/data, NOTICE there): a chain that
 summarises a document chunk by chunk, each step carrying the summary so far; a map-reduce
 that summarises the chunks at once and merges the summaries; and two agents that answer each
 other for a few turns. Prompt text is sized to the API's token counter (4 ASCII characters a
@@ -16,7 +16,7 @@ from pathlib import Path
 from qlm.programs.client import ProgramBuilder
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-LENGTHS = ROOT.parent / "shared" / "data" / "traces" / "arxiv_summarization_lengths.csv"
+LENGTHS = ROOT / "sims" / "data" / "arxiv_summarization_lengths.csv"
 CHUNK_TOKENS = 1_024
 MAX_CHUNKS = 6
 STEP_OUTPUT_TOKENS = 64  # a chunk's summary

@@ -17,19 +17,25 @@ The rules, in order:
 2. Otherwise it serves its model's dispatch queue: `schedule` (Moore-Hodgson over the model's
    pool, the instances serving it, seen as one machine; each class's due times shifted by
    the engine work that blocks its next first token) cut by `dispatch.dispatch_groups`.
+
+The same schedule is the wait predictor (`predict`): a request's predicted time to first token
+is its start in that schedule, plus the engine work blocking its class, plus its prefill. The
+simulator grades it (qlm/sim/report/prediction.py) and the API returns it to clients
+(qlm/api/wait_estimate.py), each over its own `FleetView`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from qlm.agents.arrival_rates import ArrivalRates
 from qlm.agents.dispatch import PoolRate, Schedule, follows_swap
 from qlm.agents.drain import start_blocks_by_rank
 from qlm.agents.model_queues import ModelQueues
-from qlm.agents.queued import QueuedGroup
+from qlm.agents.queued import QueuedGroup, QueuedItem
 from qlm.engine.types import EngineObservation
 from qlm.perf.profile import Profile
 from qlm.types import Fleet
@@ -44,6 +50,14 @@ def engine_blocks(
         obs, profile, lambda r: priority.get(r.slo_class, 0), priority.values()
     )
     return profile.prefill_tokens_per_s, {name: by_rank[rank] for name, rank in priority.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """A queued request's predicted time to first token, in seconds from its arrival (None:
+    the schedule drops it, a predicted miss)."""
+
+    first_token_s: float | None
 
 
 class FleetView(Protocol):
@@ -220,3 +234,25 @@ class Dispatcher:
                 if name in work:
                     work[name] += block_s * rate
         return {name: w / speed if speed > 0 else 0.0 for name, w in work.items()}
+
+    # --- the wait predictor: the schedule rule 2 serves -----------------------------------
+
+    def predict(
+        self, view: FleetView, item: QueuedItem, model: str, now_s: float
+    ) -> Forecast | None:
+        """A queued request's time to first token from its arrival, read off its model's
+        schedule over the instances serving it: its start, the engine work that blocks its
+        class (`blocked_s`), its prefill. A `Forecast` of None when the schedule drops it;
+        None (no forecast) when no instance serves the model or the schedule does not reach
+        the request (past its class's window, `ModelQueues`)."""
+        pool = view.serving(model)
+        if not pool:
+            return None
+        schedule = self.schedule(view, model, pool, now_s)
+        start_s = schedule.start_at_s.get(item.request_id)
+        if start_s is None:
+            dropped = any(d.request_id == item.request_id for d in schedule.dropped)
+            return Forecast(None) if dropped else None
+        _, prefill_s = self.rate(pool, model).cost_s(item)
+        blocked_s = self.queues.blocked_s(model, pool).get(item.slo_class, 0.0)
+        return Forecast(start_s + blocked_s + prefill_s - item.arrival_at_s)

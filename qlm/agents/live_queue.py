@@ -1,11 +1,11 @@
-"""The live agent's side of the one dispatch decision (qlm/agents/decision.py): its view of the
-fleet (`ReportedFleet`) and its queue state kept between rounds (`AgentQueue`).
+"""The live agent's side of the one dispatch decision (qlm/agents/decision.py): its queue state
+kept between rounds (`AgentQueue`), over its view of the fleet (`ReportedFleet`,
+qlm/agents/reported_fleet.py).
 
 The decision is the simulator's (`Dispatcher`); what differs is where its inputs come from.
 `ReportedFleet` is the live `FleetView`: this instance from its engine's observation (exact,
-now), every other instance from its agent's last status report (`InstanceStatus`: its model,
-whether it is loading, its standby tier and the per-class start blocks of its admitted work),
-at most `agent.status_every_s` old. The queue is the published plan's members (the head of each
+now), every other instance from its agent's last status report, at most about two
+`agent.status_every_s` old. The queue is the published plan's members (the head of each
 virtual queue, `control.published_members_per_instance`, and the waiting groups), brought
 into the `Dispatcher`'s `ModelQueues` by difference each round: read once per published plan
 (a member's fields never change, so those seen before are reused), each member priced once per
@@ -21,67 +21,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 
-from qlm.agents.decision import Dispatcher, engine_blocks
+from qlm.agents.decision import Dispatcher
 from qlm.agents.dispatch import Schedule, dispatch_groups, unseen_paced
 from qlm.agents.pacing import Pacing, first_compressed_s, held_back
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
+from qlm.agents.reported_fleet import ReportedFleet
 from qlm.agents.virtual_queue import head_model, planned_items, virtual_queue
 from qlm.control.plan import PublishedPlan
-from qlm.engine.types import EngineObservation, EngineState
-from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet
 
 ARRIVALS_KEPT_S = 120.0  # noted member ids are forgotten this long after their arrival
-
-
-@dataclass(frozen=True)
-class ReportedFleet:
-    """The live `FleetView`: this instance's engine now, the others as their agents last
-    reported them (`reports`, the instances that are up; this one's own report ignored)."""
-
-    fleet: Fleet
-    instance_id: str
-    own: EngineObservation
-    priority: Mapping[str, int]
-    reports: Mapping[str, InstanceStatus] = field(default_factory=dict)
-
-    def _state(self, instance_id: str) -> tuple[str | None, bool]:
-        """(model, loading) of an instance; (None, False) for one not heard from."""
-        if instance_id == self.instance_id:
-            return self.own.model, self.own.state is EngineState.LOADING
-        report = self.reports.get(instance_id)
-        if report is None:
-            return None, False
-        return report.model, report.state == str(EngineState.LOADING)
-
-    def model_of(self, instance_id: str) -> str | None:
-        return self._state(instance_id)[0]
-
-    def serving(self, model: str) -> tuple[str, ...]:
-        return tuple(i.id for i in self.fleet.instances if self._state(i.id) == (model, False))
-
-    def loading(self, model: str) -> tuple[str, ...]:
-        return tuple(i.id for i in self.fleet.instances if self._state(i.id) == (model, True))
-
-    def standby_models(self, instance_id: str) -> Collection[str]:
-        if instance_id == self.instance_id:
-            return self.own.standby_models
-        report = self.reports.get(instance_id)
-        return () if report is None else report.standby_models
-
-    def blocks_of(self, instance_id: str) -> tuple[float, Mapping[str, float]]:
-        model = self.model_of(instance_id)
-        instance = self.fleet.instance(instance_id)
-        profile = None if model is None else self.fleet.profile(model, instance)
-        if profile is None:
-            return 0.0, {}
-        if instance_id == self.instance_id:
-            return engine_blocks(self.own, profile, self.priority)
-        report = self.reports.get(instance_id)
-        blocks = {} if report is None else dict(report.start_blocks_s)
-        return profile.prefill_tokens_per_s, blocks
 
 
 class AgentQueue:
@@ -166,20 +116,10 @@ class AgentQueue:
         about (the others are dropped: this agent serves one model at a time)."""
         queues = self.decision.queues
         for model, items in queued.items():
-            kept = queues.items(model)
-            queues.remove(sorted(kept.keys() - items.keys()))
-            new = (items[rid] for rid in items.keys() - kept.keys())
-            for item in sorted(new, key=_arrival_order):  # as the simulator queues them
-                queues.add(item, model)
+            queues.sync(model, items)
         for other in queues.models():
             if other not in queued:
                 queues.remove(list(queues.items(other)))
-
-
-def _arrival_order(item: QueuedItem) -> tuple[float, str]:
-    """The simulator adds requests to its queue as they arrive; so does the agent, as far
-    as it knows (the queue's order of a class's requests breaks ties in what waits)."""
-    return item.arrival_at_s, item.request_id
 
 
 class HeldBackCache:

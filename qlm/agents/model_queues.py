@@ -1,6 +1,8 @@
-"""The simulator's view of the global queue for dispatch (`ModelQueues`): queued requests by
-model, priced for each pool of instances they are scheduled over, each pool's schedule kept
-while it stands (mutable, no I/O; qlm/sim/policies/qlm_dispatch.py uses it).
+"""The dispatch decision's view of the global queue (`ModelQueues`): queued requests by model,
+priced for each pool of instances they are scheduled over, each pool's schedule kept while it
+stands (mutable, no I/O). The simulator keeps it exact (qlm/sim/policies/qlm_dispatch.py); a
+live agent brings it in line with the plan's members each round (qlm/agents/live_queue.py),
+the API with the queue it reads (qlm/api/wait_forecast.py), both with `sync`.
 
 Jobs are kept sorted by due time per SLO class: engine work a request may not preempt
 shifts all requests of its class by the same time, so the order the schedule needs (by due
@@ -50,6 +52,16 @@ class ModelQueues:
             for (of_model, _), priced in self._pools.items():
                 if of_model == model:
                     priced.discard(request_id, self.max_jobs)
+
+    def sync(self, model: str, items: Mapping[str, QueuedItem]) -> None:
+        """Bring the model's queue in line with `items` by difference: those gone removed,
+        the new added in arrival order, as the simulator queues them (the queue's order of a
+        class's requests breaks ties in what waits)."""
+        kept = self.items(model)
+        self.remove(sorted(kept.keys() - items.keys()))
+        new = (items[rid] for rid in items.keys() - kept.keys())
+        for item in sorted(new, key=lambda i: (i.arrival_at_s, i.request_id)):
+            self.add(item, model)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._model_of

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qlm.engine.types import EngineObservation
+from qlm.types import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,20 @@ class QueuedItem:
     # The request of its job part that computes the shared prefix (qlm/batch/prefix_plan.py):
     # dispatch holds this one while that one is queued or prefilling on the same engine.
     job_leader: str | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> QueuedItem:
+        """A queued request as dispatch sees it."""
+        return cls(
+            request.id,
+            request.prompt_tokens,
+            request.max_output_tokens,
+            request.slo_class,
+            request.ttft_deadline_at_s,
+            request.arrival_at_s,
+            request.job_order,
+            request.job_leader,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from qlm.api.program_runner import ProgramRunner
 from qlm.api.qlm_routes import add_qlm_routes
 from qlm.api.settings import ApiAppConfig
 from qlm.api.tokens import TokenCounter
+from qlm.api.wait_forecast import QueueForecaster
 from qlm.batch.store import BatchStore, MemoryBatchStore
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
@@ -74,13 +75,16 @@ def create_app(
     metrics: PlaneMetrics | None = None,
     batch_store: BatchStore | None = None,
     program_store: ProgramStore | None = None,
+    forecaster: QueueForecaster | None = None,
 ) -> FastAPI:
     """An app serving `settings.models` from `queue`; deadlines are read from `clock`.
     `token_counter` overrides the registered counter named in the settings (e.g. a real
     tokenizer). `metrics` is the process's recorder (a registry of the app's own when None):
-    GET /metrics exposes it, GET /dashboard shows it, and admissions are counted on it."""
+    GET /metrics exposes it, GET /dashboard shows it, and admissions are counted on it.
+    `forecaster` forecasts each request's wait with the dispatch decision (the fleet's
+    processes pass one, `qlm.serve.runtime`); without it waits come from the plan alone."""
     metrics = metrics or default_metrics(settings, clock)
-    context = ApiContext.build(settings, queue, clock, token_counter, metrics)
+    context = ApiContext.build(settings, queue, clock, token_counter, metrics, forecaster)
     store = batch_store or batch_store_for(queue)
     runner = BatchRunner(context, store, settings.api.batch.poll_s)
     programs = program_store or program_store_for(queue)

@@ -24,6 +24,7 @@ from qlm.api.settings import ApiAppConfig
 from qlm.api.slo import HEADER_CLASS
 from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.api.wait_estimate import WaitEstimate, WaitEstimator, refuse_unattainable
+from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import (
@@ -81,7 +82,10 @@ class ApiContext:
         clock: Clock,
         token_counter: TokenCounter | None = None,
         metrics: MetricsHooks = NO_METRICS,
+        forecaster: QueueForecaster | None = None,
     ) -> ApiContext:
+        """The context of an app; `forecaster`: the dispatch decision's wait forecast
+        (qlm/api/wait_forecast.py), else waits are estimated from the plan alone."""
         counter = token_counter or make_token_counter(settings.api.token_counter)
         return cls(
             settings,
@@ -91,7 +95,7 @@ class ApiContext:
             int(clock.now_s()),
             KeyRing(settings.api_keys),
             TenantQuotas(settings, clock),
-            WaitEstimator(queue, settings, clock),
+            WaitEstimator(queue, settings, clock, forecaster),
             metrics,
         )
 
@@ -136,6 +140,15 @@ class ApiContext:
             arrival_s = self.clock.now_s()
         built = self.admitter.build(body, http.headers, request_id, arrival_s, tenant)
         estimate = await self.estimator.estimate(built)
+        try:
+            return await self._commit(built, estimate)
+        except BaseException:
+            self.estimator.forget(built)  # not queued after all
+            raise
+
+    async def _commit(self, built: Request, estimate: WaitEstimate) -> Request:
+        """Enqueue an estimated request (refused when asked to and its estimate misses its
+        TTFT target, or over its tenant's quota)."""
         if self.settings.api.reject_unattainable_slo:
             refuse_unattainable(built, estimate)
         request = replace(

@@ -117,7 +117,7 @@ _ADMITTED_HEADERS: Json = {
     "x-qlm-request-id": {"schema": {"type": "string"}, "description": "the request's id"},
     WAIT_HEADER: {"schema": {"type": "string"}, "description": "predicted seconds to 1st token"},
     BASIS_HEADER: {
-        "schema": {"type": "string", "enum": ["plan", "idle", "no-plan"]},
+        "schema": {"type": "string", "enum": ["schedule", "late", "plan", "idle", "no-plan"]},
         "description": "what the predicted wait rests on",
     },
 }

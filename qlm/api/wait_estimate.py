@@ -1,9 +1,20 @@
-"""Every admitted request's predicted wait and completion, read from the latest published plan,
-and the optional admission check built on it (`ApiConfig.reject_unattainable_slo`, off by
-default).
+"""Every admitted request's predicted wait and completion, and the optional admission check
+built on it (`ApiConfig.reject_unattainable_slo`, off by default).
 
-The estimate is deliberately simple and cheap. The control loop inserts a new arrival at the
-end of the nearest planned group of its model and class, so a newcomer waits about as long as
+Where the API knows the fleet (`qlm serve`, `qlm demo`), the wait is the dispatch decision's
+forecast (qlm/api/wait_forecast.py): the function the simulator grades, with basis
+
+* `schedule`: the request's first token as its model's dispatch schedule places it; its
+  completion adds its own output at the pace below (`plan` basis);
+* `late`: the schedule drops it, a predicted miss: the wait is the later of its TTFT target
+  and the plan's estimate below.
+
+Without a forecast (no instance reported serving its model, the API started without the
+fleet, or the request past its class's scheduling window) the estimate is the plan's, read
+from the latest published plan.
+
+The plan's estimate is deliberately simple and cheap. The control loop inserts a new arrival
+at the end of the nearest planned group of its model and class, so a newcomer waits about as long as
 the last member of such a group; the plan carries each member's predicted wait (the RWT
 estimator's mean time to first token, measured from `waits_at_s`, the plan's last full
 re-plan; plans derived since by inserting arrivals keep it). For every (model, class) the
@@ -29,9 +40,9 @@ A request's estimate is that time minus its arrival (never below 0), with a `bas
 
 A `no-plan` estimate has no completion: nothing is known.
 
-The gate refuses a request only on a `plan` estimate whose first token comes after its TTFT
-deadline. The table is rebuilt only when the plan's epoch changes, and the plan is re-read at
-most every `plan_refresh_s`.
+The gate refuses a request on a `schedule` or `plan` estimate whose first token comes after
+its TTFT deadline, and on a `late` one. The table is rebuilt only when the plan's epoch
+changes, and the plan is re-read at most every `plan_refresh_s`.
 """
 
 from __future__ import annotations
@@ -42,15 +53,19 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
+from qlm.agents.decision import Forecast
 from qlm.api.errors import ApiError
 from qlm.api.settings import ApiAppConfig
+from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock
 from qlm.control.plan import LoneSpeed, PublishedPlan
 from qlm.queue.base import GlobalQueue
 from qlm.types import Request
 
 Key = tuple[str, str]  # (model, SLO class)
-Basis = Literal["plan", "idle", "no-plan"]
+Basis = Literal["schedule", "late", "plan", "idle", "no-plan"]
+# The bases of an estimate that knows something (a `no-plan` one knows nothing).
+KNOWN: tuple[Basis, ...] = ("schedule", "late", "plan", "idle")
 WAIT_HEADER = "x-qlm-estimated-wait-s"
 COMPLETION_HEADER = "x-qlm-estimated-completion-s"
 BASIS_HEADER = "x-qlm-estimate-basis"
@@ -68,11 +83,10 @@ class WaitEstimate:
     @classmethod
     def of(cls, request: Request) -> WaitEstimate:
         """The estimate an admitted request carries."""
-        basis = request.estimate_basis
-        if request.estimated_wait_s is None or basis not in ("plan", "idle"):
+        basis = next((b for b in KNOWN if b == request.estimate_basis), None)
+        if request.estimated_wait_s is None or basis is None:
             return cls(0.0, "no-plan")
-        known: Basis = "plan" if basis == "plan" else "idle"
-        return cls(request.estimated_wait_s, known, request.estimated_completion_s)
+        return cls(request.estimated_wait_s, basis, request.estimated_completion_s)
 
     def headers(self) -> dict[str, str]:
         out = {WAIT_HEADER: f"{self.wait_s:.3f}", BASIS_HEADER: self.basis}
@@ -113,9 +127,16 @@ def newcomer_times(plan: PublishedPlan) -> Mapping[Key, _Times]:
 
 
 class WaitEstimator:
-    """Estimates from the latest plan (see the module docstring)."""
+    """Estimates from the dispatch forecast where there is one, else from the latest plan
+    (see the module docstring)."""
 
-    def __init__(self, queue: GlobalQueue, settings: ApiAppConfig, clock: Clock) -> None:
+    def __init__(
+        self,
+        queue: GlobalQueue,
+        settings: ApiAppConfig,
+        clock: Clock,
+        forecaster: QueueForecaster | None = None,
+    ) -> None:
         self._queue = queue
         self._clock = clock
         self._max_age_s = settings.api.plan_max_age_s
@@ -124,8 +145,34 @@ class WaitEstimator:
         self._plan: PublishedPlan | None = None
         self._table: Mapping[Key, _Times] = MappingProxyType({})
         self._lone: Mapping[str, LoneSpeed] = MappingProxyType({})
+        self.forecaster = forecaster
 
     async def estimate(self, request: Request) -> WaitEstimate:
+        planned = await self._planned(request)
+        forecast = None if self.forecaster is None else await self.forecaster.forecast(request)
+        return planned if forecast is None else self._scheduled(request, forecast, planned)
+
+    def forget(self, request: Request) -> None:
+        """An estimated request that was not admitted after all."""
+        if self.forecaster is not None:
+            self.forecaster.forget(request.id)
+
+    def _scheduled(
+        self, request: Request, forecast: Forecast, planned: WaitEstimate
+    ) -> WaitEstimate:
+        """A `schedule` or `late` estimate; its completion adds its own output at the pace
+        the plan's estimate assumed."""
+        first_s = forecast.first_token_s
+        if first_s is None:
+            return WaitEstimate(max(request.ttft_slo_s, planned.wait_s), "late")
+        wait_s = max(0.0, first_s)
+        if planned.completion_s is None:
+            return WaitEstimate(wait_s, "schedule")
+        own_s = max(0.0, planned.completion_s - planned.wait_s)
+        return WaitEstimate(wait_s, "schedule", wait_s + own_s)
+
+    async def _planned(self, request: Request) -> WaitEstimate:
+        """The plan's estimate (`plan`, `idle` or `no-plan`)."""
         table = await self._current()
         if table is None:
             return WaitEstimate(0.0, "no-plan")
@@ -177,20 +224,24 @@ def _output_tokens(request: Request, lone: LoneSpeed) -> float:
 
 
 def refuse_unattainable(request: Request, estimate: WaitEstimate) -> None:
-    """ApiError 429 when the plan predicts the request's first token after its deadline;
-    Retry-After is how long until the predicted wait would fit its TTFT target."""
-    if estimate.basis != "plan" or estimate.wait_s <= request.ttft_slo_s:
+    """ApiError 429 when the estimate puts the request's first token after its deadline (a
+    `schedule` or `plan` estimate past it, or a `late` one); Retry-After is how long until
+    the predicted wait would fit its TTFT target."""
+    late = estimate.basis == "late"
+    past = estimate.basis in ("schedule", "plan") and estimate.wait_s > request.ttft_slo_s
+    if not (late or past):
         return
+    when = "too late to keep" if late else f"in {estimate.wait_s:.1f} s, after"
     raise ApiError(
         429,
-        f"The latest plan predicts the first token of a {request.slo_class!r} request for "
-        f"{request.model!r} in {estimate.wait_s:.1f} s, after its TTFT target of "
-        f"{request.ttft_slo_s:.1f} s; retry later or choose a slower SLO class.",
+        f"QLM predicts the first token of a {request.slo_class!r} request for "
+        f"{request.model!r} {when} its TTFT target of {request.ttft_slo_s:.1f} s; "
+        "retry later or choose a slower SLO class.",
         param="slo_class",
         code="slo_unattainable",
         headers={
             "x-should-retry": "false",  # the official client would retry at once otherwise
-            "retry-after": str(math.ceil(estimate.wait_s - request.ttft_slo_s)),
+            "retry-after": str(max(1, math.ceil(estimate.wait_s - request.ttft_slo_s))),
             **estimate.headers(),
         },
     )

@@ -198,7 +198,7 @@ class InstanceStatus:
     standby_capacity: int = 0  # models its standby tier holds at most
     # Per SLO class, how long the work admitted to its engine delays a new request's first
     # token (qlm/agents/drain.py start_blocks_by_rank): the other agents' dispatch reads it
-    # (qlm/agents/live_queue.py ReportedFleet).
+    # (qlm/agents/reported_fleet.py ReportedFleet).
     start_blocks_s: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> str:

@@ -97,6 +97,20 @@ def swaps_by_instance(metrics_text: str) -> dict[str, int]:
     return swaps
 
 
+FORECAST_BASES = ("schedule", "late")  # the dispatch decision's forecast, as the simulator's
+
+
+def forecast_of(sent: Sent, speedup: float) -> TtftPrediction | None:
+    """The API's wait estimate as a prediction when it is the dispatch decision's forecast
+    (the function the simulator grades; a `late` one predicts a miss); None for the plan's
+    fallback estimates, which the simulator makes none of."""
+    wait_s = sent.estimated_wait_s
+    if sent.estimate_basis not in FORECAST_BASES or wait_s is None or not math.isfinite(wait_s):
+        return None
+    predicted_s = None if sent.estimate_basis == "late" else wait_s * speedup
+    return TtftPrediction(predicted_s, sent.request.prompt_tokens)
+
+
 def live_result(
     sent: Sequence[Sent],
     speedup: float,
@@ -107,13 +121,13 @@ def live_result(
     policy: str = "qlm-live",
 ) -> SimResult:
     """The replay as a `SimResult` (the simulator's report writers take it as they are).
-    The API's wait estimate at admission is the run's `ttft_predictions`."""
+    The API's forecasts at admission are the run's `ttft_predictions` (`forecast_of`)."""
     outcomes = tuple(outcome_of(s, speedup) for s in sent)
     ends = [o.finish_s for o in outcomes if o.finish_s is not None]
     predictions = {
-        s.request.id: TtftPrediction(s.estimated_wait_s * speedup, s.request.prompt_tokens)
+        s.request.id: prediction
         for s in sent
-        if s.estimated_wait_s is not None and math.isfinite(s.estimated_wait_s)
+        if (prediction := forecast_of(s, speedup)) is not None
     }
     lags = sorted(lag for s in sent if (lag := admission_lag_s(s, speedup)) is not None)
     stats = {"admission_lag_p99_s": lags[int(0.99 * (len(lags) - 1))]} if lags else {}

@@ -45,6 +45,7 @@ class Sent:
     first_chunk_at_s: float | None = None
     done_at_s: float | None = None
     estimated_wait_s: float | None = None  # x-qlm-estimated-wait-s, server seconds
+    estimate_basis: str = ""  # x-qlm-estimate-basis (qlm/api/wait_estimate.py)
     error: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict)
 
@@ -180,6 +181,7 @@ class Sender:
         sent.server_id = headers.get("x-qlm-request-id")
         wait = headers.get("x-qlm-estimated-wait-s")
         sent.estimated_wait_s = None if wait is None else float(wait)
+        sent.estimate_basis = headers.get("x-qlm-estimate-basis", "")
 
     async def _records(self, sent: Sequence[Sent], until_s: float) -> None:
         """Wait until the queue holds nothing unended (or time is up), then read each

@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Mapping, Sequence
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.drain import engine_timing, load_left_s
 from qlm.agents.job_gate import prefilling_ids
-from qlm.agents.live_queue import AgentQueue, ReportedFleet
+from qlm.agents.live_queue import AgentQueue
 from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
+from qlm.agents.reported_fleet import PeerReports, ReportedFleet
 from qlm.aio import first_done
 from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
@@ -36,7 +37,7 @@ from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.agent_prefixes import EARLY_REPORT_S, AgentPrefixes
-from qlm.serve.agent_reports import PeerReports, instance_status
+from qlm.serve.agent_reports import instance_status
 from qlm.serve.config import AgentConfig
 from qlm.serve.engine_loads import ModelLoads, RefillBacklog
 from qlm.serve.leases import LeaseKeeper

@@ -1,6 +1,6 @@
-"""An agent's status reports, both ways: the one it writes about its instance (`instance_status`)
-and those it reads of the others (`PeerReports`), which its dispatch decision reads as the
-live `FleetView` (qlm/agents/live_queue.py `ReportedFleet`).
+"""The status report an agent writes about its instance (`instance_status`); the others read
+it back (qlm/agents/reported_fleet.py `PeerReports`) as the live `FleetView` of the dispatch
+decision (`ReportedFleet`).
 
 The decision needs each instance's model, whether it is loading, its standby tier and the
 per-class start blocks of its admitted work (qlm/agents/decision.py). In the simulator these
@@ -11,14 +11,12 @@ instance, as the control loop's liveness check counts it."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from qlm.agents.decision import engine_blocks
 from qlm.agents.drain import drain_estimate_s
 from qlm.engine.types import EngineObservation
 from qlm.perf.profile import Profile
-from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 
 
@@ -55,28 +53,3 @@ def instance_status(
         evictions=evictions,
         prefix_keys=prefix_keys,
     )
-
-
-STALE_AFTER_S = 5.0  # an older report (unless 4 report periods are longer) counts as no instance
-
-
-class PeerReports:
-    """The other instances' last reports, re-read at most every `period_s`."""
-
-    def __init__(self, instance_id: str, period_s: float) -> None:
-        self.instance_id = instance_id
-        self.period_s = period_s
-        self.stale_after_s = max(STALE_AFTER_S, 4 * period_s)
-        self.reports: Mapping[str, InstanceStatus] = {}
-        self._read_at_s = -math.inf
-
-    async def refresh(self, queue: GlobalQueue, now_s: float) -> None:
-        """Read the reports again when the last read is a period old."""
-        if now_s - self._read_at_s < self.period_s:
-            return
-        self._read_at_s = now_s
-        self.reports = {
-            s.instance_id: s
-            for s in await queue.instances()
-            if s.instance_id != self.instance_id and now_s - s.at_s <= self.stale_after_s
-        }

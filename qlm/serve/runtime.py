@@ -16,6 +16,7 @@ import uvicorn
 from qlm.agents.pacing import Pacing
 from qlm.api.app import create_app
 from qlm.api.settings import ApiAppConfig
+from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock, WallClock
 from qlm.config import ConfigError
 from qlm.engine.client import EngineClient
@@ -148,7 +149,11 @@ def plane_metrics(config: ServeConfig, clock: Clock, instance_ids: Sequence[str]
 async def _start_api(
     plane: Plane, config: ServeConfig, settings: ApiAppConfig, clock: Clock
 ) -> None:
-    app = create_app(settings, plane.queue, clock, metrics=plane.metrics)
+    priority = {c.name: c.priority for c in config.qlm.slo_classes}
+    every_s = config.agent.status_every_s
+    refresh_s = settings.api.plan_refresh_s
+    forecaster = QueueForecaster(plane.queue, plane.fleet, priority, clock, refresh_s, every_s)
+    app = create_app(settings, plane.queue, clock, metrics=plane.metrics, forecaster=forecaster)
     if not settings.auth_required and config.api.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("the API listens on %s without API keys: anyone can submit", config.api.host)
     server = uvicorn.Server(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from qlm.agents.live_queue import AgentQueue, ReportedFleet
+from qlm.agents.live_queue import AgentQueue
+from qlm.agents.reported_fleet import ReportedFleet
 from qlm.agents.virtual_queue import planned_items
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import EngineObservation, EngineState

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from qlm.agents.live_queue import AgentQueue, ReportedFleet
+from qlm.agents.live_queue import AgentQueue
+from qlm.agents.reported_fleet import ReportedFleet
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.control.plan import PublishedPlan, planned_group

@@ -105,7 +105,8 @@ def test_queued_work_a_live_agent_is_not_shown_counts() -> None:
 
 
 def test_the_live_agent_paces_on_the_whole_queue_not_only_the_published_head() -> None:
-    from qlm.agents.live_queue import AgentQueue, ReportedFleet
+    from qlm.agents.live_queue import AgentQueue
+    from qlm.agents.reported_fleet import ReportedFleet
     from qlm.control.plan import PlannedGroup, PublishedPlan
     from qlm.engine.types import EngineObservation, EngineState
     from qlm.types import Fleet

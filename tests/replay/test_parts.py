@@ -115,16 +115,27 @@ def test_swaps_are_read_from_the_plane_metrics() -> None:
 def test_the_comparison_counts_gaps_and_prediction_error() -> None:
     request = make_request(arrival_at_s=0.0, ttft_s=10.0, id="x")
     times = {"arrival_at_s": 0.0, "first_token_at_s": 2.0, "finished_at_s": 3.0}
-    met = Sent(request, "1", estimated_wait_s=1.0, record={"state": "completed", "times": times})
+    record = {"state": "completed", "times": times}
+    met = Sent(request, "1", estimated_wait_s=1.0, estimate_basis="schedule", record=record)
     missed_times = {**times, "first_token_at_s": 20.0, "finished_at_s": 21.0}
     other = make_request(arrival_at_s=0.0, ttft_s=10.0, id="y")
     record = {"state": "completed", "times": missed_times}
-    missed = Sent(other, "2", estimated_wait_s=4.0, record=record)
-    live = live_result([met, missed], 1.0, 0, ["interactive"], {}, 1.0)
+    missed = Sent(other, "2", estimated_wait_s=4.0, estimate_basis="schedule", record=record)
+    # The plan's fallback estimate is not the forecast the simulator grades: left out.
+    third = make_request(arrival_at_s=0.0, ttft_s=10.0, id="z")
+    planned = Sent(third, "3", estimated_wait_s=90.0, estimate_basis="plan", record=record)
+    live = live_result([met, missed, planned], 1.0, 0, ["interactive"], {}, 1.0)
     simulated = live_result([met], 1.0, 0, ["interactive"], {"i": 2}, 1.0, policy="qlm")
     doc = comparison(live, simulated, {"interactive": 10.0})
-    assert doc["gap_points"]["overall"] == pytest.approx(-50.0)
+    assert doc["gap_points"]["overall"] == pytest.approx(-200 / 3)
     assert doc["simulated"]["swaps"] == 2
     error = prediction_error(live, {"interactive": 10.0})["interactive"]
+    assert error["requests"] == 2
     assert error["median_abs_error_of_target"] == pytest.approx((0.1 + 1.6) / 2)
     assert error["held"] == 0.0  # both came later than predicted
+    # A `late` forecast predicts a miss: graded as the class's target.
+    late = Sent(other, "2", estimated_wait_s=10.0, estimate_basis="late", record=record)
+    graded = prediction_error(
+        live_result([late], 1.0, 0, ["interactive"], {}, 1.0), {"interactive": 10.0}
+    )
+    assert graded["interactive"]["median_abs_error_of_target"] == pytest.approx(1.0)

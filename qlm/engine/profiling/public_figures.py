@@ -3,7 +3,7 @@
 Question answered: which published or measured numbers do the packaged profiles start from, and
 where does each come from? References (cited by name in every file's provenance), datasheet
 bandwidth and FLOPS, model configs, vLLM defaults, Preble's equations, and the readers of the
-public data in ../shared/data (README.md there): the Azure conversation trace's output and
+public data in sims/data (NOTICE there): the Azure conversation trace's output and
 context lengths, and the Splitwise measurements of Llama2-70B fitted with calibration.py.
 """
 
@@ -30,7 +30,7 @@ REFERENCES: dict[str, str] = {
     "Vicuna-13B (40 layers, 40 heads x 128), Llama-2-70B (80 layers, 8 KV heads x 128); FP16",
     "vllm": "vLLM defaults: max_num_seqs 256, gpu_memory_utilization 0.9",
     "load": "model load: a fresh vLLM process takes 10-60 s before serving; weights stream "
-    "from NVMe at 5-7 GB/s (ServerlessLLM), see ../shared/data/README.md",
+    "from NVMe at 5-7 GB/s (ServerlessLLM), see qlm/engine/profiling/README.md",
     "llm-d": "llm-d-inference-sim docs/latency-profiles.md batch-1 figures (cross-check only)",
     "sleep": "vLLM sleep mode (docs.vllm.ai features/sleep_mode; vLLM blog 2025-10-26): level 1 "
     "keeps the weights in CPU RAM and wakes 18-200x faster than a reload, 0.1-6 s",

@@ -28,24 +28,21 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from qlm.agents.actions import Action, LoadModel, Pull
 from qlm.agents.drain import drain_estimate_s, engine_timing
 from qlm.agents.reconcile import (
     EngineTiming,
     QueuedGroup,
-    ReconcileConfig,
     ReconcileInput,
     reconcile,
 )
 from qlm.agents.room import room
 from qlm.clock import WallClock
-from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver, Decision
 from qlm.engine.types import EngineEvent, EngineObservation, FirstToken
-from qlm.perf.profile import Profile
 from qlm.sim.policies.base import (
     NO_ACTIONS,
     SIM_POLICIES,
@@ -55,25 +52,13 @@ from qlm.sim.policies.base import (
     frees_capacity,
 )
 from qlm.sim.policies.qlm_dispatch import SimDispatch
+from qlm.sim.policies.qlm_variants import QlmVariant, pinned_fleet, reproducible
 from qlm.sim.result import TtftPrediction
-from qlm.types import Fleet, Request
+from qlm.types import Request
 
 _ROUND = "round"
 _PUBLISH = "publish"
 _WAKE = "wake:"  # + instance id: a request held back there (prefix hold, pacing) may start
-
-
-@dataclass(frozen=True, slots=True)
-class QlmVariant:
-    """Which ablation of qlm runs, the virtual time a solve is charged (re-plans: qlm.control)."""
-
-    planning_latency_s: float | None = None  # None: planner time limit (milp), else 0
-    planner: str | None = None  # override config.planner.policy (qlm-edf: "edf")
-    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
-    pin_models: bool = False  # plan as if every loaded instance can hold only its model
-    shortcuts: bool = True  # skip agent steps and queue tails that cannot change reconcile
-    fetch_standby: bool = True  # fill free standby places with the worthiest models (warming)
-    wake_for_backlog: bool = True  # a wake also counts the arrivals a backlog makes late
 
 
 class QlmPolicy(BasePolicy):
@@ -102,9 +87,9 @@ class QlmPolicy(BasePolicy):
     def start(self, ctx: SimContext) -> Actions:
         super().start(ctx)
         variant = self.variant
-        fleet = _pinned(ctx.fleet) if variant.pin_models else ctx.fleet
+        fleet = pinned_fleet(ctx.fleet) if variant.pin_models else ctx.fleet
         planner = variant.planner or ctx.config.planner.policy
-        config = _reproducible(ctx.config)
+        config = reproducible(ctx.config)
         controller = Controller(config, fleet, self._wall, planner_policy=planner)
         self._driver = ControlDriver(controller, config.control)
         members = self._members = config.control.published_members_per_instance
@@ -119,12 +104,13 @@ class QlmPolicy(BasePolicy):
     def on_arrival(self, request: Request) -> Actions:
         self.dispatch.arrived(request)
         self.dispatch.queue(request)
-        actions = self._follow(self.driver.arrive((request,), self.now_s()))
-        if request.id in self.dispatch:  # not pulled where the plan put it
-            actions = (*actions, *self._dispatch(request.model, request))
+        # Predicted on admission, before anything pulls it, as the API predicts live.
         prediction = self.dispatch.predict(request)
         if prediction is not None:
             self._predicted[request.id] = prediction
+        actions = self._follow(self.driver.arrive((request,), self.now_s()))
+        if request.id in self.dispatch:  # not pulled where the plan put it
+            actions = (*actions, *self._dispatch(request.model, request))
         return actions
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
@@ -346,24 +332,6 @@ class QlmPolicy(BasePolicy):
         return self._driver
 
 
-def _pinned(fleet: Fleet) -> Fleet:
-    """The fleet as the no-swap planner sees it: each instance with a model loaded gets a GPU
-    type of its own that only that model has a profile for, so the planner can place there only
-    that model. Instances without a model keep their real GPU type."""
-    instances = []
-    profiles: dict[tuple[str, str], Profile] = dict(fleet.profiles)
-    for instance in fleet.instances:
-        model = instance.loaded_model
-        profile = None if model is None else fleet.profile(model, instance)
-        if model is None or profile is None:
-            instances.append(instance)
-            continue
-        gpu_type = f"{instance.gpu_type}#{model}"
-        profiles[(model, gpu_type)] = replace(profile, gpu_type=gpu_type)
-        instances.append(replace(instance, gpu_type=gpu_type))
-    return Fleet(tuple(instances), profiles)
-
-
 def _qlm(**options: object) -> QlmPolicy:
     return QlmPolicy(QlmVariant(**options))  # type: ignore[arg-type]
 
@@ -388,13 +356,3 @@ SIM_POLICIES.register("qlm")(_qlm)
 SIM_POLICIES.register("qlm-no-evict")(_qlm_no_evict)
 SIM_POLICIES.register("qlm-no-swap")(_qlm_no_swap)
 SIM_POLICIES.register("qlm-edf")(_qlm_edf)
-
-
-def _reproducible(config: QlmConfig) -> QlmConfig:
-    """CP-SAT on a deterministic work budget (as much work as its time limit allows, roughly),
-    so a simulation gives the same plans, and the same outputs, on every run."""
-    planner = config.planner
-    if planner.backend != "cpsat" or planner.deterministic_work is not None:
-        return config
-    budget = planner.model_copy(update={"deterministic_work": planner.time_limit_s})
-    return config.model_copy(update={"planner": budget})

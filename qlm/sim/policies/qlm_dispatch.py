@@ -68,7 +68,7 @@ class SimDispatch:
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
-        self._queues.add(_item(request), request.model)
+        self._queues.add(QueuedItem.of(request), request.model)
         self._jobs = self._jobs or request.job_leader is not None
         if request.prefix and self._prefixes is None:
             ctx = self.ctx
@@ -106,7 +106,7 @@ class SimDispatch:
         ctx = self.ctx
         # With prefix locality each instance has its own first in line: no shortcut then.
         first = None if self._prefixes is not None else self._first_in_line(model)
-        new = None if arrival is None or self._prefixes is not None else _item(arrival)
+        new = None if arrival is None or self._prefixes is not None else QueuedItem.of(arrival)
         free: list[tuple[int, int, str]] = []
         for k, instance_id in enumerate(ctx.serving(model)):
             room = self._room.get(instance_id)
@@ -205,23 +205,14 @@ class SimDispatch:
         return PrefixAffinity(instance_id, held_of, profile.prefill_s, deferred, ctx.clock.now_s())
 
     def predict(self, request: Request) -> TtftPrediction | None:
-        """The schedule's time to first token for a request just queued, from its arrival:
-        its start on the model's pool, the engine work that blocks its class, its prefill;
-        a predicted miss (None inside) when the schedule drops it. None when the schedule
-        does not check that far down the queue, or no instance serves its model."""
-        pool = self.serving(request.model)
-        if not pool:
+        """The decision's wait forecast for a request just queued (`Dispatcher.predict`,
+        the one the API returns live): None when it makes none."""
+        forecast = self.decision.predict(
+            self, QueuedItem.of(request), request.model, self.ctx.clock.now_s()
+        )
+        if forecast is None:
             return None
-        schedule = self._schedule(request.model, pool)
-        start_s = schedule.start_at_s.get(request.id)
-        if start_s is None:
-            dropped = any(item.request_id == request.id for item in schedule.dropped)
-            return TtftPrediction(None, request.prompt_tokens) if dropped else None
-        item = QueuedItem(request.id, request.prompt_tokens, request.max_output_tokens)
-        _, prefill_s = self.decision.rate(pool, request.model).cost_s(item)
-        blocked_s = self._queues.blocked_s(request.model, pool).get(request.slo_class, 0.0)
-        predicted_s = start_s + blocked_s + prefill_s - request.arrival_at_s
-        return TtftPrediction(predicted_s, request.prompt_tokens)
+        return TtftPrediction(forecast.first_token_s, request.prompt_tokens)
 
     def standby_fetches(self) -> tuple[FetchStandby, ...]:
         """What each instance with a standby tier fetches into it now (qlm/agents/warming.py):
@@ -291,19 +282,6 @@ class SimDispatch:
             obs = ctx.observe(instance_id)
             known = self._blocks[instance_id] = engine_blocks(obs, profile, self.priority)
         return known
-
-
-def _item(request: Request) -> QueuedItem:
-    return QueuedItem(
-        request.id,
-        request.prompt_tokens,
-        request.max_output_tokens,
-        request.slo_class,
-        request.ttft_deadline_at_s,
-        request.arrival_at_s,
-        request.job_order,
-        request.job_leader,
-    )
 
 
 def _until_model(model: str | None) -> Callable[[QueuedGroup], bool]:

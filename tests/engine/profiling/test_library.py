@@ -24,9 +24,9 @@ from qlm.perf.step import StepTime
 from qlm.types import DEFAULT_GPU_TYPES
 from tests.factories import make_profile
 
-DATA = Path("/work/shared/data")
-SPLITWISE = DATA / "calibration" / "splitwise_perf_model.csv"
-AZURE = DATA / "traces" / "azure_llm_2023_conv.csv"
+DATA = Path(__file__).resolve().parents[3] / "sims" / "data"  # public data (NOTICE there)
+SPLITWISE = DATA / "splitwise_perf_model.csv"
+AZURE = DATA / "azure_llm_2023_conv.csv"
 
 EXPECTED = {
     ("mistral-7b", "A10"): 1,
@@ -157,7 +157,6 @@ def test_a_file_needs_a_table_or_a_step_model(tmp_path: Path) -> None:
         load_profile(_write(tmp_path, body))
 
 
-@pytest.mark.skipif(not (SPLITWISE.exists() and AZURE.exists()), reason="shared data absent")
 def test_the_derivation_reproduces_the_packaged_files(tmp_path: Path) -> None:
     from qlm.engine.profiling.derive import main
 

@@ -1,0 +1,84 @@
+"""The API's side of the one wait predictor: `Dispatcher.predict` (qlm/agents/decision.py), the
+function the simulator grades, run over the live plane's view of the queue and the fleet.
+
+A request's forecast is its start in its model's dispatch schedule (Moore-Hodgson over the
+instances serving the model, seen as one machine), plus the engine work that blocks its class,
+plus its prefill: what the agents serving the model will do with it, as far as the API can
+know. Where the API's inputs come from, and how stale they may be:
+
+* the queue: every queued request (`GlobalQueue.queued`), re-read at most every
+  `api.plan_refresh_s`, plus each request this API admitted since (its own admissions are
+  known at once; another API replica's show at the next read). Requests pulled since the last
+  read still count as waiting until then;
+* the fleet: each instance's last status report (`PeerReports`: its model, whether it is
+  loading, its standby tier, the start blocks of its admitted work), at most about two report
+  periods old (`ReportedFleet` with no engine of its own);
+* the profiles and instances: the fleet file's, as the agents and the simulator read them.
+
+The simulator's forecast (qlm/sim/policies/qlm_dispatch.py `SimDispatch.predict`) is made at
+the same moment, as a request is queued, over exact inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from qlm.agents.decision import Dispatcher, Forecast
+from qlm.agents.queued import QueuedItem
+from qlm.agents.reported_fleet import PeerReports, ReportedFleet
+from qlm.clock import Clock
+from qlm.queue.base import GlobalQueue
+from qlm.types import Fleet, Request
+
+NO_INSTANCE = ""  # the API is no instance: every instance is seen as reported
+
+
+class QueueForecaster:
+    """Forecasts over the queue and the reports, re-read at most every `refresh_s`."""
+
+    def __init__(
+        self,
+        queue: GlobalQueue,
+        fleet: Fleet,
+        priority: Mapping[str, int],
+        clock: Clock,
+        refresh_s: float,
+        report_every_s: float,
+    ) -> None:
+        self._queue = queue
+        self._fleet = fleet
+        self._priority = dict(priority)
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self.decision = Dispatcher(fleet, priority)
+        self._peers = PeerReports(NO_INSTANCE, report_every_s)
+        self._read_at_s = -math.inf
+
+    async def forecast(self, request: Request) -> Forecast | None:
+        """The request's forecast as it joins the queue (None: the decision makes none: no
+        instance reported serving its model, or its class's window ends before it)."""
+        await self._refresh()
+        item = QueuedItem.of(request)
+        self.decision.queues.add(item, request.model)
+        view = ReportedFleet(self._fleet, NO_INSTANCE, None, self._priority, self._peers.reports)
+        return self.decision.predict(view, item, request.model, self._clock.now_s())
+
+    def forget(self, request_id: str) -> None:
+        """A request forecast but not admitted after all (refused, or the queue is full)."""
+        self.decision.queues.remove((request_id,))
+
+    async def _refresh(self) -> None:
+        mono_s = self._clock.monotonic_s()
+        if mono_s - self._read_at_s < self._refresh_s:
+            return
+        self._read_at_s = mono_s
+        await self._peers.refresh(self._queue, self._clock.now_s())
+        queues = self.decision.queues
+        by_model: dict[str, dict[str, QueuedItem]] = {m: {} for m in queues.models()}
+        for request in await self._queue.queued():
+            items = by_model.setdefault(request.model, {})
+            known = queues.items(request.model).get(request.id)
+            items[request.id] = known if known is not None else QueuedItem.of(request)
+        for model, items in by_model.items():
+            queues.sync(model, items)
