@@ -50,7 +50,8 @@ def _head(report: FidelityReport) -> list[str]:
         "",
         f"Written by `{command(report.quick)}` ({total_wall / 60:.0f} min). The fitted profiles "
         f"and the per-run scenario files are in `{os.path.relpath(folder, ROOT)}/`, the "
-        f"per-request times in `{os.path.relpath(results, ROOT)}`.",
+        f"per-request times in `{os.path.relpath(results, ROOT)}`. Code measured: "
+        f"{report.code}.",
         "",
     ]
 

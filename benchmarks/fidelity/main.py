@@ -40,6 +40,7 @@ from benchmarks.fidelity.settings import (
 )
 from benchmarks.fidelity.simulated import sim_run
 from benchmarks.fidelity.tables import error_table, misses, one_line
+from benchmarks.report import code_version
 from qlm.clock import WallClock
 from qlm.engine.profiling.library import ProfileFile, load_profile_file
 from qlm.engine.profiling.measured import ProfileFit
@@ -66,6 +67,7 @@ async def main_async(args: argparse.Namespace) -> int:
     from tests.vllm_fixtures import build_tiny_models
 
     runs = QUICK_RUNS if args.quick else FULL_RUNS
+    code = code_version()  # before the measurement: others may commit while it runs
     paths = Paths.of(args)
     meter = HostMeter(WallClock())
     stop_meter = asyncio.Event()
@@ -86,7 +88,7 @@ async def main_async(args: argparse.Namespace) -> int:
     stop_meter.set()
     await meter_task
     report = FidelityReport(
-        paths, bool(args.quick), runs, setup.capacity, fits, measured, meter.samples
+        paths, bool(args.quick), runs, setup.capacity, fits, measured, meter.samples, code
     )
     return _write(report)
 

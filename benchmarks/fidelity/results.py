@@ -43,6 +43,7 @@ class FidelityReport:
     fits: Mapping[str, tuple[ProfileFile, ProfileFit]]  # model -> up-front profile and fit
     measured: Measured
     host: Sequence[HostSample]
+    code: str = "unknown"  # the commit measured (benchmarks.report.code_version)
 
 
 def command(quick: bool) -> str:
@@ -55,6 +56,7 @@ def write_results(report: FidelityReport) -> None:
     measured = report.measured
     data = {
         "command": command(report.quick),
+        "code": report.code,
         "quick": report.quick,
         "capacity_rps_per_instance": report.capacity,
         "runs": [asdict(r) | {"models": dict(r.models)} for r in report.runs],

@@ -2,8 +2,8 @@
 
     python -m qlm.engine.profiling.derive SPLITWISE_CSV AZURE_CONV_CSV OUT_DIR
 
-rewrites the packaged files from the public data in sims/data (NOTICE there: sources and licences), from
-the figures in public_figures.py:
+rewrites the packaged files from the public data in sims/data (NOTICE there: sources and
+licences), from the figures in public_figures.py:
 
 * Llama-70B on 4 x A100 and 4 x H100: step-time model fitted (calibration.py) to the medians of
   the Splitwise measurements of Llama2-70B at tensor parallel 4.
