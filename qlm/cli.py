@@ -16,9 +16,9 @@ from qlm.config import ConfigError, load_yaml_model
 from qlm.estimator import WaitEstimator, make_estimator
 from qlm.grouping import make_grouping
 from qlm.grouping.group import RequestGroup
-from qlm.planner import PLANNERS, Plan, PlanInput, make_planner
 from qlm.registry import UnknownPolicyError
 from qlm.snapshot import Snapshot
+from qlm.solver import PLANNERS, Plan, PlanInput, make_planner
 from qlm.types import Fleet, Request
 
 Handler = Callable[[argparse.Namespace], int]

@@ -33,7 +33,7 @@ CORE = [
     "perf",
     "grouping",
     "estimator",
-    "planner",
+    "solver",
     "agents",
     "control",
     "engine",

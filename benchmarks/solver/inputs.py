@@ -9,7 +9,7 @@ import numpy as np
 
 from qlm.grouping.group import RequestGroup
 from qlm.perf.profile import Profile
-from qlm.planner import PlanInput
+from qlm.solver import PlanInput
 from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES, Fleet, Instance
 
 BATCH_SIZES = (1, 16, 64, 128)

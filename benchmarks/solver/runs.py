@@ -11,7 +11,7 @@ from typing import Any
 from benchmarks.solver.inputs import Case, make_input
 from qlm.config import EstimatorConfig, PlannerBackend, PlannerConfig
 from qlm.estimator.rwt import RwtEstimator
-from qlm.planner import Plan, PlanInput, make_planner
+from qlm.solver import Plan, PlanInput, make_planner
 
 BACKENDS: tuple[PlannerBackend, ...] = ("cpsat", "pulp-cbc", "pulp-highs")
 

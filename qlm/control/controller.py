@@ -27,7 +27,7 @@ from qlm.estimator import make_estimator
 from qlm.grouping import make_grouping
 from qlm.grouping.group import RequestGroup
 from qlm.perf.profile import Profile
-from qlm.planner import Plan, PlanInput, make_planner
+from qlm.solver import Plan, PlanInput, make_planner
 from qlm.types import Fleet, Request
 
 

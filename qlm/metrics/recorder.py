@@ -36,8 +36,8 @@ from qlm.metrics.families import (
 )
 from qlm.metrics.history import History
 from qlm.metrics.settings import MetricsConfig
-from qlm.planner.types import Plan, PlanStatus
 from qlm.queue.records import InstanceStatus, RequestResult
+from qlm.solver.types import Plan, PlanStatus
 from qlm.types import Request, RequestState
 
 OTHER = "other"  # label value for a class or model outside the configuration

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.metrics import NO_METRICS, MetricsConfig, PlaneMetrics, met_slo
-from qlm.planner.types import Plan, PlanStatus
 from qlm.queue.records import InstanceStatus, RequestResult
+from qlm.solver.types import Plan, PlanStatus
 from qlm.types import Request, RequestState
 from tests.factories import make_request
 

@@ -8,14 +8,14 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from qlm.config import PlannerConfig
-from qlm.planner import Plan, PlanInput, PlanStatus, make_planner
-from qlm.planner.costs import build_cost_table, evaluate
-from qlm.planner.milp.backends import MILP_BACKENDS, SolveOutcome, SolveStatus
-from qlm.planner.milp.formulation import Formulation
 from qlm.registry import UnknownPolicyError
+from qlm.solver import Plan, PlanInput, PlanStatus, make_planner
+from qlm.solver.costs import build_cost_table, evaluate
+from qlm.solver.milp.backends import MILP_BACKENDS, SolveOutcome, SolveStatus
+from qlm.solver.milp.formulation import Formulation
 from qlm.types import Fleet
 from tests.factories import make_group, make_instance, make_profile
-from tests.planner.conftest import estimator_for, mixed_fleet, random_input
+from tests.solver.conftest import estimator_for, mixed_fleet, random_input
 
 BACKENDS = ("cpsat", "pulp-cbc", "pulp-highs")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from qlm.estimator.base import WaitEstimator
 from qlm.estimator.rwt import GroupCost
 from qlm.grouping.group import RequestGroup
-from qlm.planner.types import GroupPrediction, PlanInput
+from qlm.solver.types import GroupPrediction, PlanInput
 from qlm.types import Instance
 
 

@@ -9,8 +9,8 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from qlm.clock import Clock
-from qlm.planner.milp.formulation import Constraint, Formulation, Sense
 from qlm.registry import Registry
+from qlm.solver.milp.formulation import Constraint, Formulation, Sense
 
 
 class SolveStatus(StrEnum):

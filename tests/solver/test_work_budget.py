@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from qlm.config import PlannerConfig
-from qlm.planner import Plan, PlanInput, make_planner
-from tests.planner.conftest import estimator_for, random_input
+from qlm.solver import Plan, PlanInput, make_planner
+from tests.solver.conftest import estimator_for, random_input
 
 
 class CrawlingClock:

@@ -6,7 +6,7 @@ import random
 
 from qlm.config import EstimatorConfig
 from qlm.estimator import RwtEstimator
-from qlm.planner import PlanInput
+from qlm.solver import PlanInput
 from qlm.types import Fleet
 from tests.factories import make_group, make_instance, make_profile
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from qlm.planner.costs import CostTable
+from qlm.solver.costs import CostTable
 
 Queues = list[list[int]]
 

@@ -1,5 +1,5 @@
 """The planning MILP, written once in a solver-neutral form (constraints labelled C1..C9 as in
-qlm/planner/README.md); backends only translate it.
+qlm/solver/README.md); backends only translate it.
 
 x[q,g,s]  group g in slot s of instance q's virtual queue         (binary)
 t[q,s,k]  instance q switches to model k just before slot s      (binary)
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from qlm.planner.costs import CostTable, evaluate
+from qlm.solver.costs import CostTable, evaluate
 
 
 class Sense(StrEnum):

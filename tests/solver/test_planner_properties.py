@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qlm.config import PlannerConfig
-from qlm.planner import Plan, PlanInput, make_planner
-from tests.planner.conftest import estimator_for, random_input
+from qlm.solver import Plan, PlanInput, make_planner
+from tests.solver.conftest import estimator_for, random_input
 
 
 def count_swaps(inp: PlanInput, plan: Plan) -> int:

@@ -14,13 +14,13 @@ from qlm.clock import Clock, WallClock
 from qlm.config import PlannerConfig
 from qlm.estimator.base import WaitEstimator
 from qlm.grouping.group import RequestGroup
-from qlm.planner.coarsen import Coarsened, coarsen
-from qlm.planner.costs import CostTable, build_cost_table, evaluate
-from qlm.planner.heuristics import edf_queues, fcfs_queues
-from qlm.planner.milp.backends import MILP_BACKENDS, SolveStatus
-from qlm.planner.milp.formulation import formulate
-from qlm.planner.types import Plan, PlanInput, PlanStatus
 from qlm.registry import Registry
+from qlm.solver.coarsen import Coarsened, coarsen
+from qlm.solver.costs import CostTable, build_cost_table, evaluate
+from qlm.solver.heuristics import edf_queues, fcfs_queues
+from qlm.solver.milp.backends import MILP_BACKENDS, SolveStatus
+from qlm.solver.milp.formulation import formulate
+from qlm.solver.types import Plan, PlanInput, PlanStatus
 
 
 class Planner(Protocol):

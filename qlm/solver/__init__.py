@@ -1,6 +1,6 @@
 """Planning: virtual queues over instances (QLM's global scheduler) and its baselines."""
 
-from qlm.planner.policies import (
+from qlm.solver.policies import (
     PLANNERS,
     EdfPlanner,
     FcfsPlanner,
@@ -8,7 +8,7 @@ from qlm.planner.policies import (
     Planner,
     make_planner,
 )
-from qlm.planner.types import GroupPrediction, Plan, PlanInput, PlanStatus
+from qlm.solver.types import GroupPrediction, Plan, PlanInput, PlanStatus
 
 __all__ = [
     "PLANNERS",
