@@ -6,7 +6,7 @@
 The long-tail scenario of benchmarks/density.py (16 models, a compressed 20-minute day: quiet
 night, morning ramp, peak, evening ramp down, model bursts) runs on the simulator at the pools'
 largest size (24 one-GPU H100 instances, 3 four-GPU A100 instances) under `qlm-edf`. Every
-`--tick-s` of simulated time, the controller's autoscaler (qlm/control/autoscale.py and
+`--tick-s` of simulated time, the controller's autoscaler (qlm/autoscale/need.py and
 scaling.py, the code `qlm controller` runs) is fed what the control loop would see at that
 moment: the arrivals so far (its demand window), the requests queued then (arrived, not yet
 dispatched) and which instances hold requests (for drains). Its time constants are scaled to
@@ -46,10 +46,10 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
+from qlm.autoscale.demand import DemandWindow
+from qlm.autoscale.need import Pool, pool_needs
+from qlm.autoscale.replicas import Autoscaler
 from qlm.config import AutoscaleConfig
-from qlm.control.autoscale import Pool, pool_needs
-from qlm.control.demand import DemandWindow
-from qlm.control.scaling import Autoscaler
 from qlm.sim.result import RequestOutcome
 from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
 from qlm.types import Fleet, Request

@@ -156,7 +156,7 @@ class ControlConfig(StrictModel):
 
 
 class AutoscalePoolConfig(StrictModel):
-    """One pool the controller sizes (qlm/control/autoscale.py): the fleet's instances
+    """One pool the controller sizes (qlm/autoscale/need.py): the fleet's instances
     <instance_prefix>-0 .. <instance_prefix>-<max_replicas - 1>, one GPU type."""
 
     name: str = Field(
@@ -187,7 +187,7 @@ class AutoscalePoolConfig(StrictModel):
 
 
 class AutoscaleConfig(StrictModel):
-    """Replicas per pool from the queued and forecast demand (qlm/control/autoscale.py)."""
+    """Replicas per pool from the queued and forecast demand (qlm/autoscale/need.py)."""
 
     pools: tuple[AutoscalePoolConfig, ...] = Field(
         default=(), description="Pools to size; none: no autoscaling."

@@ -23,8 +23,8 @@ from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerConfig
+from qlm.serve.pool_scaling import PoolScaling
 from qlm.serve.prefix_held import PrefixHeld
-from qlm.serve.scaling import PoolScaling
 from qlm.serve.warming import LiveWarming
 from qlm.types import Fleet, Request
 

@@ -29,7 +29,7 @@ from qlm.serve.agent import Agent
 from qlm.serve.config import ServeConfig
 from qlm.serve.heap import freeze_startup_heap
 from qlm.serve.loop import ControlLoop
-from qlm.serve.scaling import pool_scaling
+from qlm.serve.pool_scaling import pool_scaling
 from qlm.types import Fleet, Instance
 
 log = logging.getLogger("qlm.serve")

@@ -15,11 +15,11 @@ import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
+from qlm.autoscale import kubernetes as kubernetes_scale
+from qlm.autoscale.need import pools_of
 from qlm.config import load_yaml_model
-from qlm.control.autoscale import pools_of
-from qlm.serve import kubernetes_scale
 from qlm.serve.config import ServeConfig
-from qlm.serve.scaling import pool_scaling
+from qlm.serve.pool_scaling import pool_scaling
 from tests.deploy.chart import (
     CI_VALUES,
     NAMESPACE,

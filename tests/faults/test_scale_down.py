@@ -1,5 +1,5 @@
 """Autoscaling live: the controller's desired replicas grow with the load and shrink after it,
-and a scale-down drains the instances it removes before they go (qlm/serve/scaling.py).
+and a scale-down drains the instances it removes before they go (qlm/serve/pool_scaling.py).
 
 The test plays the StatefulSet controller that an HPA drives from the published gauge
 `qlm_pool_desired_replicas{pool}`: it keeps agents i-0 .. i-(desired - 1) running, starting

@@ -165,7 +165,7 @@ it checks, so the first template Helm renders already fails with these messages.
 {{/*
 Pool autoscaling (pools[].autoscaling): the range, the mode, and what the mode needs. The
 controller with controller.kubernetes_scaling sets the scale of every qlm.autoscale pool
-(qlm/serve/kubernetes_scale.py), so the two modes cannot be mixed in one release.
+(qlm/autoscale/kubernetes.py), so the two modes cannot be mixed in one release.
 */}}
 {{- define "qlm.validateAutoscaling" -}}
 {{- $errors := list -}}

@@ -1,4 +1,4 @@
-"""The autoscaler's need per pool (qlm/control/autoscale.py) and its demand window."""
+"""The autoscaler's need per pool (qlm/autoscale/need.py) and its demand window."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from qlm.autoscale.demand import DemandWindow, ModelDemand
+from qlm.autoscale.need import Pool, backlog_units, pool_needs, pools_of, request_work_s
 from qlm.config import AutoscaleConfig, AutoscalePoolConfig, EstimatorConfig
-from qlm.control.autoscale import Pool, backlog_units, pool_needs, pools_of, request_work_s
-from qlm.control.demand import DemandWindow, ModelDemand
 from qlm.estimator.rwt import RwtEstimator
 from qlm.types import Fleet
 from tests.factories import group_of, make_instance, make_profile, make_request

@@ -1,5 +1,5 @@
 """The controller's StatefulSet scaling through the official Kubernetes client
-(qlm/serve/kubernetes_scale.py), against an HTTP server that answers the API's documented
+(qlm/autoscale/kubernetes.py), against an HTTP server that answers the API's documented
 request and response shapes for the scale subresource (GET and PATCH
 /apis/apps/v1/namespaces/{namespace}/statefulsets/{name}/scale, an autoscaling/v1 Scale).
 No real API server can be installed on this machine from the package registries; the
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from qlm.autoscale.kubernetes import MERGE_PATCH, StatefulSetReplicas, in_cluster
 from qlm.config import AutoscaleConfig, AutoscalePoolConfig
-from qlm.serve.kubernetes_scale import MERGE_PATCH, StatefulSetReplicas, in_cluster
 
 PATH = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/statefulsets/([^/]+)/scale$")
 PATCH_TYPES = {MERGE_PATCH, "application/strategic-merge-patch+json"}
@@ -137,7 +137,7 @@ def test_fleet_file_scaling_errors_name_the_field() -> None:
 
     from qlm.config import ConfigError
     from qlm.serve.config import ServeConfig
-    from qlm.serve.scaling import pool_scaling
+    from qlm.serve.pool_scaling import pool_scaling
 
     base = {
         "models": [{"name": "mistral-7b", "max_context_tokens": 4096}],

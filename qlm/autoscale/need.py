@@ -1,6 +1,6 @@
 """How many instances each pool needs: the autoscaling LSO, from the estimator's own rates.
 
-Question answered: given the recent arrival rate per model (qlm/control/demand.py), the queued
+Question answered: given the recent arrival rate per model (qlm/autoscale/demand.py), the queued
 backlog with its deadlines and the profiles, how many instances of each pool (one GPU type)
 keep the promises? Pure: every call carries `now_s`.
 
@@ -30,8 +30,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from qlm.autoscale.demand import ModelDemand
 from qlm.config import AutoscaleConfig
-from qlm.control.demand import ModelDemand
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request
 

@@ -1,12 +1,12 @@
-"""Hysteresis and drains of the autoscaler's decisions (qlm/control/scaling.py)."""
+"""Hysteresis and drains of the autoscaler's decisions (qlm/autoscale/replicas.py)."""
 
 from __future__ import annotations
 
 import random
 
+from qlm.autoscale.need import Pool, PoolNeed
+from qlm.autoscale.replicas import Autoscaler
 from qlm.config import AutoscaleConfig
-from qlm.control.autoscale import Pool, PoolNeed
-from qlm.control.scaling import Autoscaler
 from tests.factories import make_instance
 
 POOL = Pool("p", tuple(make_instance(f"p-{k}") for k in range(6)), 1, 1.0)

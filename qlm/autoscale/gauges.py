@@ -1,4 +1,4 @@
-"""The autoscaler's decisions as Prometheus gauges (qlm/control/scaling.py).
+"""The autoscaler's decisions as Prometheus gauges (qlm/autoscale/replicas.py).
 
 `qlm_pool_desired_replicas{pool}` is what a HorizontalPodAutoscaler (or KEDA) on an external
 metric scales the pool's StatefulSet to: it drops only once the instances it gives up have
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from qlm.control.scaling import ScaleDecision
+from qlm.autoscale.replicas import ScaleDecision
 
 
 class ScalingGauges:

@@ -1,6 +1,6 @@
 """When a pool's replica count changes: hysteresis, and scale-down only after a drain.
 
-Question answered: the pools' needs move every round (qlm/control/autoscale.py); what replica
+Question answered: the pools' needs move every round (qlm/autoscale/need.py); what replica
 count should each pool be set to now? `Autoscaler.decide`:
 
 * scales up at once to the need (a new instance takes its load time to help, so waiting
@@ -24,8 +24,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from qlm.autoscale.need import Pool, PoolNeed
 from qlm.config import AutoscaleConfig
-from qlm.control.autoscale import Pool, PoolNeed
 
 
 @dataclass(frozen=True, slots=True)

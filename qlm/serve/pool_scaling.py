@@ -1,10 +1,10 @@
-"""The live plane's pool scaling: the autoscaling LSO (qlm/control/autoscale.py and
+"""The live plane's pool scaling: the autoscaling LSO (qlm/autoscale/need.py and
 scaling.py) fed by the control loop's rounds, applied through a `ReplicaSetter`.
 
 Each round the control loop hands over what it read (queued requests, agents' reports, the
 instances that are up); every `qlm.control.tick_s` this decides each pool's replicas,
-publishes them (qlm/metrics/scaling.py) and, when they change, sets them: through the
-Kubernetes API (qlm/serve/kubernetes_scale.py) with `controller.kubernetes_scaling`, else
+publishes them (qlm/autoscale/gauges.py) and, when they change, sets them: through the
+Kubernetes API (qlm/autoscale/kubernetes.py) with `controller.kubernetes_scaling`, else
 nowhere (an HPA or KEDA follows the published gauge). It returns the instances that drain:
 the loop plans nothing onto them, so they empty before the pool shrinks.
 """
@@ -17,11 +17,11 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from qlm.autoscale.demand import DemandWindow
+from qlm.autoscale.gauges import ScalingGauges
+from qlm.autoscale.need import Pool, pool_needs, pools_of
+from qlm.autoscale.replicas import Autoscaler, ScaleDecision
 from qlm.config import ConfigError, QlmConfig
-from qlm.control.autoscale import Pool, pool_needs, pools_of
-from qlm.control.demand import DemandWindow
-from qlm.control.scaling import Autoscaler, ScaleDecision
-from qlm.metrics.scaling import ScalingGauges
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ServeConfig
 from qlm.types import Fleet, Request
@@ -133,7 +133,7 @@ def pool_scaling(
         pools = pools_of(autoscale, fleet, costs, _standby_slots(config))
         setter: ReplicaSetter | None = None
         if config.controller.kubernetes_scaling:
-            from qlm.serve.kubernetes_scale import in_cluster
+            from qlm.autoscale.kubernetes import in_cluster
 
             setter = in_cluster(autoscale, config.controller.kubernetes_namespace)
     except ValueError as exc:

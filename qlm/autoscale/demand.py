@@ -5,7 +5,7 @@ must the most urgent of them start? `DemandWindow` keeps the arrivals of the las
 seconds (a sliding window on the caller's clock, deduplicated by request id: the live loop sees
 a queued request on every round) and summarises them per model (`ModelDemand`). The forecast is
 the recent rate held constant: the autoscaler re-reads it every round, so a ramp is followed
-with the window's lag, and the queued backlog (qlm/control/autoscale.py) covers what the
+with the window's lag, and the queued backlog (qlm/autoscale/need.py) covers what the
 window has not caught up with yet.
 """
 

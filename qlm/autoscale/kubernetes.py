@@ -1,6 +1,6 @@
 """Pool replicas as StatefulSet scale, through the Kubernetes API (the official client).
 
-`StatefulSetReplicas` is the `ReplicaSetter` (qlm/serve/scaling.py) of `qlm controller` with
+`StatefulSetReplicas` is the `ReplicaSetter` (qlm/serve/pool_scaling.py) of `qlm controller` with
 `controller.kubernetes_scaling`: it reads and merge-patches the `scale` subresource of each
 autoscaled pool's StatefulSet (`qlm.autoscale.pools[].statefulset`), the one permission the
 chart's `rbac.allowScaling` grants (get, patch and update of statefulsets/scale, for this
