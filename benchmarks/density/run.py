@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks.density.scenario import LARGE, SMALL
 from qlm.fleet_config import InstanceGroupConfig
-from qlm.sim.causes import miss_cause_counts
+from qlm.sim.miss_causes import miss_cause_counts
 from qlm.sim.result import SimResult
 from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
 from qlm.sim.scenario import Scenario
@@ -88,7 +88,7 @@ def grid_rows(
     fleets: Sequence[str],
     policy_options: dict[str, object] | None = None,
 ) -> list[dict[str, Any]]:
-    """Attainment and the misses by cause (qlm/causes.py) on each fleet (`"H100/A100"`
+    """Attainment and the misses by cause (qlm/causes/classify.py) on each fleet (`"H100/A100"`
     counts), same requests: where a fleet falls short, and why."""
     rows = []
     for fleet in fleets:

@@ -257,7 +257,7 @@ def render(doc: dict[str, Any]) -> str:
         parts += [f"### Seed {seed}", "", seed_table(scenarios, classes), ""]
         misses = miss_lines(scenarios)
         if misses:
-            parts += ["qlm's missed requests by cause (qlm/sim/causes.py):", "", *misses, ""]
+            parts += ["qlm's missed requests by cause (qlm/sim/miss_causes.py):", "", *misses, ""]
     parts += ["### Verdict", "", verdict_table(doc)]
     return "\n".join(parts)
 

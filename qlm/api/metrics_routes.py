@@ -18,6 +18,7 @@ from starlette.responses import RedirectResponse, Response
 from qlm.api.context import json_response
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.settings import ApiAppConfig
+from qlm.causes.late import Json, late_rows
 from qlm.clock import Clock
 from qlm.metrics import (
     Dashboard,
@@ -26,7 +27,6 @@ from qlm.metrics import (
     PlaneMetrics,
     render,
 )
-from qlm.metrics.late import Json, late_rows
 from qlm.metrics.prometheus import PrometheusError, PrometheusSource
 from qlm.queue.base import GlobalQueue
 from qlm.queue.listing import RecordFilter

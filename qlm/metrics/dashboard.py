@@ -1,7 +1,7 @@
 """What GET /dashboard/data returns: attainment per class (now and over time), queue by class,
 instances with their model, state and prefix-cache reuse, recent swaps and evictions,
 predicted against actual waits, planner outcomes, missed requests by cause
-(qlm/metrics/causes.py).
+(qlm/causes/live.py).
 
 `build_view` is pure: readings (qlm/metrics/readings.py) in, a JSON-ready dict out. Two sources
 supply the readings: the process's own registry (`LocalSource`, the default) and a Prometheus

@@ -112,7 +112,7 @@ def _slo_families(r: CollectorRegistry) -> dict[str, Any]:
         ),
         "slo_missed": Counter(
             "qlm_slo_missed_total",
-            "Ended requests that missed their SLO, by why (qlm/causes.py: failed, evicted, "
+            "Ended requests that missed their SLO, by why (qlm/causes: failed, evicted, "
             "model_load, queued, in_engine, slow_decode, as the agent that ended it saw).",
             (*_MODEL_CLASS_LABELS, "instance_id", "cause"),
             registry=r,

@@ -22,11 +22,11 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from qlm.causes.live import LIVE_CAUSES, result_cause
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import EngineState
-from qlm.metrics.causes import LIVE_CAUSES, result_cause
 from qlm.metrics.families import (
     EVICTION_KINDS,
     PLAN_FAILED,

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Container, Sequence
 from typing import Literal
 
+from qlm.causes.live import overlap_s
 from qlm.engine.types import EngineEvent, RequestFinished
-from qlm.metrics.causes import overlap_s
 
 LOADS_KEPT = 64  # recent model loads, for the model_load share of a result's queue wait
 

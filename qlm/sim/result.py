@@ -33,7 +33,7 @@ class RequestOutcome:
     the last one); first_token_s is the first token the client saw, from whichever attempt
     produced it first (a requeued stream resumes rather than restarts, see qlm/queue).
 
-    What the runner saw of its wait, for the miss causes (qlm/sim/causes.py): queue_wait_s is
+    What the runner saw of its wait, for the miss causes (qlm/sim/miss_causes.py): queue_wait_s is
     the time in the global queue before its first token (until the run ended, if it never got
     one), summed over its waits; no_model_wait_s and load_wait_s are the parts of it while no
     instance had its model loaded or loading, and while some instance was loading it and none

@@ -1,7 +1,7 @@
 """Where a request's wait before its first token went, as the runner sees it: seconds in the
 global queue, and the parts of them while its model was on no instance (neither loaded nor
 loading) or only loading somewhere. These are the facts the miss causes are classified from
-(qlm/sim/causes.py), whatever the policy.
+(qlm/sim/miss_causes.py), whatever the policy.
 
 Per model the ledger keeps two running integrals over virtual time, seconds "absent" (no
 instance has it loaded or is loading it) and seconds "loading" (one is loading it, none has it

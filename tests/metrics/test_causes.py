@@ -1,5 +1,5 @@
 """The live plane's miss causes: what an agent knew of an ended request (its result) gives the
-cause the shared classifier (qlm/causes.py) assigns, and the recorder counts it."""
+cause the shared classifier (qlm/causes/classify.py) assigns, and the recorder counts it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from qlm.causes import MissCause
+from qlm.causes.live import LIVE_CAUSES, overlap_s, result_cause, result_facts
 from qlm.clock import VirtualClock
 from qlm.metrics import PlaneMetrics
-from qlm.metrics.causes import LIVE_CAUSES, overlap_s, result_cause, result_facts
 from qlm.queue.records import RequestResult
 from qlm.types import Request, RequestState
 from tests.factories import make_request

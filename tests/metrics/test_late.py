@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from qlm.api import create_app
+from qlm.causes.late import late_rows
 from qlm.clock import VirtualClock
-from qlm.metrics.late import late_rows
 from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import RequestRecord, RequestResult
 from qlm.types import RequestState

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.sim.causes import MissCause, miss_cause, miss_cause_counts
+from qlm.sim.miss_causes import MissCause, miss_cause, miss_cause_counts
 from qlm.sim.result import OutcomeState, RequestOutcome
 
 END_S = 1000.0  # when the run ended

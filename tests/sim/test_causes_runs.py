@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from qlm.agents.actions import Action, Evict, LoadModel, Pull
-from qlm.sim.causes import miss_cause
+from qlm.sim.miss_causes import miss_cause
 from qlm.sim.policies.base import NO_ACTIONS, Actions, BasePolicy, SimContext
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult
 from qlm.sim.runner import SimConfig, Simulation, default_engine_factory, simulate

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from qlm.sim.causes import miss_cause, miss_cause_counts
+from qlm.sim.miss_causes import miss_cause, miss_cause_counts
 from qlm.sim.report.prediction import prediction_accuracy
 from qlm.sim.result import SimResult
 
@@ -52,7 +52,7 @@ TIMING_KEYS = ("sim_wall_s", "planner_wall_s", "events", "events_per_wall_s")
 
 def policy_summary(result: SimResult) -> dict[str, Any]:
     """One policy's entry of summary.json; NaN (no first token at all) becomes null;
-    miss_causes counts the missed requests by cause (qlm/sim/causes.py); ttft_prediction,
+    miss_causes counts the missed requests by cause (qlm/sim/miss_causes.py); ttft_prediction,
     for policies that predict waits, how well the predictions held (prediction.py)."""
     raw = {**result.summary(), "miss_causes": miss_cause_counts(result.outcomes, result.end_s)}
     entry = {key: _finite(raw[key]) for key in SUMMARY_KEYS}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qlm.sim.causes import MissCause, miss_cause_counts
+from qlm.sim.miss_causes import MissCause, miss_cause_counts
 from qlm.sim.report.summary import policy_summary
 from qlm.sim.result import SimResult
 
@@ -77,7 +77,7 @@ def markdown_table(results: Sequence[SimResult]) -> str:
 
 
 def causes_markdown_table(results: Sequence[SimResult]) -> str:
-    """Missed requests per policy, by cause (qlm/sim/causes.py), in precedence order; a
+    """Missed requests per policy, by cause (qlm/sim/miss_causes.py), in precedence order; a
     count with its share of the policy's misses."""
     causes = [str(c) for c in MissCause]
     head = ["policy", "missed", *causes]

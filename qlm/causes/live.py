@@ -1,5 +1,6 @@
 """The live plane's miss causes: what the agent that ended a request knew of it, as facts for
-the shared classifier (qlm/causes.py). Pure: the agent measures, these functions only combine.
+the shared classifier (qlm/causes/classify.py). Pure: the agent measures, these functions only
+combine.
 
 From the request and its result (qlm/queue/records.py `RequestResult`):
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from qlm.causes import MissCause, MissFacts, classify_miss
+from qlm.causes.classify import MissCause, MissFacts, classify_miss
 from qlm.queue.records import RequestResult
 from qlm.types import Request, RequestState
 

@@ -1,5 +1,5 @@
 """The dashboard's table of recent late requests: each ended request that missed its SLO, with
-its cause (qlm/metrics/causes.py), how late it was, and the wait the API predicted for it at
+its cause (qlm/causes/live.py), how late it was, and the wait the API predicted for it at
 admission beside the one it got. Pure: records in, JSON-ready rows out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from qlm.metrics.causes import result_cause
+from qlm.causes.live import result_cause
 from qlm.queue.records import RequestRecord
 
 Json = dict[str, Any]

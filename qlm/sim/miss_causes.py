@@ -1,4 +1,4 @@
-"""Why a simulated request missed its SLO: the shared classifier (qlm/causes.py, whose
+"""Why a simulated request missed its SLO: the shared classifier (qlm/causes/classify.py, whose
 docstring lists the causes and their precedence) over what the runner recorded for it (its
 RequestOutcome and the time the run ended), never a policy's internals, so equal facts give the
 same cause under every policy."""
@@ -14,7 +14,7 @@ __all__ = ["MissCause", "miss_cause", "miss_cause_counts", "outcome_facts"]
 
 
 def miss_cause(outcome: RequestOutcome, run_end_s: float) -> MissCause | None:
-    """Why the request missed its SLO (qlm/causes.py); None when it met it."""
+    """Why the request missed its SLO (qlm/causes/classify.py); None when it met it."""
     return classify_miss(outcome_facts(outcome), run_end_s)
 
 

@@ -1,7 +1,7 @@
 """Why a request missed its SLO: one cause per missed request, classified from plain facts about
-it (`MissFacts`), shared by the simulator (qlm/sim/causes.py, from what its runner recorded) and
-the live plane (qlm/metrics/recorder.py, from what the agent that ended it knew). Pure: no
-clock, no policy internals, so equal facts give the same cause in both planes.
+it (`MissFacts`), shared by the simulator (qlm/sim/miss_causes.py, from what its runner
+recorded) and the live plane (qlm/causes/live.py, from what the agent that ended it knew).
+Pure: no clock, no policy internals, so equal facts give the same cause in both planes.
 
 The causes, in precedence order (the first that applies wins):
 
