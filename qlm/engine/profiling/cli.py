@@ -42,7 +42,8 @@ PROFILE_ENGINES: Registry[ProfileJob] = Registry("profiling engine")
 
 @PROFILE_ENGINES.register("vllm")
 def _vllm(args: argparse.Namespace, grid: ProfileGrid) -> ProfileJob:
-    from qlm.engine.profiling.vllm_profiler import VllmProfiler, profile_engine_config
+    from qlm.engine.profiling.vllm_profiler import VllmProfiler
+    from qlm.engine.profiling.vllm_setup import profile_engine_config
     from qlm.engine.vllm.config import VllmEngineConfig
 
     name = args.name or args.model.name

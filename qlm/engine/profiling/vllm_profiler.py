@@ -1,9 +1,13 @@
-"""Profiling a live vLLM engine, the I/O part: start the server (VllmEngine times loads and,
-with a standby tier, wakes), run every probe of a ProfileGrid through its OpenAI API (raw
-streamed /v1/completions with token-id prompts, `max_tokens` and `ignore_eos`: exact lengths;
-probe_client.py), each on an idle engine, read the engine's own times from /metrics, and return
-a ProfileRun for measured.py to fit. Prefix caching is off and the token budget explicit, so
-compute is measured at the simulator's chunk size (`profile_engine_config`).
+"""Profiling a live vLLM engine, the I/O part: start the server (VllmEngine, which times the
+load and, with a standby tier, the wakes), run every probe of a ProfileGrid against its OpenAI
+API, read the engine's own times from /metrics, and return a ProfileRun for measured.py to fit.
+
+Question answered: how are the probes of probes.py run on a real server? Requests are raw
+streamed /v1/completions with token-id prompts (exact lengths), `max_tokens` and `ignore_eos`
+(exact output lengths), sent by probe_client.py. Each probe waits for an idle engine first.
+Prefix caching is turned off and the token budget set explicitly, so what is measured is
+compute and the simulator's chunk size matches the engine's (`profile_engine_config`, in
+vllm_setup.py with the other settings a profiling run starts the engine with).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from qlm.engine.profiling.probes import (
     batch_samples,
     prefill_sample,
 )
+from qlm.engine.profiling.vllm_setup import token_budget, weight_bytes
 from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.engine.vllm.engine import VllmEngine
 from qlm.engine.vllm.metrics import (
@@ -45,8 +50,6 @@ from qlm.engine.vllm.metrics import (
 )
 from qlm.types import Instance
 
-VLLM_DEFAULT_TOKEN_BUDGET = 2048  # vLLM 0.32 SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 POLL_S = 0.02
 METRICS_TIMEOUT_S = 20.0  # histograms are recorded when a request finishes, a little later
 IDLE_TIMEOUT_S = 60.0
@@ -57,37 +60,6 @@ RETRY_PAUSE_S = 1.0  # a void attempt usually means the host stalled: give it a 
 
 class VoidProbeError(Exception):
     """One attempt of a probe measured something else too (it is run again)."""
-
-
-def profile_engine_config(
-    config: VllmEngineConfig, max_num_batched_tokens: int = VLLM_DEFAULT_TOKEN_BUDGET
-) -> VllmEngineConfig:
-    """The config with an explicit token budget and prefix caching off (unless extra_args say)."""
-    extra = list(config.extra_args)
-    if not any(a.startswith("--max-num-batched-tokens") for a in extra):
-        extra += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
-    if not any("prefix-caching" in a for a in extra):
-        extra.append("--no-enable-prefix-caching")
-    return config.model_copy(update={"extra_args": tuple(extra)})
-
-
-def token_budget(config: VllmEngineConfig) -> int:
-    """max_num_batched_tokens as the config's extra arguments set it (else vLLM's default)."""
-    args = list(config.extra_args)
-    for i, arg in enumerate(args):
-        if arg.startswith("--max-num-batched-tokens="):
-            return int(arg.partition("=")[2])
-        if arg == "--max-num-batched-tokens" and i + 1 < len(args):
-            return int(args[i + 1])
-    return VLLM_DEFAULT_TOKEN_BUDGET
-
-
-def weight_bytes(model_dir: Path) -> int:
-    """Bytes of the weight files in a Hugging Face model folder."""
-    total = sum(p.stat().st_size for p in model_dir.rglob("*") if p.suffix in WEIGHT_SUFFIXES)
-    if total <= 0:
-        raise ProfilingError(f"no weight files ({', '.join(WEIGHT_SUFFIXES)}) in {model_dir}")
-    return total
 
 
 class VllmProfiler:
@@ -150,9 +122,12 @@ class VllmProfiler:
         return replace(run, wake_s=tuple(wake_s))
 
     async def _wakes(self, engine: VllmEngine) -> list[float]:
-        """`loads` switches back to a standby server (park, health check): its wake_s."""
+        """With a standby tier (config.standby_models): the time of each switch back to a
+        standby server, `loads` times (the server parks, then serves again after a health
+        check); none without one."""
         wakes: list[float] = []
-        for _ in range(self.loads if self.config.standby_models > 0 else 0):
+        for i in range(self.loads if self.config.standby_models > 0 else 0):
+            self._progress(f"waking from standby ({i + 1}/{self.loads})")
             engine.load_model(self.model)
             await engine.wait_ready()
             wakes.append(self._last_load(engine))
