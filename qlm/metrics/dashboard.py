@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 from qlm.clock import Clock
 from qlm.metrics.history import EVALUATED, MET, QUEUE, HistoryPoint
+from qlm.metrics.hooks import PlaneEvent
 from qlm.metrics.readings import Reading, Series, by_first, read_registry
-from qlm.metrics.recorder import PlaneEvent, PlaneMetrics
+from qlm.metrics.recorder import PlaneMetrics
 
 BY_CLASS_MODEL = ("slo_class", "model_name")
 MET_BY_MODEL = Reading("qlm_slo_met_total", BY_CLASS_MODEL)

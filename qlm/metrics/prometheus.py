@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 
 from qlm.metrics.history import HISTORY_READINGS, HistoryPoint
+from qlm.metrics.hooks import PlaneEvent
 from qlm.metrics.readings import Reading, Series
-from qlm.metrics.recorder import PlaneEvent
 
 MAX_POINTS = 300  # range queries ask for at most this many steps
 

@@ -1,4 +1,5 @@
-"""The one object the live processes call when something worth counting happens.
+"""The one object the live processes call when something worth counting happens: `PlaneMetrics`,
+the Prometheus implementation of the hooks they call (`MetricsHooks`, hooks.py).
 
     metrics = PlaneMetrics(CollectorRegistry(), clock, slo_classes=..., models=...)
     metrics.request_admitted(request)             # api
@@ -17,8 +18,6 @@ import math
 from collections import Counter as Tally
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -35,6 +34,7 @@ from qlm.metrics.families import (
     PrefixTallies,
 )
 from qlm.metrics.history import History
+from qlm.metrics.hooks import PlaneEvent, met_slo
 from qlm.metrics.settings import MetricsConfig
 from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.solver.types import Plan, PlanStatus
@@ -48,110 +48,6 @@ _OUTCOME = {
     RequestState.FAILED: "failed",
 }
 _MAX_PREDICTIONS = 100_000  # predicted first-token times kept for pairing with actual ones
-
-
-def met_slo(request: Request, result: RequestResult) -> bool:
-    """Completed, first token by the TTFT deadline, and finished by the completion deadline if
-    the request has one (the simulator's definition, qlm/sim/result.py)."""
-    if result.state is not RequestState.COMPLETED or result.first_token_at_s is None:
-        return False
-    if result.first_token_at_s > request.ttft_deadline_at_s:
-        return False
-    deadline = request.completion_deadline_at_s
-    return deadline is None or (
-        result.finished_at_s is not None and result.finished_at_s <= deadline
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class PlaneEvent:
-    """A swap or an eviction, for the dashboard's recent-events list."""
-
-    at_s: float
-    kind: str  # "swap", "swapped" (the new model serves) or "eviction"
-    instance_id: str
-    detail: str
-
-
-class MetricsHooks(Protocol):
-    """What the API, agents and control loop call. PlaneMetrics records; NO_METRICS ignores."""
-
-    def request_admitted(self, request: Request) -> None: ...
-
-    def request_rejected(self, model: str, slo_class: str | None, reason: str) -> None: ...
-
-    def request_cancelled(self, request: Request) -> None: ...
-
-    def request_finished(self, request: Request, result: RequestResult) -> None: ...
-
-    def evicted(self, instance_id: str, requests: Iterable[Request], kind: str = "abort") -> None:
-        """`kind`: abort (aborted and requeued) or kv_swap (KV moved to CPU memory)."""
-        ...
-
-    def model_swap_started(
-        self, instance_id: str, model: str, from_model: str | None = None
-    ) -> None: ...
-
-    def model_loaded(self, instance_id: str, model: str, load_s: float) -> None: ...
-
-    def instance_status(self, status: InstanceStatus) -> None: ...
-
-    def leadership(self, leading: bool) -> None: ...
-
-    def queue_snapshot(self, queued: Sequence[Request], plan: PublishedPlan | None) -> None: ...
-
-    def planned(
-        self, solve: Plan | None, plan: PublishedPlan, queued: Sequence[Request], now_s: float
-    ) -> None: ...
-
-    def plan_failed(self) -> None: ...
-
-
-class _NoMetrics:
-    """The recorder of a process that exports nothing."""
-
-    def request_admitted(self, request: Request) -> None:
-        pass
-
-    def request_rejected(self, model: str, slo_class: str | None, reason: str) -> None:
-        pass
-
-    def request_cancelled(self, request: Request) -> None:
-        pass
-
-    def request_finished(self, request: Request, result: RequestResult) -> None:
-        pass
-
-    def evicted(self, instance_id: str, requests: Iterable[Request], kind: str = "abort") -> None:
-        pass
-
-    def model_swap_started(
-        self, instance_id: str, model: str, from_model: str | None = None
-    ) -> None:
-        pass
-
-    def model_loaded(self, instance_id: str, model: str, load_s: float) -> None:
-        pass
-
-    def instance_status(self, status: InstanceStatus) -> None:
-        pass
-
-    def leadership(self, leading: bool) -> None:
-        pass
-
-    def queue_snapshot(self, queued: Sequence[Request], plan: PublishedPlan | None) -> None:
-        pass
-
-    def planned(
-        self, solve: Plan | None, plan: PublishedPlan, queued: Sequence[Request], now_s: float
-    ) -> None:
-        pass
-
-    def plan_failed(self) -> None:
-        pass
-
-
-NO_METRICS: MetricsHooks = _NoMetrics()
 
 
 class PlaneMetrics:
