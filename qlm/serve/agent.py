@@ -1,8 +1,9 @@
-"""The live agent: one per instance. Each round it turns engine events into queue updates,
-decides what its instance serves next (qlm/agents/live_queue.py: the dispatch decision the
-simulator runs, qlm/agents/decision.py, over this engine and the other agents' reports),
-reconciles that against the engine (the pure step in qlm/agents/reconcile.py) and applies the
-resulting LSOs. Every decision is the pure core's; this file is I/O."""
+"""The live agent: one per instance. Each round it turns engine events into queue updates
+(agent_events.py), decides what its instance serves next (qlm/agents/live_queue.py: the
+dispatch decision the simulator runs, qlm/agents/decision.py, over this engine and the other
+agents' reports), reconciles that against the engine (the pure step in
+qlm/agents/reconcile.py) and applies the resulting LSOs. Every decision is the pure core's;
+this file is I/O."""
 
 from __future__ import annotations
 
@@ -22,26 +23,21 @@ from qlm.clock import Clock
 from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineClient, EventWaiter
 from qlm.engine.types import (
-    Aborted,
     EngineEvent,
-    EngineFailed,
     EngineObservation,
     EngineState,
-    FirstToken,
-    ModelLoaded,
-    RequestFinished,
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
-from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
+from qlm.serve.agent_events import EventWriter
 from qlm.serve.agent_prefixes import EARLY_REPORT_S, AgentPrefixes
 from qlm.serve.agent_reports import instance_status
 from qlm.serve.config import AgentConfig
 from qlm.serve.engine_loads import ModelLoads, RefillBacklog
 from qlm.serve.leases import LeaseKeeper
-from qlm.serve.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
+from qlm.serve.rounds import AgentCounters, Held
 from qlm.serve.warming import start_fetch
 from qlm.types import Fleet, Instance, Request
 
@@ -71,13 +67,16 @@ class Agent:
         self.priority = dict(priority)
         self.counters = AgentCounters()
         self._held: dict[str, Held] = {}
-        self._evicting: set[str] = set()
         self._taken: set[str] = set()  # planned ids that another instance got first
         self._epoch = -1
         self._last_reconcile_s = float("-inf")
         self.leases = LeaseKeeper(instance.id, queue, clock, settings.lease_s)
         self._last_status_s = -1e18
         self._loads = ModelLoads()
+        self.events = EventWriter(
+            instance.id, queue, clock, self.metrics, self.counters, self._held, self._loads,
+            settings.max_dispatches,
+        )  # fmt: skip
         self._backlog = RefillBacklog(settings.engine_backlog)
         self.prefixes = AgentPrefixes(instance.id)
         self.dispatch = AgentQueue(fleet, instance.id, self.priority)
@@ -110,7 +109,7 @@ class Agent:
                 del self._held[rid]
             what = f"{len(dropped)} requests ({', '.join(dropped[:5])})"
             log.warning("agent %s: lost the lease of %s; aborting them", self.instance.id, what)
-            self._evicting.difference_update(dropped)
+            self.events.evicting.difference_update(dropped)
             self.engine.abort(dropped)
 
     async def _idle(self, stop: asyncio.Event, *, wake_on_plan: bool) -> None:
@@ -130,7 +129,7 @@ class Agent:
         self._forget_lost()
         events = self.engine.poll()
         self._backlog.saw(events, self._held)
-        await self._handle(events)
+        await self.events.handle(events)
         plan = await self.queue.current_plan()
         actions: tuple[Action, ...] | None = None
         if plan is not None:
@@ -189,7 +188,7 @@ class Agent:
             await self._carry_out(actions, claimed)
         finally:  # claimed for a preemption, not submitted (the round failed): back
             if claimed:
-                await self._requeue(list(claimed), evicted=False)
+                await self.events.requeue(list(claimed), evicted=False)
 
     async def _carry_out(self, actions: Sequence[Action], claimed: dict[str, Request]) -> None:
         for action in actions:
@@ -244,7 +243,7 @@ class Agent:
                 claimed.pop(rid, None)
         finally:  # claimed ones go back in _apply
             if leftover := [rid for rid in unsent if rid not in claimed]:
-                await self._requeue(leftover, evicted=False)
+                await self.events.requeue(leftover, evicted=False)
 
     async def _lease(self, request_ids: Sequence[str]) -> list[Request]:
         """Take requests from the global queue for this instance (those another instance
@@ -267,108 +266,11 @@ class Agent:
         return list(got)
 
     def _evict(self, request_ids: Sequence[str]) -> None:
-        ids = [rid for rid in request_ids if rid in self._held and rid not in self._evicting]
+        evicting = self.events.evicting
+        ids = [rid for rid in request_ids if rid in self._held and rid not in evicting]
         if ids:
-            self._evicting.update(ids)
+            evicting.update(ids)
             self.engine.abort(ids)
-
-    async def _handle(self, events: Sequence[EngineEvent]) -> None:
-        """Queue updates for a round's events, batched: token chunks of one request merge
-        into one stream event, and each kind goes out in one call; a batch is flushed before
-        an abort or failure so that nothing of an attempt is written after its requeue."""
-        batch = Batch()
-        for event in events:
-            if isinstance(event, FirstToken):
-                if event.request_id in self._held:
-                    batch.running.append(event.request_id)
-            elif isinstance(event, TokenChunk):
-                self._chunk(event, batch)
-            elif isinstance(event, RequestFinished):
-                self._finished(event, batch)
-            else:
-                await self._flush(batch)
-                await self._other(event)
-        await self._flush(batch)
-
-    async def _other(self, event: EngineEvent) -> None:
-        if isinstance(event, Aborted):
-            await self._aborted(event)
-        elif isinstance(event, EngineFailed):
-            await self._requeue(list(self._held), evicted=False)
-        elif isinstance(event, ModelLoaded):
-            log.info("agent %s: %s loaded in %.1f s", self.instance.id, event.model, event.load_s)
-            self._loads.ended(event.model, event.at_s, event.load_s)
-            self.metrics.model_loaded(self.instance.id, event.model, event.load_s)
-
-    async def _flush(self, batch: Batch) -> None:
-        if batch.running:
-            marks = (self.queue.mark_running(rid, self.instance.id) for rid in batch.running)
-            await asyncio.gather(*marks)
-        if batch.chunks:
-            await self.queue.emit_many([c.event(rid) for rid, c in batch.chunks.items()])
-        if batch.finished:
-            done = await asyncio.gather(*(self.queue.complete(r) for r in batch.finished))
-            self.counters.completed += sum(done)
-            for result, recorded in zip(batch.finished, done, strict=True):
-                if recorded:  # a result counts once, like the queue records it
-                    self.metrics.request_finished(batch.requests[result.request_id], result)
-        batch.clear()
-
-    def _chunk(self, event: TokenChunk, batch: Batch) -> None:
-        held = self._held.get(event.request_id)
-        if held is None:
-            return
-        chunks = batch.chunks.get(event.request_id)
-        if chunks is None:
-            chunks = batch.chunks[event.request_id] = Chunks(held.attempt, held.sent_tokens, 0.0)
-        chunks.at_s = event.at_s
-        chunks.texts.append(event.text)
-        chunks.extras = merge_extras(chunks.extras, event.extras)
-        chunks.num_tokens += event.num_tokens
-        held.sent_tokens += event.num_tokens
-        held.text.append(event.text)
-
-    def _finished(self, event: RequestFinished, batch: Batch) -> None:
-        held = self._held.pop(event.request_id, None)
-        if held is None:
-            return
-        batch.requests[event.request_id] = held.request
-        batch.finished.append(
-            finished_result(held, event, self.instance.id, self._load_wait_s(held))
-        )
-
-    def _load_wait_s(self, held: Held) -> float:
-        """Of the request's queue wait (arrival to its last dispatch), the time this instance
-        spent loading the model it then served it on."""
-        request = held.request
-        return self._loads.wait_s(request.model, request.arrival_at_s, held.dispatched_at_s)
-
-    async def _aborted(self, event: Aborted) -> None:
-        evicted = event.request_id in self._evicting
-        self._evicting.discard(event.request_id)
-        held = self._held.get(event.request_id)
-        if held is None:
-            return
-        if not evicted and held.attempt >= self.settings.max_dispatches:
-            await self._fail(held, event)  # the engine keeps refusing it: stop retrying
-        else:
-            await self._requeue([event.request_id], evicted=evicted)
-
-    async def _fail(self, held: Held, event: Aborted) -> None:
-        del self._held[event.request_id]
-        what = f"{event.request_id} failed after {held.attempt} dispatches: {event.reason}"
-        log.warning("agent %s: %s", self.instance.id, what)
-        result = failed_result(held, event, self.instance.id, self._load_wait_s(held))
-        if await self.queue.complete(result):
-            self.metrics.request_finished(held.request, result)
-
-    async def _requeue(self, request_ids: Sequence[str], *, evicted: bool) -> None:
-        held = {rid: self._held.pop(rid).request for rid in request_ids if rid in self._held}
-        moved = await self.queue.requeue(self.instance.id, request_ids, evicted, self.clock.now_s())
-        self.counters.requeued += len(moved)
-        if evicted:
-            self.counters.evictions += len(moved)
-            self.metrics.evicted(self.instance.id, [held[r] for r in moved if r in held])
 
     async def _housekeeping(self) -> None:
         await self.leases.renew(self._held)
