@@ -51,6 +51,6 @@ test: lint redis-tools vllm-env chart-tools metrics-tools browser-tools ## lint,
 	$(BIN)/pytest -q
 
 bench: $(STAMP) ## planner and grouping benchmarks; writes docs/benchmarks.md
-	$(BIN)/python benchmarks/solver.py
+	$(BIN)/python -m benchmarks.solver
 
 .PHONY: help install redis-tools vllm-env chart-tools metrics-tools browser-tools run plan lint fmt test bench

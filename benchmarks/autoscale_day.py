@@ -1,9 +1,9 @@
 """benchmarks/autoscale_day.py: the autoscaler's desired replicas over a simulated day (issue 18).
 
-    .venv/bin/python benchmarks/autoscale_day.py            # seed 0, 16 models
-    .venv/bin/python benchmarks/autoscale_day.py --seed 1 --tick-s 10
+    .venv/bin/python -m benchmarks.autoscale_day            # seed 0, 16 models
+    .venv/bin/python -m benchmarks.autoscale_day --seed 1 --tick-s 10
 
-The long-tail scenario of benchmarks/density.py (16 models, a compressed 20-minute day: quiet
+The long-tail scenario of benchmarks/density/ (16 models, a compressed 20-minute day: quiet
 night, morning ramp, peak, evening ramp down, model bursts) runs on the simulator at the pools'
 largest size (24 one-GPU H100 instances, 3 four-GPU A100 instances) under `qlm-edf`. Every
 `--tick-s` of simulated time, the controller's autoscaler (qlm/autoscale/need.py and
@@ -31,9 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-if __name__ == "__main__":
-    sys.path[:] = [str(Path(__file__).resolve().parent.parent), *sys.path]
 
 from benchmarks.common.tables import markdown_table
 from benchmarks.density.run import attainment_of

@@ -1,7 +1,7 @@
 """Batch jobs beside interactive traffic (issue 15): sims/batch-mix.yaml on the simulator.
 
-    .venv/bin/python benchmarks/batch_mix.py                 # seeds 0, 1, 7
-    .venv/bin/python benchmarks/batch_mix.py --seeds 1
+    .venv/bin/python -m benchmarks.batch_mix                 # seeds 0, 1, 7
+    .venv/bin/python -m benchmarks.batch_mix --seeds 1
 
 Runs qlm, llmd (priority ordering, as llm-d's batch gateway) and fcfs on the scenario (a
 2,000-request batch job due within 900 s, over a bursty interactive stream) and on its
@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.common.stats import percentile
 from benchmarks.common.tables import markdown_table

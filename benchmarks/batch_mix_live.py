@@ -1,8 +1,8 @@
 """Batch jobs beside interactive traffic, live (issue 15): sims/batch-mix.yaml on the embedded
 control plane with emulated engines.
 
-    .venv/bin/python benchmarks/batch_mix_live.py               # seed 1 (the scenario's)
-    .venv/bin/python benchmarks/batch_mix_live.py --speedup 5 --seed 0
+    .venv/bin/python -m benchmarks.batch_mix_live               # seed 1 (the scenario's)
+    .venv/bin/python -m benchmarks.batch_mix_live --speedup 5 --seed 0
 
 The scenario's requests (the same generator as the simulator's) go through the real API: the
 interactive stream as streamed chat completions through the official openai client at the
@@ -31,10 +31,7 @@ import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any, NamedTuple
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 import openai
 

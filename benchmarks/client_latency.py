@@ -8,8 +8,8 @@ scheduled send, so a request waiting for a connection or for the server counts. 
 interactive requests, QLM's own records give the server-side view (arrival stamp to first
 token); the table sets client-side against server-side time to first token and attainment.
 
-    .venv/bin/python benchmarks/client_latency.py                 # 150 and 300 req/s
-    .venv/bin/python benchmarks/client_latency.py --rates 300 --requests 2000
+    .venv/bin/python -m benchmarks.client_latency                 # 150 and 300 req/s
+    .venv/bin/python -m benchmarks.client_latency --rates 300 --requests 2000
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from typing import Any
 
 import httpx
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.common.plane import example_fleet, start_qlm, stop, wait_http
 from benchmarks.common.stats import percentile

@@ -11,8 +11,8 @@ unseen by agents, for that re-plan and its solve (worst 0.6-0.9 s on 2f6f7a3's p
 dispatch wait is read from QLM's records (arrival stamp to the agent's submit); the client's
 time runs from its send to the answer (non-streamed, 8 output tokens).
 
-    .venv/bin/python benchmarks/dispatch_wait.py                # 12 rounds
-    .venv/bin/python benchmarks/dispatch_wait.py --rounds 30 --no-docs
+    .venv/bin/python -m benchmarks.dispatch_wait                # 12 rounds
+    .venv/bin/python -m benchmarks.dispatch_wait --rounds 30 --no-docs
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.client_latency import plane_config
 from benchmarks.common.plane import start_qlm, stop, wait_http

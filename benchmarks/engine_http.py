@@ -2,7 +2,7 @@
 client process, httpx against aiohttp, both as VllmEngine uses them (one fresh connection per
 request, SSE chunks split into lines and parsed as JSON).
 
-    .venv/bin/python benchmarks/engine_http.py [--requests 256] [--concurrency 16] [--rounds 3]
+    .venv/bin/python -m benchmarks.engine_http [--requests 256] [--concurrency 16] [--rounds 3]
 
 The server is a minimal SSE responder in a child process (raw asyncio, no framework) that
 streams `--tokens` chunks shaped like vLLM's completion chunks with `--gap-ms` between them, so
@@ -25,8 +25,6 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*
 
 import aiohttp
 import httpx

@@ -13,7 +13,7 @@ true output lengths drawn from the profile's lognormal, mean 211, std 163):
                  iteration, no fast-forwarding) on the backlog-A100 workload, cut to 2,000
                  requests, against EngineModel on the same 2,000
 
-    .venv/bin/python benchmarks/engine_model.py
+    .venv/bin/python -m benchmarks.engine_model
         # a table, and benchmarks/results/engine_model.json
 
 Reported per scenario: wall seconds, simulated seconds, events (FirstToken + RequestFinished),
@@ -28,11 +28,8 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.engine.model import EngineModel

@@ -4,19 +4,15 @@ Workload: Azure-like lengths (prompt lognormal, median 1000 tokens; output cap l
 median 256), three models with skewed shares, the default SLO classes mixed 50/30/20,
 arrivals over the last ten minutes.
 
-    .venv/bin/python benchmarks/grouping.py   # a table, and benchmarks/results/grouping.json
+    .venv/bin/python -m benchmarks.grouping   # a table, and benchmarks/results/grouping.json
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.config import GroupingConfig

@@ -2,8 +2,8 @@
 short requests' time to first token against fcfs, and how long do the long ones then wait?
 And does the simulator's engine model, with the same local orders, say the same?
 
-    .venv/bin/python benchmarks/local_policy.py                 # seeds 0,1,2, load 0.8
-    .venv/bin/python benchmarks/local_policy.py --seeds 0 --load 0.9
+    .venv/bin/python -m benchmarks.local_policy                 # seeds 0,1,2, load 0.8
+    .venv/bin/python -m benchmarks.local_policy --seeds 0 --load 0.9
 
 The workload: long requests (a `--long-prompt`-token prompt, `--long-output` output tokens)
 and short ones (`--short-prompt`, `--short-output`) arriving at random (uniform times, seeded)
@@ -32,8 +32,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.common.stats import percentile_or_nan
 from benchmarks.common.tables import markdown_table

@@ -3,8 +3,8 @@ through the same EngineClient calls an agent makes (submit, then poll until ever
 finished), on the same tiny Llama (tests/vllm_fixtures.py: 2 layers, hidden 128, random
 weights, its own tokenizer).
 
-    .venv/bin/python benchmarks/native_vs_vllm.py              # batch 16, prefix ~2,048 tokens
-    .venv/bin/python benchmarks/native_vs_vllm.py --skip-vllm  # the native engine alone
+    .venv/bin/python -m benchmarks.native_vs_vllm              # batch 16, prefix ~2,048 tokens
+    .venv/bin/python -m benchmarks.native_vs_vllm --skip-vllm  # the native engine alone
 
 Each request: the shared prefix (the tokenizer's words repeated to about 2,048 tokens), a few
 words of its own, 64 output tokens (ignore_eos, greedy). Reported per engine: wall seconds
@@ -26,8 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.common.tables import markdown_table
 from benchmarks.report import (

@@ -17,8 +17,8 @@ accuracy of the wait estimate each plane gives (live: the API's x-qlm-estimated-
 simulated: the policy's prediction at arrival): median absolute error as a share of the
 class's TTFT target (worst class), and how often the TTFT came within it.
 
-    .venv/bin/python benchmarks/parity.py                     # every case, 3 repeats
-    .venv/bin/python benchmarks/parity.py --repeats 1 --random 6 --no-docs
+    .venv/bin/python -m benchmarks.parity                     # every case, 3 repeats
+    .venv/bin/python -m benchmarks.parity --repeats 1 --random 6 --no-docs
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import (
     RESULTS_DIR,

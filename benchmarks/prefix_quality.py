@@ -1,7 +1,7 @@
 """Prefix-aware scheduling benchmark: every policy on the shared-prefix scenarios (issue 14).
 
-    .venv/bin/python benchmarks/prefix_quality.py                  # seeds 0, 1, 7
-    .venv/bin/python benchmarks/prefix_quality.py --seeds 1        # one seed
+    .venv/bin/python -m benchmarks.prefix_quality                  # seeds 0, 1, 7
+    .venv/bin/python -m benchmarks.prefix_quality --seeds 1        # one seed
 
 Runs each policy on sims/prefix-quick.yaml and sims/mooncake-quick.yaml at each seed and
 reports SLO attainment, prefix reuse (prompt tokens found in the engines' prefix caches) beside
@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.common.stats import percentile
 from benchmarks.common.tables import markdown_table

@@ -7,8 +7,8 @@ control loop's snapshot (`queued()` of N requests) is timed. The Redis queue run
 throwaway redis-server on a free port (tests/redis_server.py) unless --redis-url is given; on
 this machine client and server share the same cores.
 
-    .venv/bin/python benchmarks/queue_ops.py          # table + results/queue_ops.json
-    .venv/bin/python benchmarks/queue_ops.py --requests 2000 --concurrency 1 8
+    .venv/bin/python -m benchmarks.queue_ops          # table + results/queue_ops.json
+    .venv/bin/python -m benchmarks.queue_ops --requests 2000 --concurrency 1 8
 """
 
 from __future__ import annotations
@@ -18,13 +18,10 @@ import asyncio
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.queue.base import GlobalQueue

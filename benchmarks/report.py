@@ -2,16 +2,10 @@
 of command, date, machine, load average and code version), keep its results file, and replace
 its own marked block of docs/benchmarks.md without touching the other scripts' blocks.
 
-A script run directly (`.venv/bin/python benchmarks/x.py`) has benchmarks/ first on sys.path,
-not the repository root, so it puts the root there before importing this module:
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
-    from benchmarks.report import run_header, write_docs_block, write_results
-
-The larger benchmarks are packages (benchmarks/fidelity/, control_plane/, sim_quality/, soak/,
-solver/), each run by a thin script of the same name (benchmarks/fidelity.py) that puts the
-root first on sys.path (and benchmarks/ off it) before importing its package's main; their
-headers name that script.
+Every benchmark runs as a module from the repository root (`.venv/bin/python -m
+benchmarks.x`), so `benchmarks.*`, `tests.*` and `qlm.*` import as they are, without path
+edits. The larger benchmarks are packages (benchmarks/fidelity/, control_plane/, sim_quality/,
+soak/, solver/, ...), run by their `__main__.py`. README.md lists them all.
 
 The header is a plain dict because it travels in the results JSON: a script that re-renders
 its block from an old results file (control_plane.py --render) reads the same keys back.
@@ -64,7 +58,8 @@ def write_docs_block(name: str, block: str, path: Path = DOCS_PATH) -> None:
 
 def command_line(script: str, argv: Sequence[str]) -> str:
     """The command that reproduces this run, as the docs tell a reader to type it."""
-    return shlex.join([PYTHON, f"benchmarks/{script}", *argv])
+    module = "benchmarks." + script.removesuffix(".py")
+    return shlex.join([PYTHON, "-m", module, *argv])
 
 
 def load_average() -> tuple[float, float, float] | None:

@@ -2,8 +2,8 @@
 share a prefix, read once for the batch (qlm/engine/native/attention.py) against each
 sequence reading its whole context from the paged cache (the per-sequence path).
 
-    .venv/bin/python benchmarks/shared_prefix.py            # the grid below, CPU
-    .venv/bin/python benchmarks/shared_prefix.py --quick    # prefix 2,048 x batch 16 only
+    .venv/bin/python -m benchmarks.shared_prefix            # the grid below, CPU
+    .venv/bin/python -m benchmarks.shared_prefix --quick    # prefix 2,048 x batch 16 only
 
 Both paths read K and V from one paged cache ([slots, kv heads, dim], blocks of 16 token
 slots) through slot indexes, as the native engine does; each sequence has 32 tokens of its own
@@ -26,12 +26,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.common.tables import markdown_table, target_row
 from benchmarks.report import (

@@ -3,8 +3,8 @@ share a prefix, with the Triton kernel (qlm/engine/native/triton_attention.py) r
 prefix once for the batch, against the same kernel reading each sequence's whole context
 (paged attention without sharing, one launch for the batch) and against torch's own paths.
 
-    python3 benchmarks/shared_prefix_gpu.py --out results.json   # on a machine with CUDA
-    .venv/bin/python benchmarks/shared_prefix_gpu.py --render results.json  # the docs block
+    python3 -m benchmarks.shared_prefix_gpu --out results.json   # on a machine with CUDA
+    .venv/bin/python -m benchmarks.shared_prefix_gpu --render results.json  # the docs block
 
 Needs torch with CUDA and triton (the qlm environment on this CPU machine has neither: the
 run happens where a GPU is lent, and `--render` writes the docs block from its results file
@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, qlm.*
 
 from benchmarks.common.tables import markdown_table, target_row
 from benchmarks.report import (

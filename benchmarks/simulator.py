@@ -1,9 +1,9 @@
-"""Simulator benchmarks: speed (this file) and quality (benchmarks/sim_quality.py, run through
+"""Simulator benchmarks: speed (this file) and quality (benchmarks/sim_quality/, run through
 the `quality` subcommand), one entry point.
 
-    .venv/bin/python benchmarks/simulator.py [speed] [--cases wa-qlm,fcfs-1m] [--requests N]
+    .venv/bin/python -m benchmarks.simulator [speed] [--cases wa-qlm,fcfs-1m] [--requests N]
         [--profile CASE]
-    .venv/bin/python benchmarks/simulator.py quality [sim_quality.py's arguments]
+    .venv/bin/python -m benchmarks.simulator quality [sim_quality.py's arguments]
 
 Speed targets (issue 3): full-size WA (3,500 requests, 80 GPUs) under `qlm` in <= 20 s wall on
 one core; 1,000,000 requests on 100 instances under `fcfs` in <= 5 minutes; events per second.
@@ -35,10 +35,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import (
     RESULTS_DIR,

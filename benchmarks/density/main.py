@@ -1,14 +1,14 @@
-"""benchmarks/density.py: many models on few GPUs (issue 18). For the long-tail scenario
+"""benchmarks/density/: many models on few GPUs (issue 18). For the long-tail scenario
 (benchmarks/density/scenario.py), the smallest fleet at which overall SLO attainment reaches
 the target, per approach (benchmarks/density/run.py):
 
-    .venv/bin/python benchmarks/density.py                  # seed 0, 16 models, target 0.99
-    .venv/bin/python benchmarks/density.py --seeds 0,1 --models 12
-    .venv/bin/python benchmarks/density.py --seeds 0,1,2 --grid 5/2,8/2  # why fleets miss
-    .venv/bin/python benchmarks/density.py --grid 5/2 --slice-memory 0.5,0.25,0.25
-    .venv/bin/python benchmarks/density.py --grid 5/2 --slice-memory 0.5,0.25,0.25 \
+    .venv/bin/python -m benchmarks.density                  # seed 0, 16 models, target 0.99
+    .venv/bin/python -m benchmarks.density --seeds 0,1 --models 12
+    .venv/bin/python -m benchmarks.density --seeds 0,1,2 --grid 5/2,8/2  # why fleets miss
+    .venv/bin/python -m benchmarks.density --grid 5/2 --slice-memory 0.5,0.25,0.25
+    .venv/bin/python -m benchmarks.density --grid 5/2 --slice-memory 0.5,0.25,0.25 \
         --no-wake-for-backlog                               # wakes by queued promises alone
-    .venv/bin/python benchmarks/density.py --grid 6/1 --slice-memory 0.5,0.25,0.25 \
+    .venv/bin/python -m benchmarks.density --grid 6/1 --slice-memory 0.5,0.25,0.25 \
         --large-memory 0.5,0.5                              # two 70B engines per A100 set
 
 Approaches: `qlm-edf` pooled with the standby tier (3 sleeping models per instance, wake in the

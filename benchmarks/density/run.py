@@ -1,4 +1,4 @@
-"""The searches of benchmarks/density.py: the smallest fleet meeting the target per approach.
+"""The searches of benchmarks/density/: the smallest fleet meeting the target per approach.
 
 * pooled (`pooled_fleet`): every model shares one fleet of 1-GPU H100 and 4-GPU A100 instances,
   the policy moving models between them (qlm with and without the standby tier). For each

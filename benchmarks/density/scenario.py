@@ -1,4 +1,4 @@
-"""The long-tail multi-model scenario of benchmarks/density.py, built from a seed.
+"""The long-tail multi-model scenario of benchmarks/density/, built from a seed.
 
 Question answered: what does a fleet serving many models of very different popularity face?
 `long_tail(seed, ...)` gives a Scenario of `models` models (about 60 % 7B, 25 % 13B, 15 % 70B,

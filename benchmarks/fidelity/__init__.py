@@ -6,8 +6,8 @@ docs/fidelity.md, its plots under docs/fidelity/, the fitted profiles and one sc
 per run (so `qlm simulate docs/fidelity/scenarios/RUN.yaml` replays a run's workload), and
 benchmarks/results/fidelity.json.
 
-    .venv/bin/python benchmarks/fidelity.py            # the full benchmark (~20 min here)
-    .venv/bin/python benchmarks/fidelity.py --quick    # one model, one run (a few minutes)
+    .venv/bin/python -m benchmarks.fidelity            # the full benchmark (~20 min here)
+    .venv/bin/python -m benchmarks.fidelity --quick    # one model, one run (a few minutes)
 
 Needs .venv-vllm (scripts/install_vllm.sh). Method (docs/fidelity.md repeats it):
 

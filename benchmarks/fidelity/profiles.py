@@ -91,7 +91,7 @@ def inline_profile(p: Profile) -> dict[str, Any]:
     """A Profile as the fleet file's inline form (the profile file format): its decode table
     and prefill rate, no step model, the default KV floor and memory utilisation."""
     plain = replace(p, step_time=None, min_kv_tokens=4096, gpu_memory_utilization=0.9)
-    spec = ProfileFile.of(plain, "benchmarks/fidelity.py: fitted by qlm profile")
+    spec = ProfileFile.of(plain, "benchmarks/fidelity/: fitted by qlm profile")
     return spec.model_dump(mode="json", exclude_none=True)
 
 

@@ -37,7 +37,7 @@ def scenario_dict(
 ) -> dict[str, Any]:
     return {
         "name": f"fidelity-{run.name}",
-        "description": f"benchmarks/fidelity.py run {run.name}: {run.instances} vLLM-CPU "
+        "description": f"benchmarks/fidelity/ run {run.name}: {run.instances} vLLM-CPU "
         f"instance(s), {run.load:.0%} of the fitted capacity",
         "seed": run.seed,
         "slo_classes": list(SLO_CLASSES),
@@ -78,7 +78,7 @@ def write_scenario(
     path = folder / f"{run.name}.yaml"
     shown = os.path.relpath(path, ROOT)
     header = (
-        "# Written by benchmarks/fidelity.py: the workload of one fidelity run, on the fitted\n"
+        "# Written by benchmarks/fidelity/: the workload of one fidelity run, on the fitted\n"
         f"# profiles. Replay it in the simulator: qlm simulate {shown} --policy qlm\n"
     )
     data = scenario_dict(run, rate_per_s, files, trace)

@@ -1,1 +1,1 @@
-"""Programs against call by call (issue 16): the benchmarks/programs.py package."""
+"""Programs against call by call (issue 16): the benchmarks/programs/ package."""

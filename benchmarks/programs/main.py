@@ -1,7 +1,7 @@
-"""Programs against call by call (issue 16, after Parrot), live: `benchmarks/programs.py`.
+"""Programs against call by call (issue 16, after Parrot), live: `benchmarks/programs/`.
 
-    .venv/bin/python benchmarks/programs.py                 # every application, both loads
-    .venv/bin/python benchmarks/programs.py --apps chain --loads light
+    .venv/bin/python -m benchmarks.programs                 # every application, both loads
+    .venv/bin/python -m benchmarks.programs --apps chain --loads light
 
 Three applications (benchmarks/programs/apps.py: a chain summary, a map-reduce summary, two
 agents answering each other; lengths from arXiv summarisation) run against the embedded plane

@@ -3,11 +3,11 @@ attainment overall and per class, throughput, and the issue's bar (qlm >= edf >=
 qlm >= llmd on every scenario). Prints Markdown, writes results/sim_quality.json and the
 sim-quality block of docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/sim_quality.py [--quick] [--scenarios wa,wb,wc]
+    .venv/bin/python -m benchmarks.sim_quality [--quick] [--scenarios wa,wb,wc]
         [--policies fcfs,edf,...] [--jobs N] [--seed N]
-    .venv/bin/python benchmarks/sim_quality.py --calibrate [--quick]
-    .venv/bin/python benchmarks/sim_quality.py --random N [--random-seed-base B] [--jobs N]
-    .venv/bin/python benchmarks/sim_quality.py --seeds 0,1,7 [--quick] [--jobs N]
+    .venv/bin/python -m benchmarks.sim_quality --calibrate [--quick]
+    .venv/bin/python -m benchmarks.sim_quality --random N [--random-seed-base B] [--jobs N]
+    .venv/bin/python -m benchmarks.sim_quality --seeds 0,1,7 [--quick] [--jobs N]
 
 --quick runs the quick sizes (sims/X-quick.yaml); full and quick results are kept side by side
 in the JSON and the docs block. --calibrate runs only fcfs at rate scales 1, 1.5, 2, 2.5, 3, 4

@@ -2,9 +2,9 @@
 check that it stays healthy: resident memory flat, no errors but the expected 429s, and the
 enqueue latency of the asynchronous API.
 
-    .venv/bin/python benchmarks/soak.py               # 10 minutes; results + docs block
-    .venv/bin/python benchmarks/soak.py --minutes 30
-    .venv/bin/python benchmarks/soak.py --quick       # 10 s smoke; soak_quick.json, no docs
+    .venv/bin/python -m benchmarks.soak               # 10 minutes; results + docs block
+    .venv/bin/python -m benchmarks.soak --minutes 30
+    .venv/bin/python -m benchmarks.soak --quick       # 10 s smoke; soak_quick.json, no docs
 
 The plane runs as separate processes (`qlm api`, `qlm controller`, `qlm agent` for every
 instance; `--setup serve` runs `qlm serve` instead) on examples/fleet.yaml's emulated mixed

@@ -2,7 +2,7 @@
 fleets, then the grouping benchmark. Prints Markdown, writes results/solver.json and the
 solver block of docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/solver.py [--quick] [--repeats N]
+    .venv/bin/python -m benchmarks.solver [--quick] [--repeats N]
 
 Fleets: half A10 (24 GiB), the rest A100 (80 GiB; some with two GPUs) and a few H100.
 Models: mistral-7b (fits everything), vicuna-13b (A100/H100 only), llama-70b (two A100s).

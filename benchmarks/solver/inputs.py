@@ -74,7 +74,7 @@ def make_profiles() -> list[Profile]:
             output_tokens_std=200.0,
             load_s=load_s,
             max_batch_size=128,
-            provenance="benchmarks/solver.py (synthetic; figures: qlm/engine/profiling/README.md)",
+            provenance="benchmarks/solver/ (synthetic; figures: qlm/engine/profiling/README.md)",
         )
         for (model, gpu), (steps, prefill, load_s) in PERF.items()
     ]

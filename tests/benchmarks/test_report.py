@@ -70,7 +70,7 @@ def test_missing_docs_file_is_created_with_a_title(tmp_path: Path) -> None:
 
 def test_header_lines_match_the_format_of_the_docs() -> None:
     header = {
-        "command": ".venv/bin/python benchmarks/solver.py --quick",
+        "command": ".venv/bin/python -m benchmarks.solver --quick",
         "date": "2025-01-02T03:04:05+00:00",
         "machine": "os.cpu_count() = 2; noisy",
         "platform": "Linux-6, Python 3.11.9",
@@ -79,7 +79,7 @@ def test_header_lines_match_the_format_of_the_docs() -> None:
         "loadavg_after": [2.0, 1.5, 1.125],
     }
     assert report.header_lines(header) == [
-        "Command: `.venv/bin/python benchmarks/solver.py --quick`  ",
+        "Command: `.venv/bin/python -m benchmarks.solver --quick`  ",
         "Date: 2025-01-02T03:04:05+00:00  ",
         "Machine: os.cpu_count() = 2; noisy (Linux-6, Python 3.11.9)  ",
         "Load average (1, 5, 15 min) before / after: 1.50, 1.25, 1.00 / 2.00, 1.50, 1.12  ",
@@ -98,12 +98,12 @@ def test_header_lines_match_the_format_of_the_docs() -> None:
 
 def test_run_header_records_the_command_as_it_can_be_retyped() -> None:
     header = report.run_header("sim_quality.py", ["--scenarios", "wa,wb", "a b"], "noisy")
-    assert header["command"] == ".venv/bin/python benchmarks/sim_quality.py --scenarios wa,wb 'a b'"
+    assert header["command"] == ".venv/bin/python -m benchmarks.sim_quality --scenarios wa,wb 'a b'"
     assert header["machine"].endswith("; noisy")
     assert "loadavg_after" not in header
     report.finish_header(header)
     assert set(header) >= {"date", "platform", "code", "loadavg_before", "loadavg_after"}
-    assert report.command_line("solver.py", []) == ".venv/bin/python benchmarks/solver.py"
+    assert report.command_line("solver.py", []) == ".venv/bin/python -m benchmarks.solver"
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -1,5 +1,5 @@
 """benchmarks/soak/: its pure helpers (memory slope and verdict, the docs rows) and a --quick
-run of benchmarks/soak.py against real `qlm api|controller|agent` processes on a throwaway
+run of benchmarks/soak/ against real `qlm api|controller|agent` processes on a throwaway
 Redis."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_quick_soak_runs_and_reports(tmp_path: Path) -> None:
         pytest.skip("redis-server is not installed")
     out = tmp_path / "soak.json"
     done = subprocess.run(
-        [sys.executable, "benchmarks/soak.py", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.soak", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

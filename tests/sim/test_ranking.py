@@ -5,13 +5,13 @@ the best's (see THROUGHPUT_SHARE). A change to dispatch, reconcile, agents or th
 that undoes the ranking fails here instead of in a benchmark nobody reruns.
 
 The issue's stricter per-class target (each class within 2 points of the best baseline *for
-that class*) is reported by benchmarks/sim_quality.py; it is not met on wc-quick, where fcfs
+that class*) is reported by benchmarks/sim_quality/; it is not met on wc-quick, where fcfs
 keeps more batch-1 promises by breaking most interactive ones.
 
 Attainment at seed 0; throughput as the mean share over seeds 0, 1 and 7 against the baseline
 fastest at seed 0 (one seed's share moves by several points with the order the last swaps
 fall in: 0.89-0.99 on wb-quick). CI time: about five minutes on two cores.
-benchmarks/sim_quality.py checks seeds 0, 1 and 7 in full and the random scenarios."""
+benchmarks/sim_quality/ checks seeds 0, 1 and 7 in full and the random scenarios."""
 
 from __future__ import annotations
 
