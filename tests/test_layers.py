@@ -60,6 +60,7 @@ ADAPTERS: dict[str, set[str]] = {
     "queue/redis/program_store.py": {"redis"},
     "programs/client.py": {"httpx"},
     "queue/memory.py": {"asyncio"},
+    "queue/memory_streams.py": {"asyncio"},
     "queue/base.py": {"asyncio"},
     "engine/client.py": {"asyncio"},
     "engine/emulated.py": {"asyncio"},

@@ -8,7 +8,6 @@ Use one MemoryQueue from one event loop.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -18,10 +17,10 @@ from qlm.control.plan import PublishedPlan
 from qlm.queue.base import (
     DuplicateRequestError,
     QueueError,
-    UnknownRequestError,
 )
 from qlm.queue.bounds import QueueBounds
 from qlm.queue.listing import RecordFilter, RecordPage, take_page
+from qlm.queue.memory_streams import MemoryStreams, Signal
 from qlm.queue.records import (
     InstanceStatus,
     RequestRecord,
@@ -59,25 +58,6 @@ class MemoryQueueConfig:
         )
 
 
-class _Signal:
-    """A broadcast wake-up: `fire` wakes every current waiter; later waiters wait anew."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def wait(self, timeout_s: float | None) -> bool:
-        event = self._event
-        try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
-
 class MemoryQueue:
     """The in-memory GlobalQueue (qlm.queue.base.GlobalQueue)."""
 
@@ -96,14 +76,13 @@ class MemoryQueue:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._counts: dict[RequestState, int] = dict.fromkeys(RequestState, 0)
         self._tenant_queued: dict[str, int] = {}  # QUEUED requests per tenant (none at 0)
-        self._streams: dict[str, list[StreamEvent]] = {}
-        self._stream_signals: dict[str, _Signal] = {}
+        self._streams = MemoryStreams()
         self._plan: PublishedPlan | None = None
         self._epoch = 0
-        self._plan_signal = _Signal()
+        self._plan_signal = Signal()
         self._changes = 0
         self._changes_seen = 0
-        self._change_signal = _Signal()
+        self._change_signal = Signal()
         self._instances: dict[str, InstanceStatus] = {}
         self._leader: tuple[str, float] | None = None  # node id, lease end (monotonic)
 
@@ -153,7 +132,7 @@ class MemoryQueue:
         self._next_seq += 1
         self._queued[request.id] = None
         self._counts[RequestState.QUEUED] += 1
-        self._streams[request.id] = []
+        self._streams.open(request.id)
         self._changed()
 
     async def pull(
@@ -270,23 +249,8 @@ class MemoryQueue:
 
     # -- waiting ------------------------------------------------------------------------
 
-    async def stream(
-        self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        events = self._streams.get(request_id)
-        if events is None:
-            raise UnknownRequestError(request_id)
-        index = 0
-        while True:
-            while index < len(events):
-                event = events[index]
-                index += 1
-                yield event
-                if event.kind is StreamKind.DONE:
-                    return
-            signal = self._stream_signals.setdefault(request_id, _Signal())
-            if not await signal.wait(timeout_s):
-                raise TimeoutError(f"no stream event for {request_id!r} within {timeout_s} s")
+    def stream(self, request_id: str, timeout_s: float | None = None) -> AsyncIterator[StreamEvent]:
+        return self._streams.read(request_id, timeout_s)
 
     async def wait_for_change(self, timeout_s: float) -> bool:
         if self._changes == self._changes_seen:
@@ -378,10 +342,7 @@ class MemoryQueue:
             self._records[rid] = replace(record, group_id=group_id, predicted_wait_s=wait_s)
 
     def _append(self, event: StreamEvent) -> None:
-        self._streams.setdefault(event.request_id, []).append(event)
-        signal = self._stream_signals.pop(event.request_id, None)
-        if signal is not None:
-            signal.fire()
+        self._streams.append(event)
 
     def _changed(self) -> None:
         self._changes += 1
@@ -392,5 +353,4 @@ class MemoryQueue:
         while limit is not None and len(self._finished) > limit:
             rid, _ = self._finished.popitem(last=False)
             del self._records[rid], self._seq[rid]
-            self._streams.pop(rid, None)
-            self._stream_signals.pop(rid, None)
+            self._streams.drop(rid)
