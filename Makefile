@@ -12,7 +12,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==26.3
-	$(BIN)/pip install --quiet -e '.[dev,native,kubernetes]'
+	$(BIN)/pip install --quiet -e '.[dev,native,kubernetes,ray]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install qlm with its pinned dependencies

@@ -62,6 +62,12 @@ def _add_simulate(sub: Subparsers) -> None:
     p.add_argument("--sweep", help="rate=F1,F2,...: run at each arrival-rate scale")
     p.add_argument("--quick", action="store_true", help="use the quick sibling file (X-quick.yaml)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="spread the runs over the Ray cluster at ADDRESS (default $RAY_ADDRESS; none: "
+        "run here); the results are the same (qlm/sim/spread.py)",
+    )
     p.set_defaults(handler=_simulate_command)
 
 
@@ -70,6 +76,7 @@ def _simulate_command(args: argparse.Namespace) -> int:
     from qlm.sim.policies import SIM_POLICIES
     from qlm.sim.report import RunInfo, SweepPoint, sweep_document, write_json, write_sweep_report
     from qlm.sim.scenario import load_scenario
+    from qlm.sim.spread import make_runner, spread_policies
 
     scenario = load_scenario(_scenario_path(args.scenario, args.quick))
     policies = list(dict.fromkeys(args.policy or _default_policies()))
@@ -78,14 +85,20 @@ def _simulate_command(args: argparse.Namespace) -> int:
     seed = scenario.seed if args.seed is None else args.seed
     out: Path = args.out or Path("sim-out") / scenario.name
     command = _command_line(args)
+    runner = make_runner(args.ray)
+
+    def here(scenario: Scenario) -> list[SimResult]:  # in this process, with progress bars
+        return run_policies(scenario, policies, seed, not args.no_progress)
+
     if args.sweep:
         scales = parse_sweep(args.sweep)
         points = []
-        for scale in scales:
+        scaled_runs = spread_policies(
+            runner, [scenario.with_rate_scale(s) for s in scales], policies, seed, here
+        )
+        for scale, (scaled, results) in zip(scales, scaled_runs, strict=True):
             folder = f"rate-{scale:g}"
             print(f"== rate x {scale:g}", flush=True)
-            scaled = scenario.with_rate_scale(scale)
-            results = run_policies(scaled, policies, seed, not args.no_progress)
             bound = scenario_bound(scaled, seed)
             write_outputs(out / folder, RunInfo(scenario, seed, command), results, bound)
             points.append(SweepPoint(scale, folder, tuple(results), bound))
@@ -93,7 +106,7 @@ def _simulate_command(args: argparse.Namespace) -> int:
         write_sweep_report(out, RunInfo(scenario, seed, command), points)
         print(f"wrote {out}/sweep.json and {out}/report.md")
         return 0
-    results = run_policies(scenario, policies, seed, not args.no_progress)
+    [(_, results)] = spread_policies(runner, [scenario], policies, seed, here)
     bound = scenario_bound(scenario, seed)
     write_outputs(out, RunInfo(scenario, seed, command), results, bound)
     print(f"wrote {out}/requests.csv, {out}/summary.json, {out}/timings.json and {out}/report.md")

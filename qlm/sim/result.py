@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -141,6 +141,13 @@ class SimResult:
         predictions = MappingProxyType(dict(self.ttft_predictions))
         object.__setattr__(self, "ttft_predictions", predictions)
         object.__setattr__(self, "prefix_tokens", MappingProxyType(dict(self.prefix_tokens)))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with plain dicts (a read-only view cannot be pickled; the constructor
+        makes them read-only again): results cross process and machine boundaries when runs
+        are spread over a Ray cluster (qlm/sim/spread.py)."""
+        values = (getattr(self, f.name) for f in fields(self))
+        return SimResult, tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values)
 
     def prefix_reuse(self) -> dict[str, Any] | None:
         """Prompt tokens served from the engines' prefix caches over the prompt tokens of
