@@ -171,6 +171,13 @@ class ApiConfig(StrictModel):
     plan_refresh_s: float = Field(
         default=1.0, ge=0, description="How often admission re-reads the plan from the queue."
     )
+    wait_forecast: bool = Field(
+        default=True,
+        description="Estimate each request's wait with the dispatch decision's forecast (the "
+        "function the simulator grades; qlm/api/wait_forecast.py): one schedule of its model "
+        "per admission, about 1 ms of CPU with 1,000 of its model queued "
+        "(benchmarks/admission_cpu.py). Off: from the latest plan alone.",
+    )
 
     batch: BatchApiConfig = Field(
         default_factory=lambda: BatchApiConfig(),

@@ -146,14 +146,25 @@ def plane_metrics(config: ServeConfig, clock: Clock, instance_ids: Sequence[str]
     )
 
 
+def _forecaster(plane: Plane, config: ServeConfig, clock: Clock) -> QueueForecaster | None:
+    """The API's wait forecast over this plane's queue and fleet (`api.wait_forecast`)."""
+    if not config.api.wait_forecast:
+        return None
+    priority = {c.name: c.priority for c in config.qlm.slo_classes}
+    refresh_s, every_s = config.api.plan_refresh_s, config.agent.status_every_s
+    return QueueForecaster(plane.queue, plane.fleet, priority, clock, refresh_s, every_s)
+
+
 async def _start_api(
     plane: Plane, config: ServeConfig, settings: ApiAppConfig, clock: Clock
 ) -> None:
-    priority = {c.name: c.priority for c in config.qlm.slo_classes}
-    every_s = config.agent.status_every_s
-    refresh_s = settings.api.plan_refresh_s
-    forecaster = QueueForecaster(plane.queue, plane.fleet, priority, clock, refresh_s, every_s)
-    app = create_app(settings, plane.queue, clock, metrics=plane.metrics, forecaster=forecaster)
+    app = create_app(
+        settings,
+        plane.queue,
+        clock,
+        metrics=plane.metrics,
+        forecaster=_forecaster(plane, config, clock),
+    )
     if not settings.auth_required and config.api.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("the API listens on %s without API keys: anyone can submit", config.api.host)
     server = uvicorn.Server(
