@@ -1,4 +1,4 @@
-"""Subcommands of `qlm` (see qlm/cli.py): `simulate` and `capacity`.
+"""Subcommands of `qlm` (see qlm/cli.py): `simulate` (here) and `capacity` (capacity_cli.py).
 
     qlm simulate SCENARIO.yaml [--policy NAME]... [--seed N] [--out DIR]
                  [--sweep rate=0.5,1,2,4] [--quick] [--no-progress]
@@ -14,16 +14,15 @@ import argparse
 import math
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from qlm.config import ConfigError
+from qlm.sim.capacity_cli import add_capacity
 
 if TYPE_CHECKING:  # the heavy modules load when a command runs, not when `qlm` starts
     from qlm.sim.bound import AttainmentBound
-    from qlm.sim.capacity import CapacityResult, Evaluation
     from qlm.sim.report import RunInfo
     from qlm.sim.result import SimResult
     from qlm.sim.scenario import Scenario
@@ -36,9 +35,9 @@ DEFAULT_POLICIES = ("fcfs", "edf", "shepherd", "llmd", "qlm")
 
 
 def add_commands(sub: Subparsers) -> None:
-    """Add this package's subcommands; each sets `handler`."""
+    """Add this package's subcommands; each sets `handler` (`qlm capacity`: capacity_cli.py)."""
     _add_simulate(sub)
-    _add_capacity(sub)
+    add_capacity(sub)
 
 
 # --- qlm simulate ----------------------------------------------------------------------------
@@ -75,10 +74,10 @@ def _simulate_command(args: argparse.Namespace) -> int:
     from qlm.sim.bound import scenario_bound
     from qlm.sim.policies import SIM_POLICIES
     from qlm.sim.report import RunInfo, SweepPoint, sweep_document, write_json, write_sweep_report
-    from qlm.sim.scenario import load_scenario
+    from qlm.sim.scenario import load_scenario, quick_sibling
     from qlm.sim.spread import make_runner, spread_policies
 
-    scenario = load_scenario(_scenario_path(args.scenario, args.quick))
+    scenario = load_scenario(quick_sibling(args.scenario, args.quick))
     policies = list(dict.fromkeys(args.policy or _default_policies()))
     for name in policies:
         SIM_POLICIES.get(name)  # unknown names fail before any run, listing the known ones
@@ -118,15 +117,6 @@ def _default_policies() -> list[str]:
 
     known = set(SIM_POLICIES.names())
     return [p for p in DEFAULT_POLICIES if p in known]
-
-
-def _scenario_path(path: Path, quick: bool) -> Path:
-    if not quick or path.stem.endswith("-quick"):
-        return path
-    sibling = path.with_name(f"{path.stem}-quick{path.suffix}")
-    if not sibling.is_file():
-        raise ConfigError(f"{path}: --quick needs {sibling}")
-    return sibling
 
 
 def parse_sweep(text: str) -> list[float]:
@@ -238,157 +228,3 @@ def _command_line(args: argparse.Namespace) -> str:
             words.append(f"{flag}={value}")
     words += ["--quick"] if args.quick else []
     return " ".join(shlex.quote(w) for w in words)
-
-
-# --- qlm capacity ----------------------------------------------------------------------------
-
-
-def _add_capacity(sub: Subparsers) -> None:
-    p = sub.add_parser(
-        "capacity",
-        help="find the cheapest fleet (instances per GPU type) meeting a target SLO attainment",
-        description="Search instance counts per GPU type for the cheapest fleet whose simulated "
-        "SLO attainment meets the target (qlm/sim/capacity.py explains the search).",
-    )
-    p.add_argument("scenario", type=Path, help="scenario YAML; its fleet groups are templates")
-    p.add_argument("--target", type=float, default=0.99, help="attainment to meet (0-1]")
-    p.add_argument("--policy", default="qlm", help="policy to plan for (default qlm)")
-    p.add_argument("--gpu-types", help="types to size, e.g. A10,A100 (default: the fleet's)")
-    p.add_argument("--cost", help="cost per GPU-hour, e.g. A10=1.0,A100=3.7 (default: scenario)")
-    p.add_argument("--max-count", type=int, default=64, help="most instances per type (64)")
-    p.add_argument(
-        "--class", dest="slo_class", help="meet the target for this class (default: overall)"
-    )
-    p.add_argument("--seed", type=int, help="seed (default: the scenario's)")
-    p.add_argument("--out", type=Path, help="JSON file (default sim-out/<name>-capacity.json)")
-    p.add_argument("--quick", action="store_true", help="use the quick sibling file")
-    p.set_defaults(handler=_capacity_command)
-
-
-@dataclass(frozen=True)
-class CapacityQuestion:
-    scenario: Scenario
-    gpu_types: tuple[str, ...]
-    policy: str
-    target: float
-    max_count: int
-    seed: int
-    slo_class: str | None = None
-
-
-def _capacity_command(args: argparse.Namespace) -> int:
-    from qlm.sim.capacity import parse_costs
-    from qlm.sim.policies import SIM_POLICIES
-    from qlm.sim.report import write_json
-    from qlm.sim.scenario import load_scenario
-
-    scenario = load_scenario(_scenario_path(args.scenario, args.quick))
-    SIM_POLICIES.get(args.policy)
-    try:
-        costs = parse_costs(args.cost, scenario.gpu_types)
-        scenario = scenario.with_gpu_costs(costs)
-        gpu_types = _gpu_types(args.gpu_types, scenario)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    if args.slo_class is not None and args.slo_class not in {c.name for c in scenario.slo_classes}:
-        raise ConfigError(f"--class: {args.slo_class!r} is not a class of the scenario")
-    question = CapacityQuestion(
-        scenario,
-        gpu_types,
-        args.policy,
-        args.target,
-        args.max_count,
-        scenario.seed if args.seed is None else args.seed,
-        args.slo_class,
-    )
-    result = plan_capacity(question, _print_evaluation)
-    out: Path = args.out or Path("sim-out") / f"{scenario.name}-capacity.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, _capacity_document(question, result))
-    if result.best is None:
-        print(f"no fleet up to {args.max_count} per type meets {args.target:.2%}")
-    else:
-        print(f"cheapest: {_fleet_text(result.best)}")
-    print(f"wrote {out}")
-    return 0 if result.best is not None else 1
-
-
-def _gpu_types(text: str | None, scenario: Scenario) -> tuple[str, ...]:
-    if not text:
-        return scenario.gpu_types
-    chosen = tuple(t.strip() for t in text.split(",") if t.strip())
-    unknown = [t for t in chosen if t not in scenario.gpu_types]
-    if unknown or not chosen:
-        raise ValueError(
-            f"--gpu-types: {unknown or text!r} not in the scenario's fleet "
-            f"{list(scenario.gpu_types)} (add a group with count: 0 as a template)"
-        )
-    return chosen
-
-
-def plan_capacity(
-    question: CapacityQuestion, on_evaluation: Callable[[Evaluation], None] | None = None
-) -> CapacityResult:
-    """Simulate fleets chosen by the capacity search; the requests are drawn once."""
-    from qlm.sim.capacity import Evaluation, SearchSpace, cheapest_fleet
-    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
-
-    scenario = question.scenario
-    requests = scenario.requests(question.seed)
-    config = scenario.config
-    options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
-    costs: dict[tuple[int, ...], float] = {}
-
-    def sized(counts: Mapping[str, int]) -> Scenario:
-        return scenario.with_fleet_counts(counts)
-
-    def cost(counts: Mapping[str, int]) -> float:
-        key = tuple(counts[g] for g in question.gpu_types)
-        if key not in costs:
-            costs[key] = sized(counts).fleet_cost_per_hour()
-        return costs[key]
-
-    def attainment(counts: Mapping[str, int]) -> float:
-        fleet = sized(counts).fleet()
-        result = simulate(
-            fleet,
-            requests,
-            question.policy,
-            config,
-            question.seed,
-            options=options,
-            engine_factory=SimulatedEngines(scenario.engine),
-        )
-        value = result.attainment(question.slo_class)
-        if on_evaluation is not None:
-            on_evaluation(Evaluation(counts, cost(counts), value, value >= question.target))
-        return value
-
-    space = SearchSpace(question.gpu_types, question.max_count, cost)
-    return cheapest_fleet(space, attainment, question.target)
-
-
-def _capacity_document(question: CapacityQuestion, result: CapacityResult) -> dict[str, object]:
-    scenario = question.scenario
-    return {
-        "scenario": scenario.name,
-        "seed": question.seed,
-        "policy": question.policy,
-        "metric": question.slo_class or "overall",
-        "cost_per_gpu_hour": {g: scenario.gpu_cost_per_hour(g) for g in question.gpu_types},
-        "fixed_counts": {
-            g: n for g, n in scenario.fleet_counts().items() if g not in question.gpu_types
-        },
-        "max_count": question.max_count,
-        **result.as_dict(),
-    }
-
-
-def _fleet_text(e: Evaluation) -> str:
-    counts = " + ".join(f"{n} x {g}" for g, n in e.counts.items())
-    return f"{counts}: {e.cost_per_hour:.2f}/h, attainment {e.attainment:.2%}"
-
-
-def _print_evaluation(e: Evaluation, stream: TextIO | None = None) -> None:
-    mark = "meets" if e.meets else "misses"
-    print(f"evaluated {_fleet_text(e)} ({mark})", file=stream or sys.stdout, flush=True)

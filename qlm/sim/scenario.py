@@ -203,3 +203,14 @@ def load_scenario(path: Path) -> Scenario:
     if drawn is not None:
         return random_scenario(*drawn)
     return load_yaml_model(path, Scenario)
+
+
+def quick_sibling(path: Path, quick: bool) -> Path:
+    """The scenario file to load: with `quick`, the sibling `X-quick.yaml` of `X.yaml` (a
+    quick file itself stays); ConfigError naming both when it does not exist."""
+    if not quick or path.stem.endswith("-quick"):
+        return path
+    sibling = path.with_name(f"{path.stem}-quick{path.suffix}")
+    if not sibling.is_file():
+        raise ConfigError(f"{path}: --quick needs {sibling}")
+    return sibling

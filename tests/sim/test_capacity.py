@@ -167,7 +167,7 @@ slo_classes:
 
 @pytest.mark.slow
 def test_capacity_on_the_simulator(tmp_path: Path) -> None:
-    from qlm.sim.cli import CapacityQuestion, plan_capacity
+    from qlm.sim.capacity_cli import CapacityQuestion, plan_capacity
     from qlm.sim.scenario import load_scenario
 
     path = tmp_path / "cap.yaml"
