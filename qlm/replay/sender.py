@@ -100,6 +100,9 @@ def body_of(request: Request, speedup: float) -> dict[str, Any]:
     return body
 
 
+SUBMITS_AT_ONCE = 64  # asynchronous submissions in flight at once (see Sender.__init__)
+
+
 class Sender:
     """Sends requests to `url` on the scenario's schedule, `speedup` times faster."""
 
@@ -117,10 +120,17 @@ class Sender:
         )
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         headers = {"authorization": f"Bearer {api_key}"}
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=SUBMITS_AT_ONCE, max_keepalive_connections=None)
         self._http = httpx.AsyncClient(
             base_url=self.url, timeout=timeout, headers=headers, limits=limits, trust_env=False
         )
+        # httpcore matches every waiting request against every connection on each change of
+        # its pool: with a burst of thousands queued there (a batch backlog sent at once),
+        # that scan took the client's whole core for minutes and the requests reached the
+        # API late. Waiting here instead keeps the pool's queue short; an asynchronous
+        # submission holds a connection for milliseconds, so the wait is short too (and it
+        # counts in the admission lag, which starts at `sent_wall_s`).
+        self._submits = asyncio.Semaphore(SUBMITS_AT_ONCE)
 
     async def close(self) -> None:
         await self._openai.close()
@@ -171,7 +181,8 @@ class Sender:
 
     async def _submit(self, sent: Sent) -> None:
         body = {"kind": "completion", **body_of(sent.request, self.speedup)}
-        response = await self._http.post(REQUESTS_PATH, json=body)
+        async with self._submits:
+            response = await self._http.post(REQUESTS_PATH, json=body)
         if response.status_code != 202:
             raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
         self._note_headers(sent, response.headers)
