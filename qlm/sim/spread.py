@@ -63,7 +63,10 @@ class RayRunner:
         self._ray: Any = ray
         self.address = address
         if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            try:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(f"--ray {address}: no Ray cluster there ({exc})") from None
 
     def map(self, fn: Callable[[T], R], jobs: Sequence[T]) -> list[R]:
         task = self._ray.remote(num_cpus=1)(fn)
