@@ -124,6 +124,15 @@ class ApiConfig(StrictModel):
 
     host: str = Field(default="127.0.0.1", description="Address `qlm serve` and `qlm api` bind.")
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port.")
+    keep_alive_s: int = Field(
+        default=75,
+        ge=1,
+        description="How long an idle client connection stays open for its next request. "
+        "Longer than the clients' and load balancers' own idle timeouts (httpx and the openai "
+        "client: 5 s; cloud load balancers: 60 s), so that a client never sends a request "
+        "on a connection the server is closing (a connection error the client cannot retry "
+        "safely).",
+    )
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413."
     )

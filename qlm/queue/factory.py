@@ -1,6 +1,7 @@
-"""Build a GlobalQueue from a URL: `memory://` (or None) embeds one, `redis://` and `rediss://`
-connect to Redis. Schemes are registered by name; the Redis adapter is imported only when a
-Redis URL is asked for, so the embedded default needs no redis library."""
+"""Build a GlobalQueue from a URL: `memory://` (or None) embeds one, `redis://`, `rediss://`
+and `unix://` connect to Redis, `redis+sentinel://` to the primary its Sentinels name.
+Schemes are registered by name; the Redis adapter is imported only when a Redis URL is asked
+for, so the embedded default needs no redis library."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def _redis(url: str, **options: Any) -> GlobalQueue:
 
 QUEUE_SCHEMES.register("redis")(_redis)
 QUEUE_SCHEMES.register("rediss")(_redis)
+QUEUE_SCHEMES.register("redis+sentinel")(_redis)
+QUEUE_SCHEMES.register("unix")(_redis)
 
 
 def make_queue(url: str | None = None, **options: Any) -> GlobalQueue:

@@ -23,14 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import openai
-from openai import AsyncOpenAI
+import httpx2
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from qlm.types import Request
 
 REQUESTS_PATH = "/v1/qlm/requests"
 QUEUE_PATH = "/v1/qlm/queue"
 CONNECT_TIMEOUT_S = 60.0
+# An idle connection is closed after this, before the server's own idle timeout closes it
+# (uvicorn's default is 5 s; `qlm serve` keeps 75 s): a request sent on a connection the
+# server is closing fails as a connection error (seen as hundreds of errors on replays that
+# kept a core busy, where the client noticed the server's close late).
+CLIENT_KEEPALIVE_S = 2.0
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 
@@ -75,6 +80,18 @@ def prompt_of(request: Request) -> str:
     return "".join(parts)
 
 
+def describe(exc: BaseException) -> str:
+    """The error and what caused it ("APIConnectionError: Connection error. <-
+    RemoteProtocolError: Server disconnected ..."): the openai client's own errors say
+    nothing of the transport's."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 4:
+        parts.append(f"{type(seen).__name__}: {seen}".strip())
+        seen = seen.__cause__ or seen.__context__
+    return " <- ".join(parts)
+
+
 def _base36(n: int) -> str:
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     text = ""
@@ -101,6 +118,7 @@ def body_of(request: Request, speedup: float) -> dict[str, Any]:
 
 
 SUBMITS_AT_ONCE = 64  # asynchronous submissions in flight at once (see Sender.__init__)
+STREAMS_AT_ONCE = 1000  # open streams at most (the openai client's own default)
 
 
 class Sender:
@@ -112,15 +130,24 @@ class Sender:
         self.stream_below_s = stream_below_s
         # No overall timeout (a batch-class stream may wait its whole target); a minute to
         # connect, so that a busy API's slow accepts delay a request instead of failing it.
+        stream_timeout = httpx2.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        stream_limits = httpx2.Limits(
+            max_connections=STREAMS_AT_ONCE, keepalive_expiry=CLIENT_KEEPALIVE_S
+        )
         self._openai = AsyncOpenAI(
             base_url=f"{self.url}/v1",
             api_key=api_key,
             max_retries=0,
-            timeout=openai.Timeout(None, connect=CONNECT_TIMEOUT_S),
+            timeout=stream_timeout,
+            http_client=DefaultAsyncHttpxClient(timeout=stream_timeout, limits=stream_limits),
         )
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         headers = {"authorization": f"Bearer {api_key}"}
-        limits = httpx.Limits(max_connections=SUBMITS_AT_ONCE, max_keepalive_connections=None)
+        limits = httpx.Limits(
+            max_connections=SUBMITS_AT_ONCE,
+            max_keepalive_connections=None,
+            keepalive_expiry=CLIENT_KEEPALIVE_S,
+        )
         self._http = httpx.AsyncClient(
             base_url=self.url, timeout=timeout, headers=headers, limits=limits, trust_env=False
         )
@@ -164,7 +191,7 @@ class Sender:
             else:
                 await self._submit(sent)
         except Exception as exc:  # a refused or broken request is an outcome, not a crash
-            sent.error = f"{type(exc).__name__}: {exc}"
+            sent.error = describe(exc)
 
     async def _stream(self, sent: Sent) -> None:
         body = body_of(sent.request, self.speedup)

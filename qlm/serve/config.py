@@ -33,7 +33,9 @@ from qlm.types import Fleet, Instance
 class QueueConfig(StrictModel):
     url: str | None = Field(
         default=None,
-        description="redis://[:password@]host:port/db, rediss:// for TLS; none = in-memory.",
+        description="redis://[:password@]host:port/db, rediss:// for TLS, "
+        "redis+sentinel://[:password@]host:port,host:port,.../service[/db] for the primary "
+        "the Sentinels name (it follows a failover); none = in-memory.",
     )
     url_env: str | None = Field(
         default=None, description="Name of an environment variable holding the URL (secrets)."
@@ -45,6 +47,19 @@ class QueueConfig(StrictModel):
     )
     password_file: Path | None = Field(
         default=None, description="File holding the Redis password (a mounted Secret)."
+    )
+    sentinel_password_env: str | None = Field(
+        default=None, description="Environment variable holding the Sentinels' own password."
+    )
+    replicas_to_ack: int = Field(
+        default=0,
+        ge=0,
+        description="Replicas that must hold an enqueue, pull, requeue, result or output "
+        "event (Redis WAIT) before it counts; 1 with a replica: an accepted request survives "
+        "losing the primary. 0: the primary alone.",
+    )
+    replica_ack_timeout_s: float = Field(
+        default=2.0, gt=0, description="Longest wait for the replicas; past it the write fails."
     )
     ssl_ca_certs: Path | None = Field(default=None, description="CA bundle (rediss://).")
     ssl_certfile: Path | None = Field(default=None, description="Client certificate (mTLS).")
@@ -68,8 +83,11 @@ class QueueConfig(StrictModel):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str | None) -> str | None:
-        if url is not None and urlsplit(url).scheme not in ("memory", "redis", "rediss", "unix"):
-            raise ValueError("must start with memory://, redis://, rediss:// (TLS) or unix://")
+        schemes = ("memory", "redis", "rediss", "unix", "redis+sentinel")
+        if url is not None and urlsplit(url).scheme not in schemes:
+            raise ValueError(
+                "must start with memory://, redis://, rediss:// (TLS), unix:// or redis+sentinel://"
+            )
         return url
 
     @model_validator(mode="after")

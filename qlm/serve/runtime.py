@@ -176,6 +176,7 @@ async def _start_api(
             lifespan="on",
             http="httptools",
             access_log=False,
+            timeout_keep_alive=config.api.keep_alive_s,
         )
     )
     plane.server = server

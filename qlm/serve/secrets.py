@@ -29,7 +29,7 @@ from qlm.config import ConfigError
 from qlm.serve.config import QueueConfig, ServeConfig
 
 Environ = Mapping[str, str]
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
 
 
 def queue_url(settings: QueueConfig, environ: Environ) -> str | None:
@@ -45,7 +45,7 @@ def queue_url(settings: QueueConfig, environ: Environ) -> str | None:
     if scheme not in ("memory", *_REDIS_SCHEMES):
         raise ConfigError(
             f"queue.url_env: the URL in {settings.url_env} must start with memory://, redis://, "
-            "rediss:// or unix://"
+            "rediss://, unix:// or redis+sentinel://"
         )
     return url
 
@@ -75,17 +75,25 @@ def queue_options(config: ServeConfig, url: str | None, environ: Environ) -> dic
                 raise ConfigError(f"queue.{name}: {path} is not a readable file")
             options[name] = str(path)
     options["ssl_cert_reqs"] = q.ssl_cert_reqs
+    options["replicas_to_ack"] = q.replicas_to_ack
+    options["replica_ack_timeout_s"] = q.replica_ack_timeout_s
+    if q.sentinel_password_env is not None:
+        options["sentinel_password"] = _required_env(
+            environ, q.sentinel_password_env, "queue.sentinel_password_env"
+        )
     return options
+
+
+def _required_env(environ: Environ, name: str, setting: str) -> str:
+    value = environ.get(name)
+    if not value:
+        raise ConfigError(f"{setting}: environment variable {name} is not set")
+    return value
 
 
 def _queue_password(q: QueueConfig, environ: Environ) -> str | None:
     if q.password_env is not None:
-        password = environ.get(q.password_env)
-        if not password:
-            raise ConfigError(
-                f"queue.password_env: environment variable {q.password_env} is not set"
-            )
-        return password
+        return _required_env(environ, q.password_env, "queue.password_env")
     if q.password_file is not None:
         try:
             return q.password_file.read_text(encoding="utf-8").rstrip("\r\n")

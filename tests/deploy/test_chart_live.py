@@ -41,6 +41,8 @@ from tests.deploy.chart import (
     of_kind,
     workloads,
 )
+from tests.factories import make_request
+from tests.redis_sentinel import SERVICE, SentinelGroup
 from tests.redis_server import RedisServer, free_port, redis_server_binary, stop_process
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
@@ -176,6 +178,41 @@ async def test_external_redis_password_comes_from_the_named_secret(
         queue = open_queue(config)
         try:
             await queue.counts()
+        finally:
+            await queue.close()
+
+
+async def test_sentinel_values_reach_the_primary_and_wait_for_a_replica(
+    helm: Helm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis.sentinel and redis.replicasToAck render a queue that asks the Sentinels for the
+    primary and whose writes a replica holds before they count."""
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed")
+    with SentinelGroup(replicas=1) as group:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in group.sentinel_ports)
+        manifests = helm.template(
+            [CI_VALUES["external-redis"]],
+            {
+                "redis.externalUrl": "",
+                "redis.externalAuth.existingSecret": "",
+                "redis.sentinel.hosts": "{" + hosts + "}",
+                "redis.sentinel.service": SERVICE,
+                "redis.replicasToAck": "1",
+            },
+        )
+        api = container(find(manifests, "Deployment", f"{RELEASE}-qlm-api"))
+        env = container_env(manifests, api)
+        assert env["QLM_QUEUE_URL"] == group.url
+        monkeypatch.setenv("QLM_QUEUE_URL", env["QLM_QUEUE_URL"])
+        config = fleet_config(manifests, "fleet.yaml", tmp_path)
+        assert config.queue.replicas_to_ack == 1
+        queue = open_queue(config)
+        try:
+            await queue.enqueue(make_request(id="via-sentinel"))
+            replica = redis.Redis.from_url(group.replicas[0].url, decode_responses=True)
+            with replica:
+                assert replica.exists(f"{config.queue.key_prefix}r:via-sentinel") == 1
         finally:
             await queue.close()
 

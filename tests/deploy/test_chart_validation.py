@@ -33,6 +33,28 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"redis": {"enabled": False, "externalUrl": "redis://:hunter2@cache:6379/0"}},
         "redis.externalUrl must not carry credentials: put the password in a Secret",
     ),
+    "redis-bundled-and-sentinel": (
+        {"redis": {"sentinel": {"hosts": ["s0:26379"]}}},
+        "redis.enabled and redis.sentinel.hosts are both set",
+    ),
+    "redis-url-and-sentinel": (
+        {
+            "redis": {
+                "enabled": False,
+                "externalUrl": "redis://c:6379/0",
+                "sentinel": {"hosts": ["s0"]},
+            }
+        },
+        "redis.externalUrl and redis.sentinel.hosts are both set",
+    ),
+    "redis-bundled-waits-for-a-replica": (
+        {"redis": {"replicasToAck": 1}},
+        "redis.replicasToAck > 0 with the bundled Redis, which has no replica",
+    ),
+    "redis-sentinel-password-without-secret": (
+        {"redis": {"enabled": False, "sentinel": {"hosts": ["s0"], "passwordKey": "sp"}}},
+        "redis.sentinel.passwordKey names a key of redis.externalAuth.existingSecret",
+    ),
     "redis-url-scheme": (
         {"redis": {"enabled": False, "externalUrl": "http://cache:6379"}},
         'redis.externalUrl "http://cache:6379": the scheme must be redis:// or rediss://',

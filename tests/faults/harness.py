@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,11 @@ from typing import Any, cast
 import httpx
 import openai
 import psutil
-import redis.asyncio as aredis
 import yaml
 
 from qlm.queue.records import InstanceStatus, RequestRecord
 from qlm.queue.redis import RedisQueue, RedisQueueConfig
+from qlm.queue.redis.connect import store_client
 from tests.faults.report import FaultReport
 from tests.redis_server import RedisServer, RedisServerError, free_port, redis_server_binary
 
@@ -202,9 +203,9 @@ class FaultPlane:
         self.redis_url = str(config["queue"]["url"])
         self.processes: list[QlmProcess] = []
         self.queue = RedisQueue.from_url(self.redis_url, key_prefix=KEY_PREFIX)
-        # The queue's own retry settings: the test's reads ride out a Redis restart too.
-        options = RedisQueueConfig(url=self.redis_url).client_options()
-        self.raw = aredis.Redis.from_url(self.redis_url, **options)
+        # The queue's own retry settings (and Sentinel's primary, for a redis+sentinel://
+        # URL): the test's reads ride out a Redis restart or failover too.
+        self.raw = store_client(RedisQueueConfig(url=self.redis_url))
 
     def __enter__(self) -> FaultPlane:
         return self
@@ -319,6 +320,48 @@ async def submit_async(
         assert response.status_code == 202, response.text
         ids.append(str(response.json()["id"]))
     return ids
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """An open-loop load: `rate_per_s` asynchronous requests a second for `duration_s`,
+    `tokens` each."""
+
+    rate_per_s: float
+    duration_s: float
+    tokens: int
+
+
+async def offer_load(
+    api_url: str,
+    accepted: list[str],
+    refused: Counter[str],
+    load: Load,
+    accepted_at_s: list[float] | None = None,
+) -> None:
+    """Submit `load` open loop (a request does not wait for the one before, so many are in
+    flight during a fault), noting 202 ids (and, given `accepted_at_s`, the monotonic time of
+    each 202) and every other answer."""
+
+    async def one(http: httpx.AsyncClient, index: int, at_s: float) -> None:
+        await asyncio.sleep(max(0.0, at_s - time.monotonic()))
+        try:
+            response = await http.post("/v1/qlm/requests", json=completion_body(index, load.tokens))
+        except httpx.HTTPError as exc:
+            refused[type(exc).__name__] += 1
+            return
+        if response.status_code == 202:
+            accepted.append(str(response.json()["id"]))
+            if accepted_at_s is not None:
+                accepted_at_s.append(time.monotonic())
+        else:
+            refused[f"HTTP {response.status_code}"] += 1
+
+    limits = httpx.Limits(max_connections=200)
+    async with httpx.AsyncClient(base_url=api_url, timeout=20.0, limits=limits) as http:
+        start = time.monotonic()
+        count = int(load.rate_per_s * load.duration_s)
+        await asyncio.gather(*(one(http, i, start + i / load.rate_per_s) for i in range(count)))
 
 
 @dataclass

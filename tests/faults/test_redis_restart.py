@@ -15,16 +15,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.faults.harness import (
     FaultPlane,
+    Load,
     StreamResult,
-    completion_body,
     fleet_config,
     judge_async,
     judge_stream,
+    offer_load,
     redis_for_faults,
     stream_completion,
     views_via,
@@ -41,29 +41,6 @@ LOAD_S = 12.0  # 3 s before the kill, 7 s down, 2 s after
 KILL_AT_S = 3.0
 DOWN_S = 7.0  # longer than the clients' retry window (about 6 s)
 STREAM_TOKENS = 300  # 6 s: runs across the restart
-
-
-async def offer_load(api_url: str, accepted: list[str], refused: Counter[str]) -> None:
-    """Submit at RATE_PER_S for LOAD_S, open loop (a request does not wait for the one before,
-    so many are in flight while Redis is down), noting 202 ids and every other answer."""
-
-    async def one(http: httpx.AsyncClient, index: int, at_s: float) -> None:
-        await asyncio.sleep(max(0.0, at_s - time.monotonic()))
-        try:
-            response = await http.post("/v1/qlm/requests", json=completion_body(index, TOKENS))
-        except httpx.HTTPError as exc:
-            refused[type(exc).__name__] += 1
-            return
-        if response.status_code == 202:
-            accepted.append(str(response.json()["id"]))
-        else:
-            refused[f"HTTP {response.status_code}"] += 1
-
-    limits = httpx.Limits(max_connections=200)
-    async with httpx.AsyncClient(base_url=api_url, timeout=20.0, limits=limits) as http:
-        start = time.monotonic()
-        count = int(RATE_PER_S * LOAD_S)
-        await asyncio.gather(*(one(http, i, start + i / RATE_PER_S) for i in range(count)))
 
 
 async def test_accepted_requests_survive_a_redis_restart_on_aof(tmp_path: Path) -> None:
@@ -84,7 +61,9 @@ async def test_accepted_requests_survive_a_redis_restart_on_aof(tmp_path: Path) 
             tasks = [
                 asyncio.create_task(stream_completion(api.url, STREAM_TOKENS, s)) for s in streams
             ]
-            load = asyncio.create_task(offer_load(api.url, accepted, refused))
+            load = asyncio.create_task(
+                offer_load(api.url, accepted, refused, Load(RATE_PER_S, LOAD_S, TOKENS))
+            )
             await asyncio.sleep(KILL_AT_S)
             redis_server.kill9()
             await asyncio.sleep(DOWN_S)

@@ -689,7 +689,7 @@ def test_factory_picks_the_implementation_by_scheme() -> None:
     assert isinstance(make_queue(None), MemoryQueue)
     assert isinstance(make_queue("memory://", key_prefix="ignored:"), MemoryQueue)
     assert make_queue(None, max_queued=5).options.max_queued == 5  # type: ignore[attr-defined]
-    with pytest.raises(KeyError, match="known: memory, redis, rediss"):
+    with pytest.raises(KeyError, match="known: memory, redis, redis\\+sentinel, rediss, unix"):
         make_queue("kafka://broker")
     with pytest.raises(ValueError, match="no scheme"):
         make_queue("localhost:6379")

@@ -12,6 +12,7 @@ import redis.asyncio as redis
 
 from qlm.batch.jobs import BatchJob, StoredFile
 from qlm.queue.redis.config import RedisQueueConfig
+from qlm.queue.redis.connect import store_client
 
 
 class RedisBatchStore:
@@ -26,8 +27,7 @@ class RedisBatchStore:
     @classmethod
     def for_queue(cls, config: RedisQueueConfig) -> RedisBatchStore:
         """A store on the queue's server and key prefix, with a client of its own."""
-        options = {**config.client_options(), "decode_responses": False}
-        return cls(redis.Redis.from_url(config.connect_url, **options), config.key_prefix)
+        return cls(store_client(config, decode_responses=False), config.key_prefix)
 
     async def close(self) -> None:
         await self._r.aclose()

@@ -1,16 +1,22 @@
 """How calls share round trips to Redis: many EVALSHAs in one pipeline, and calls made in the
 same event-loop iteration sent together (`TurnBatch`: script calls by `GroupCommit`, stream
 reads by qlm/queue/redis/stream_reads.py). Each call still gets its own result or error.
+
+A pipeline of writes may end with WAIT (`ReplicaWait`): on the same connection, so it waits
+for exactly those writes to reach the replicas; too few replicas in time fails every call of
+the pipeline with `ReplicasBehindError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
 
 import redis.asyncio as redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 ScriptCall = tuple[list[str], list[str | int]]  # (KEYS, ARGV)
@@ -18,25 +24,71 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class ReplicasBehindError(RedisConnectionError):
+    """Fewer replicas than asked held a write within the timeout: the write may be lost with
+    the primary, so it counts as failed (a connection error: the API answers 503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWait:
+    """After a pipeline of writes, WAIT until `replicas` replicas hold them, `timeout_s` at
+    most (RedisQueueConfig.replicas_to_ack, replica_ack_timeout_s)."""
+
+    replicas: int
+    timeout_s: float
+
+    def check(self, acked: object) -> None:
+        if isinstance(acked, Exception):
+            raise acked
+        if int(cast(int, acked)) < self.replicas:
+            raise ReplicasBehindError(
+                f"{acked} of {self.replicas} replicas acknowledged the write in "
+                f"{self.timeout_s:g} s"
+            )
+
+
 async def pipelined(
-    client: redis.Redis, script: AsyncScript, calls: Sequence[ScriptCall]
+    client: redis.Redis,
+    script: AsyncScript,
+    calls: Sequence[ScriptCall],
+    wait: ReplicaWait | None = None,
 ) -> list[Any]:
-    """Each call's result (or error) from one pipeline of EVALSHAs. Not redis-py's Script
-    in a pipeline, which asks SCRIPT EXISTS first (a second round trip per pipeline); a
-    server that lost the script (restart, SCRIPT FLUSH) gets it loaded by the calls that
-    then run again, in order."""
-    async with client.pipeline(transaction=False) as pipe:
-        for keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        results: list[Any] = await pipe.execute(raise_on_error=False)
-    if any(isinstance(r, NoScriptError) for r in results):
-        results = []
-        for keys, args in calls:  # Script.__call__ loads the script on NOSCRIPT
-            try:
-                results.append(await script(keys, args))
-            except Exception as exc:
-                results.append(exc)
+    """Each call's result (or error) from one pipeline of EVALSHAs, then WAIT when `wait` is
+    given (every result then a ReplicasBehindError if the replicas fell short). Not
+    redis-py's Script in a pipeline, which asks SCRIPT EXISTS first (a second round trip
+    per pipeline); a server that lost the script (restart, SCRIPT FLUSH, a replica just
+    promoted) gets it loaded and the pipeline sent again."""
+    results: list[Any] = []
+    for _ in range(2):
+        async with client.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if wait is not None:
+                pipe.execute_command("WAIT", wait.replicas, max(1, int(wait.timeout_s * 1000)))
+            results = await pipe.execute(raise_on_error=False)
+        if not any(isinstance(r, NoScriptError) for r in results):
+            break
+        await client.script_load(script.script)
+    if wait is not None:
+        acked = results.pop()
+        try:
+            wait.check(acked)
+        except RedisConnectionError as exc:
+            return [exc] * len(results)
     return results
+
+
+async def write(
+    client: redis.Redis, script: AsyncScript, call: ScriptCall, wait: ReplicaWait | None
+) -> Any:
+    """One script call's result; with `wait`, once the replicas hold it (raises otherwise)."""
+    if wait is None:
+        keys, args = call
+        return await script(keys, args)
+    [result] = await pipelined(client, script, [call], wait)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 class TurnBatch(Generic[T, R]):
@@ -85,9 +137,12 @@ class GroupCommit:
     parses several requests per iteration, and on a small machine the system calls of a
     round trip cost more than the script. Each call still gets its own result or error."""
 
-    def __init__(self, client: redis.Redis, script: AsyncScript) -> None:
+    def __init__(
+        self, client: redis.Redis, script: AsyncScript, wait: ReplicaWait | None = None
+    ) -> None:
         self._client = client
         self._script = script
+        self._wait = wait
         self._batch: TurnBatch[ScriptCall, Any] = TurnBatch(self._send)
 
     async def call(self, keys: list[str], args: list[str | int]) -> Any:
@@ -95,6 +150,5 @@ class GroupCommit:
 
     async def _send(self, calls: list[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
-            keys, args = calls[0]
-            return [await self._script(keys, args)]
-        return await pipelined(self._client, self._script, calls)
+            return [await write(self._client, self._script, calls[0], self._wait)]
+        return await pipelined(self._client, self._script, calls, self._wait)

@@ -1,14 +1,16 @@
 """How to reach Redis and how to use it: the RedisQueue's one validated configuration.
 
-URL, credentials and TLS (a password never appears in repr; `redacted_url` is for logs), the
-queue's bounds, the batch sizes of its reads and writes, the two connection pools, and the
-retries a command gets after a connection error or timeout.
+URL, credentials and TLS (a password never appears in repr; `redacted_url` is for logs), or
+the Sentinels that name the primary (`redis+sentinel://`, parsed into `SentinelAddress`), the
+replicas a write waits for, the queue's bounds, the batch sizes of its reads and writes, the
+two connection pools, and the retries a command gets after a connection error or timeout.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from redis.asyncio.retry import Retry
@@ -17,15 +19,73 @@ from redis.backoff import ExponentialWithJitterBackoff
 from qlm.config import StrictModel
 from qlm.queue.bounds import QueueBounds
 
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelAddress:
+    """Where the Sentinels listen and which primary (`service`, Sentinel's master name) to
+    ask them for, from redis+sentinel://[user:password@]host[:port][,host[:port]...]/service[/db]
+    (port 26379 when left out)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelAddress:
+        parts = urlsplit(url)
+        hosts = parts.netloc.rpartition("@")[2]
+        sentinels = tuple(_host_port(item) for item in hosts.split(",") if item)
+        if not sentinels:
+            raise ValueError("a redis+sentinel:// URL needs at least one Sentinel host")
+        path = [p for p in parts.path.split("/") if p]
+        if not path or len(path) > 2:
+            raise ValueError("a redis+sentinel:// URL needs its path to be /service[/db]")
+        if len(path) == 2 and not path[1].isdigit():
+            raise ValueError(f"the db of a redis+sentinel:// URL must be a number, not {path[1]!r}")
+        return cls(sentinels, unquote(path[0]), int(path[1]) if len(path) == 2 else 0)
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    """("host", port) from host, host:port, [v6] or [v6]:port."""
+    if item.startswith("["):
+        host, _, rest = item[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = item.partition(":")
+    if not host or (port and not port.isdigit()):
+        raise ValueError(f"Sentinel address {item!r} must be host or host:port")
+    return host, int(port) if port else SENTINEL_PORT
+
 
 class RedisQueueConfig(StrictModel):
     """How to reach Redis and how to use it. The URL may carry a user and password
-    (redis://user:pass@host:6379/0); rediss:// turns TLS on."""
+    (redis://user:pass@host:6379/0); rediss:// turns TLS on; redis+sentinel:// names the
+    Sentinels that know the primary (redis+sentinel://s1:26379,s2:26379,s3:26379/qlm/0)."""
 
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         repr=False,
-        description="redis:// or rediss:// (TLS) URL, with optional user:password and db.",
+        description="redis:// or rediss:// (TLS) URL, with optional user:password and db; or "
+        "redis+sentinel://[user:password@]host:port,host:port,.../service[/db].",
+    )
+    sentinel_password: SecretStr | None = Field(
+        default=None, description="The Sentinels' own password (their requirepass), if any."
+    )
+    replicas_to_ack: int = Field(
+        default=0,
+        ge=0,
+        description="Replicas that must hold a write (WAIT) before an enqueue, pull, requeue "
+        "or finish returns; 0: the primary alone. With 1 and a replica, a request the API "
+        "accepted survives the primary's loss.",
+    )
+    replica_ack_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Longest WAIT for the replicas; past it the write counts as failed "
+        "(QueueUnavailableError: the API answers 503).",
     )
     key_prefix: str = Field(
         default="qlm:", description="Prefix of every key; separates deployments and tests."
@@ -103,8 +163,13 @@ class RedisQueueConfig(StrictModel):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("url must start with redis://, rediss:// or unix://")
+        scheme = urlsplit(url).scheme
+        if scheme not in SCHEMES:
+            raise ValueError(
+                "url must start with redis://, rediss://, unix:// or redis+sentinel://"
+            )
+        if scheme == "redis+sentinel":
+            SentinelAddress.parse(url)  # raises ValueError naming what is wrong
         return url
 
     @model_validator(mode="after")
@@ -117,6 +182,13 @@ class RedisQueueConfig(StrictModel):
         return QueueBounds(
             self.max_queued, self.max_queued_per_tenant, self.reserved_queued, self.reserved_classes
         )
+
+    @property
+    def sentinel(self) -> SentinelAddress | None:
+        """The Sentinels to ask for the primary; None for a plain server URL."""
+        if urlsplit(self.url).scheme != "redis+sentinel":
+            return None
+        return SentinelAddress.parse(self.url)
 
     @property
     def tls(self) -> bool:
@@ -156,10 +228,16 @@ class RedisQueueConfig(StrictModel):
                 self.retries,
             ),
         }
-        if self.username is not None or self.password is not None:
-            options["username"] = self.username or parts.username
+        if self.sentinel is not None:  # no URL goes to redis-py: db and credentials as options
+            options["db"] = self.sentinel.db
+        if self.username is not None or self.password is not None or self.sentinel is not None:
+            url_user, url_password = parts.username, parts.password
+            if self.sentinel is not None:  # redis-py unquotes the URLs it parses, not these
+                url_user = None if url_user is None else unquote(url_user)
+                url_password = None if url_password is None else unquote(url_password)
+            options["username"] = self.username or url_user
             options["password"] = (
-                parts.password if self.password is None else self.password.get_secret_value()
+                url_password if self.password is None else self.password.get_secret_value()
             )
         if self.tls:
             options["ssl_cert_reqs"] = self.ssl_cert_reqs

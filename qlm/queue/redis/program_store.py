@@ -12,6 +12,7 @@ import redis.asyncio as redis
 from qlm.programs.state import Program
 from qlm.programs.store import newest_first
 from qlm.queue.redis.config import RedisQueueConfig
+from qlm.queue.redis.connect import store_client
 
 
 class RedisProgramStore:
@@ -23,8 +24,7 @@ class RedisProgramStore:
     @classmethod
     def for_queue(cls, config: RedisQueueConfig) -> RedisProgramStore:
         """A store on the queue's server and key prefix, with a client of its own."""
-        options = {**config.client_options(), "decode_responses": True}
-        return cls(redis.Redis.from_url(config.connect_url, **options), config.key_prefix)
+        return cls(store_client(config, decode_responses=True), config.key_prefix)
 
     async def close(self) -> None:
         await self._r.aclose()

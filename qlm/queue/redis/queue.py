@@ -33,7 +33,7 @@ from qlm.queue.records import (
     done_event,
     request_from_dict,
 )
-from qlm.queue.redis.batching import GroupCommit
+from qlm.queue.redis.batching import GroupCommit, ReplicaWait, write
 from qlm.queue.redis.codec import (
     Entries,
     as_hash,
@@ -48,6 +48,7 @@ from qlm.queue.redis.codec import (
     xread_entries,
 )
 from qlm.queue.redis.config import RedisQueueConfig
+from qlm.queue.redis.connect import blocking_client, commands_client
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.listing import list_page
 from qlm.queue.redis.lua import scripts
@@ -59,26 +60,6 @@ _LIVE = (RequestState.DISPATCHED, RequestState.RUNNING)
 _READ_BATCH = 1000  # requests per pipelined read
 
 
-def _clients(config: RedisQueueConfig) -> tuple[redis.Redis, redis.Redis]:
-    """(commands, blocking reads). Commands share a bounded pool that makes callers wait;
-    blocking reads (streams, wait_for_change) hold a connection each, so they get their own
-    pool and can never starve the commands."""
-    commands = redis.Redis.from_pool(
-        redis.BlockingConnectionPool.from_url(
-            config.connect_url,
-            max_connections=config.max_connections,
-            timeout=config.pool_timeout_s,
-            **config.client_options(),
-        )
-    )
-    blocking = redis.Redis.from_url(
-        config.connect_url,
-        max_connections=config.max_blocking_connections,
-        **config.client_options(),
-    )
-    return commands, blocking
-
-
 class RedisQueue:
     """The Redis GlobalQueue (qlm.queue.base.GlobalQueue). Several RedisQueue objects, in one
     process or many, with the same URL and key prefix are clients of one queue."""
@@ -87,11 +68,22 @@ class RedisQueue:
         self.config = config
         self._keys = Keys(config.key_prefix)
         self._bounds = config.bounds
-        self._redis, self._blocking = (client, client) if client is not None else _clients(config)
+        if client is None:
+            self._redis, self._blocking = commands_client(config), blocking_client(config)
+        else:
+            self._redis, self._blocking = client, client
         self._owns_client = client is None
+        # Writes that must not be lost with the primary wait for its replicas (WAIT): the
+        # enqueue behind a 202, the pull that gives a request to one instance, requeues,
+        # results, and output events (a reader must not miss tokens after a failover).
+        self._wait = (
+            ReplicaWait(config.replicas_to_ack, config.replica_ack_timeout_s)
+            if config.replicas_to_ack
+            else None
+        )
         register = self._redis.register_script
         self._enqueue = register(scripts.ENQUEUE)
-        self._enqueue_batch = GroupCommit(self._redis, self._enqueue)
+        self._enqueue_batch = GroupCommit(self._redis, self._enqueue, self._wait)
         self._pull = register(scripts.PULL)
         self._mark_running = register(scripts.MARK_RUNNING)
         self._renew = register(scripts.RENEW)
@@ -103,7 +95,9 @@ class RedisQueue:
         self._last_change = "0-0"
         self._queued_cache: dict[str, Request] = {}  # the last queued() snapshot, by id
         self._plans = PlanBoard(self._redis, self._blocking, self._keys, config.block_chunk_s)
-        self._streams = OutputStreams(self._redis, self._blocking, self._keys, config.block_chunk_s)
+        self._streams = OutputStreams(
+            self._redis, self._blocking, self._keys, config.block_chunk_s, self._wait
+        )
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisQueue:
@@ -221,7 +215,8 @@ class RedisQueue:
             return ()
         k = self._keys
         keys = [k.queued, k.leases, k.counts, k.tenants, *map(k.record, request_ids)]
-        flat = await self._pull(keys, [instance_id, num(now_s + lease_s), *request_ids])
+        args: list[str | int] = [instance_id, num(now_s + lease_s), *request_ids]
+        flat = await write(self._redis, self._pull, (keys, args), self._wait)
         return tuple(
             request_from_dict({**json.loads(flat[i + 1]), "state": RequestState.DISPATCHED})
             for i in range(0, len(flat), 2)
@@ -243,7 +238,7 @@ class RedisQueue:
     async def requeue(
         self, instance_id: str, request_ids: Sequence[str], evicted: bool, now_s: float
     ) -> tuple[str, ...]:
-        mode_args = ["holder", instance_id, "1" if evicted else "0", num(now_s)]
+        mode_args: list[str | int] = ["holder", instance_id, "1" if evicted else "0", num(now_s)]
         return await self._run_requeue(request_ids, mode_args)
 
     async def expire_leases(self, now_s: float) -> tuple[str, ...]:
@@ -251,14 +246,14 @@ class RedisQueue:
         # The script checks each lease again: one renewed since the read above stays.
         return await self._run_requeue(due, ["lease", "", "0", num(now_s)])
 
-    async def _run_requeue(self, ids: Sequence[str], args: list[str]) -> tuple[str, ...]:
+    async def _run_requeue(self, ids: Sequence[str], args: list[str | int]) -> tuple[str, ...]:
         if not ids:
             return ()
         k = self._keys
         keys = [k.queued, k.leases, k.counts, k.changes, k.tenants]
         for rid in ids:
             keys += [k.record(rid), k.stream(rid)]
-        return tuple(await self._requeue(keys, [*args, *ids]))
+        return tuple(await write(self._redis, self._requeue, (keys, [*args, *ids]), self._wait))
 
     async def complete(self, result: RequestResult) -> bool:
         check_result(result)
@@ -282,7 +277,7 @@ class RedisQueue:
             num(done_event(result, 0).at_s),
             int(self.config.finished_ttl_s * 1000),
         ]
-        return bool(await self._finish(keys, args))
+        return bool(await write(self._redis, self._finish, (keys, args), self._wait))
 
     async def annotate(self, plan: PublishedPlan) -> None:
         targets = {

@@ -17,7 +17,7 @@ import redis.asyncio as redis
 
 from qlm.queue.base import QueueError, UnknownRequestError
 from qlm.queue.records import StreamEvent, StreamKind
-from qlm.queue.redis.batching import ScriptCall, pipelined
+from qlm.queue.redis.batching import ReplicaWait, ScriptCall, pipelined, write
 from qlm.queue.redis.codec import event_args, event_from_fields
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.lua import scripts
@@ -32,9 +32,15 @@ class OutputStreams:
     """Every request's output stream: emit events, read them in order until DONE."""
 
     def __init__(
-        self, client: redis.Redis, blocking: redis.Redis, keys: Keys, block_chunk_s: float
+        self,
+        client: redis.Redis,
+        blocking: redis.Redis,
+        keys: Keys,
+        block_chunk_s: float,
+        wait: ReplicaWait | None = None,
     ) -> None:
         self._redis = client
+        self._wait = wait
         self._keys = keys
         self._block_chunk_s = block_chunk_s
         self._emit = client.register_script(scripts.EMIT)
@@ -44,7 +50,7 @@ class OutputStreams:
     async def emit(self, event: StreamEvent) -> None:
         if event.kind is StreamKind.DONE:
             raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
-        await self._emit(*self._emit_call(event))
+        await write(self._redis, self._emit, self._emit_call(event), self._wait)
 
     async def emit_many(self, events: Sequence[StreamEvent]) -> None:
         """The events in one pipeline; the first error raises once all have run."""
@@ -55,7 +61,7 @@ class OutputStreams:
         if any(event.kind is StreamKind.DONE for event in events):
             raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
         calls = [self._emit_call(event) for event in events]
-        for result in await pipelined(self._redis, self._emit, calls):
+        for result in await pipelined(self._redis, self._emit, calls, self._wait):
             if isinstance(result, Exception):
                 raise result
 

@@ -31,7 +31,7 @@ the controller plans only onto instances that report.
 -}}
 {{- $file := dict
     "qlm" (include "qlm.qlmConfig" $root | fromYaml)
-    "queue" (dict "url_env" "QLM_QUEUE_URL" "key_prefix" $v.fleet.queueKeyPrefix)
+    "queue" (include "qlm.queueConfig" $root | fromYaml)
     "api" $api
     "controller" (include "qlm.controllerConfig" $root | fromYaml)
     "agent" $v.agent.settings
@@ -179,4 +179,15 @@ StatefulSet only for via controller, whose scale the controller sets itself.
 {{- $_ := set $vllm "models" $sources -}}
 {{- $engine := dict "kind" $v.engine.kind "speedup" $v.engine.speedup "seed" $v.engine.seed "output_length" $v.engine.output_length "standby_models" (default 0 $v.engine.standby_models) "vllm" $vllm -}}
 {{- toYaml $engine -}}
+{{- end -}}
+
+{{/* The fleet file's queue section: the URL from the environment (qlm.queueEnv), the key
+prefix, the replicas a write waits for, and where the Sentinels' password is. */}}
+{{- define "qlm.queueConfig" -}}
+{{- $redis := .Values.redis -}}
+{{- $queue := dict "url_env" "QLM_QUEUE_URL" "key_prefix" .Values.fleet.queueKeyPrefix "replicas_to_ack" (int $redis.replicasToAck) -}}
+{{- if and $redis.sentinel.hosts $redis.sentinel.passwordKey -}}
+{{- $_ := set $queue "sentinel_password_env" "QLM_SENTINEL_PASSWORD" -}}
+{{- end -}}
+{{- toYaml $queue -}}
 {{- end -}}

@@ -101,14 +101,24 @@ file names QLM_QUEUE_URL in queue.url_env, so the password never enters a Config
       name: {{ $secret }}
       key: {{ include "qlm.redisSecretKey" . }}
 {{ end -}}
+{{- if and .Values.redis.sentinel.hosts .Values.redis.sentinel.passwordKey }}
+- name: QLM_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.externalAuth.existingSecret }}
+      key: {{ .Values.redis.sentinel.passwordKey }}
+{{ end -}}
 - name: QLM_QUEUE_URL
   value: {{ include "qlm.queueUrl" . | quote }}
 {{- end -}}
 
 {{- define "qlm.queueUrl" -}}
 {{- $auth := ternary ":$(QLM_REDIS_PASSWORD)@" "" (ne (include "qlm.redisSecretName" .) "") -}}
+{{- $sentinel := .Values.redis.sentinel -}}
 {{- if .Values.redis.enabled -}}
 {{- printf "redis://%s%s:%d/%d" $auth (include "qlm.redisName" .) (int .Values.redis.port) (int .Values.redis.db) -}}
+{{- else if $sentinel.hosts -}}
+{{- printf "redis+sentinel://%s%s/%s/%d" $auth (join "," $sentinel.hosts) $sentinel.service (int $sentinel.db) -}}
 {{- else -}}
 {{- $url := urlParse .Values.redis.externalUrl -}}
 {{- printf "%s://%s%s%s" $url.scheme $auth $url.host $url.path -}}

@@ -27,8 +27,18 @@ it checks, so the first template Helm renders already fails with these messages.
 {{- $redis := .Values.redis -}}
 {{- if and $redis.enabled $redis.externalUrl -}}
 {{- $errors = append $errors "redis.enabled and redis.externalUrl are both set: use the bundled Redis (redis.enabled=true, no externalUrl) or your own (redis.externalUrl, redis.enabled=false)" -}}
-{{- else if and (not $redis.enabled) (not $redis.externalUrl) -}}
-{{- $errors = append $errors "no Redis: set redis.enabled=true for the bundled Redis, or redis.enabled=false with redis.externalUrl=redis://HOST:6379/0 for yours" -}}
+{{- else if and $redis.enabled $redis.sentinel.hosts -}}
+{{- $errors = append $errors "redis.enabled and redis.sentinel.hosts are both set: the bundled Redis has no Sentinels; set redis.enabled=false to use yours" -}}
+{{- else if and $redis.externalUrl $redis.sentinel.hosts -}}
+{{- $errors = append $errors "redis.externalUrl and redis.sentinel.hosts are both set: give the Sentinels (the primary is theirs to name) or one URL, not both" -}}
+{{- else if and (not $redis.enabled) (not $redis.externalUrl) (not $redis.sentinel.hosts) -}}
+{{- $errors = append $errors "no Redis: set redis.enabled=true for the bundled Redis, or redis.enabled=false with redis.externalUrl=redis://HOST:6379/0 or redis.sentinel.hosts for yours" -}}
+{{- end -}}
+{{- if and $redis.enabled (gt (int $redis.replicasToAck) 0) -}}
+{{- $errors = append $errors "redis.replicasToAck > 0 with the bundled Redis, which has no replica: every write would wait for a replica that never comes; use a replicated Redis (redis.sentinel) or 0" -}}
+{{- end -}}
+{{- if and $redis.sentinel.passwordKey (not $redis.externalAuth.existingSecret) -}}
+{{- $errors = append $errors "redis.sentinel.passwordKey names a key of redis.externalAuth.existingSecret, which is not set" -}}
 {{- end -}}
 {{- if $redis.externalUrl -}}
 {{- $url := urlParse $redis.externalUrl -}}
