@@ -207,6 +207,8 @@ def main(argv: Sequence[str]) -> int:
         ]
         for name, seed in todo:
             cases.append(run_case(name, seed, args, work))
+            # What is measured so far is kept should the run be stopped (a case takes minutes).
+            write_results(args.results, {**report, "cases": cases, "partial": True})
     finish_header(report)
     report["cases"] = cases
     report["bounds"] = {"overall_points": OVERALL_POINTS, "class_points": CLASS_POINTS}
