@@ -9,6 +9,10 @@ sim-quality block of docs/benchmarks.md.
     .venv/bin/python -m benchmarks.sim_quality --random N [--random-seed-base B] [--jobs N]
     .venv/bin/python -m benchmarks.sim_quality --seeds 0,1,7 [--quick] [--jobs N]
 
+Every form takes --ray ADDRESS (or RAY_ADDRESS): the runs go to that Ray cluster as tasks
+instead of --jobs local processes, with the same results (each run is qlm/sim/spread.py's
+`run_policy`, as in a local process); --max-run-s is local only.
+
 --quick runs the quick sizes (sims/X-quick.yaml); full and quick results are kept side by side
 in the JSON and the docs block. --calibrate runs only fcfs at rate scales 1, 1.5, 2, 2.5, 3, 4
 and reports the smallest at which fcfs attains < 75% (the rule the scenario files follow).

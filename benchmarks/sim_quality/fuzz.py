@@ -28,6 +28,7 @@ from benchmarks.sim_quality.checks import BASELINES, ordered
 from benchmarks.sim_quality.runs import Task, run_tasks
 from qlm.sim.fuzz import RANDOM_PREFIX, draw_scenario
 from qlm.sim.scenario import random_scenario
+from qlm.sim.spread import Runner
 
 RESULTS_PATH = RESULTS_DIR / "sim_quality_random.json"
 DOCS_BLOCK = "sim-quality-random"
@@ -38,13 +39,15 @@ WORST_SHOWN = 5
 
 @dataclass(frozen=True)
 class RandomRun:
-    """What to run: seeds, policies, parallel jobs, a wall-time limit per run."""
+    """What to run: seeds, policies, parallel jobs, a wall-time limit per run, or a Ray
+    cluster instead of local processes."""
 
     seeds: range
     policies: Sequence[str]
     jobs: int
     limit_s: float | None
     command: str
+    runner: Runner | None = None
 
 
 def describe(seed: int) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def run(spec: RandomRun) -> dict[str, Any]:
     scenarios = {f"{RANDOM_PREFIX}{seed}": describe(seed) for seed in spec.seeds}
     tasks = [Task((name, p), name, p) for name in scenarios for p in spec.policies]
     stamp = {"code": code_version(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
-    for task, summary, waited_s in run_tasks(tasks, None, spec.jobs, spec.limit_s):
+    for task, summary, waited_s in run_tasks(tasks, None, spec.jobs, spec.limit_s, spec.runner):
         name, policy = task.key
         if "stopped_after_s" in summary:
             scenarios[name]["timeouts"][policy] = {

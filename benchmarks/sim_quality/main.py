@@ -25,6 +25,7 @@ from benchmarks.sim_quality.checks import POLICY_ORDER
 from benchmarks.sim_quality.render import render
 from benchmarks.sim_quality.runs import CALIBRATION_GRID, SCENARIOS, calibrate, run_matrix
 from qlm.sim.policies import SIM_POLICIES
+from qlm.sim.spread import make_runner
 
 RESULTS_PATH = RESULTS_DIR / "sim_quality.json"
 DOCS_BLOCK = "sim-quality"
@@ -64,6 +65,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="wa,wb,wc")
     parser.add_argument("--policies", help="comma-separated (default: every registered policy)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on this Ray cluster instead of local processes (default: $RAY_ADDRESS)",
+    )
     parser.add_argument("--seed", type=int, help="seed (default: each scenario's)")
     parser.add_argument(
         "--seeds",
@@ -112,18 +118,19 @@ def main(argv: Sequence[str]) -> None:
     )
     for p in policies:
         SIM_POLICIES.get(p)
+    runner = make_runner(args.ray)
     if args.random is not None:
         seeds = range(args.random_seed_base, args.random_seed_base + args.random)
         if not args.policies:  # the baselines and qlm; --policies adds the ablations
             policies = [p for p in (*fuzz.BASELINES, "qlm") if p in known]
         command = command_line("sim_quality.py", argv)
-        fuzz.main(fuzz.RandomRun(seeds, policies, args.jobs, args.max_run_s, command))
+        fuzz.main(fuzz.RandomRun(seeds, policies, args.jobs, args.max_run_s, command, runner))
         return
     if args.seeds is not None:
         command = command_line("sim_quality.py", argv)
         multi_seed.main(
             multi_seed.SeedsRun(
-                names, policies, args.seeds, args.quick, args.jobs, args.max_run_s, command
+                names, policies, args.seeds, args.quick, args.jobs, args.max_run_s, command, runner
             )
         )
         return
@@ -132,10 +139,12 @@ def main(argv: Sequence[str]) -> None:
     command = command_line("sim_quality.py", argv)
     if args.calibrate:
         print(f"calibrating ({size}): fcfs at rate scales {CALIBRATION_GRID}", flush=True)
-        calibration = calibrate(names, args.quick, args.seed, args.jobs)
+        calibration = calibrate(names, args.quick, args.seed, args.jobs, runner)
     else:
         print(f"running {len(names)} scenarios x {len(policies)} policies ({size})", flush=True)
-        scenarios = run_matrix(names, policies, args.quick, args.seed, args.jobs, args.max_run_s)
+        scenarios = run_matrix(
+            names, policies, args.quick, args.seed, args.jobs, args.max_run_s, runner
+        )
     # Read the file only now: a run of the other size may have written it meanwhile.
     data = load_results()
     run = data.get(size, {})

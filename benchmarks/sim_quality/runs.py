@@ -1,5 +1,7 @@
-"""Every policy on every scenario, in parallel worker processes with a wall-time limit per run;
-and the load calibration (fcfs alone over a grid of rate scales)."""
+"""Every policy on every scenario, in parallel worker processes with a wall-time limit per run,
+or as tasks on a Ray cluster (`--ray ADDRESS`: qlm/sim/spread.py; no time limit there); and the
+load calibration (fcfs alone over a grid of rate scales). A run is the same simulation either
+way (`run_policy`), so the results are too."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from typing import Any
 
 from benchmarks.report import ROOT
 from qlm.sim.report import policy_summary
-from qlm.sim.runner import SimulatedEngines, simulate
+from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario, load_scenario
+from qlm.sim.spread import LocalRunner, PolicyRun, Runner, run_policy
 
 SIMS = ROOT / "sims"
 
@@ -31,29 +34,16 @@ def scenario_path(name: str, quick: bool) -> Path:
     return SIMS / (f"{name}-quick.yaml" if quick else f"{name}.yaml")
 
 
-def run_one(
-    path: str,
-    policy: str,
-    seed: int | None,
-    rate_scale: float | None,
-    progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
-    """One policy on one scenario (in a worker process); the summary plus run figures."""
+def policy_run(path: str, policy: str, seed: int | None, rate_scale: float | None) -> PolicyRun:
+    """The simulation of one task: the scenario at its rate scale, at `seed` (default its own)."""
     scenario = load_scenario(Path(path))
     if rate_scale is not None:
         scenario = scenario.model_copy(update={"rate_scale": rate_scale})
-    seed = scenario.seed if seed is None else seed
-    requests = scenario.requests(seed)
-    engines = SimulatedEngines(scenario.engine)
-    result = simulate(
-        scenario.fleet(),
-        requests,
-        policy,
-        scenario.config,
-        seed,
-        progress=progress,
-        engine_factory=engines,
-    )
+    return PolicyRun(scenario, policy, scenario.seed if seed is None else seed)
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """A run's summary plus run figures."""
     return {
         **policy_summary(result),
         "sim_wall_s": result.sim_wall_s,  # no longer in policy_summary (summary.json)
@@ -62,6 +52,17 @@ def run_one(
         "planner_wall_s": result.planner_wall_s,
         "end_s": result.end_s,
     }
+
+
+def run_one(
+    path: str,
+    policy: str,
+    seed: int | None,
+    rate_scale: float | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """One policy on one scenario (in a worker process); the summary plus run figures."""
+    return summarize(run_policy(policy_run(path, policy, seed, rate_scale), progress))
 
 
 def describe(scenario: Scenario, path: Path) -> dict[str, Any]:
@@ -103,10 +104,23 @@ def _worker(conn: Connection, task: Task, seed: int | None, ended: Any) -> None:
 
 
 def run_tasks(
-    tasks: Sequence[Task], seed: int | None, jobs: int, limit_s: float | None
+    tasks: Sequence[Task],
+    seed: int | None,
+    jobs: int,
+    limit_s: float | None,
+    runner: Runner | None = None,
 ) -> Iterator[tuple[Task, dict[str, Any], float]]:
     """Run tasks in up to `jobs` processes; yield (task, summary, wall seconds) as each ends.
-    A run past limit_s is stopped; its summary is then {"stopped_after_s", "ended"}."""
+    A run past limit_s is stopped; its summary is then {"stopped_after_s", "ended"}. With a
+    Ray `runner`, every task at once on the cluster instead (no limit; the wall seconds are
+    the simulation's own)."""
+    if runner is not None and not isinstance(runner, LocalRunner):
+        if limit_s is not None:
+            raise ValueError("--max-run-s is not supported with --ray")
+        runs = [policy_run(t.path, t.policy, seed, t.rate_scale) for t in tasks]
+        for task, result in zip(tasks, runner.map(run_policy, runs), strict=True):
+            yield task, summarize(result), result.sim_wall_s
+        return
     pending = list(tasks)
     running: list[_Running] = []
     context = multiprocessing.get_context("fork")
@@ -144,6 +158,7 @@ def run_matrix(
     seed: int | None,
     jobs: int,
     limit_s: float | None,
+    runner: Runner | None = None,
 ) -> dict[str, Any]:
     scenarios: dict[str, Any] = {}
     tasks = []
@@ -152,7 +167,7 @@ def run_matrix(
         scenario = load_scenario(path)
         scenarios[scenario.name] = {**describe(scenario, path), "policies": {}, "timeouts": {}}
         tasks += [Task((scenario.name, p), str(path), p) for p in policies]
-    for task, summary, waited_s in run_tasks(tasks, seed, jobs, limit_s):
+    for task, summary, waited_s in run_tasks(tasks, seed, jobs, limit_s, runner):
         name, policy = task.key
         if "stopped_after_s" in summary:
             stopped = {"after_s": round(waited_s), "ended": summary["ended"]}
@@ -173,13 +188,15 @@ def run_matrix(
     return scenarios
 
 
-def calibrate(names: Sequence[str], quick: bool, seed: int | None, jobs: int) -> dict[str, Any]:
+def calibrate(
+    names: Sequence[str], quick: bool, seed: int | None, jobs: int, runner: Runner | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         path = scenario_path(name, quick)
         scenario = load_scenario(path)
         tasks = [Task((scenario.name, f"x{g:g}"), str(path), "fcfs", g) for g in CALIBRATION_GRID]
-        found = {t.rate_scale: s for t, s, _ in run_tasks(tasks, seed, jobs, None)}
+        found = {t.rate_scale: s for t, s, _ in run_tasks(tasks, seed, jobs, None, runner)}
         points = [
             {"rate_scale": g, "fcfs_attainment": found[g]["slo_attainment"]["overall"]}
             for g in CALIBRATION_GRID

@@ -44,6 +44,7 @@ from benchmarks.sim_quality.render import (
 from benchmarks.sim_quality.runs import run_matrix, scenario_path
 from qlm.sim.bound import scenario_bound
 from qlm.sim.scenario import load_scenario
+from qlm.sim.spread import Runner
 
 RESULTS_PATH = RESULTS_DIR / "sim_quality_seeds.json"
 DOCS_BLOCK = "sim-quality-seeds"
@@ -62,6 +63,7 @@ class SeedsRun:
     jobs: int
     limit_s: float | None
     command: str
+    runner: Runner | None = None  # a Ray cluster instead of local processes
 
 
 def bound_of(name: str, quick: bool, seed: int) -> dict[str, Any]:
@@ -81,7 +83,9 @@ def run(spec: SeedsRun) -> dict[str, Any]:
     by_seed: dict[str, Any] = {}
     for seed in spec.seeds:
         print(f"seed {seed}", flush=True)
-        scenarios = run_matrix(spec.names, spec.policies, spec.quick, seed, spec.jobs, spec.limit_s)
+        scenarios = run_matrix(
+            spec.names, spec.policies, spec.quick, seed, spec.jobs, spec.limit_s, spec.runner
+        )
         for short, (name, entry) in zip(spec.names, scenarios.items(), strict=True):
             entry["run_seed"] = seed
             entry["bound"] = bound_of(short, spec.quick, seed)

@@ -9,6 +9,13 @@ which can only fall as the dearer count grows), and skips every fleet that canno
 cheapest one found so far. The answer is the cheapest *evaluated* fleet that meets the target, so
 it is always a fleet that was simulated; where noise breaks monotonicity the search may miss a
 cheaper fleet, never report one that fails.
+
+The walk is sequential (each fleet is picked from the answers before it), but a caller with
+many workers can give a `prefetch` hook: before it searches a column the search names every
+fleet of that column it may ask for, so the caller can simulate them at once and answer the
+later `attainment` calls from what it computed. The search still asks, and records, exactly
+the fleets it asks for without the hook, so the result is the same either way; the column's
+other fleets are extra work, done in parallel.
 """
 
 from __future__ import annotations
@@ -69,16 +76,24 @@ class SearchSpace:
 
 
 Attainment = Callable[[Mapping[str, int]], float]
+Prefetch = Callable[[Sequence[Mapping[str, int]]], None]
 
 
 class _Search:
-    def __init__(self, space: SearchSpace, attainment: Attainment, target: float) -> None:
+    def __init__(
+        self,
+        space: SearchSpace,
+        attainment: Attainment,
+        target: float,
+        prefetch: Prefetch | None = None,
+    ) -> None:
         unit = {g: space.cost({t: int(t == g) for t in space.gpu_types}) for g in space.gpu_types}
         # dearest first: the outer loops stop soonest on the cost bound
         self.order = tuple(sorted(space.gpu_types, key=lambda g: (-unit[g], g)))
         self.space = space
         self.attainment = attainment
         self.target = target
+        self.prefetch = prefetch
         self.seen: dict[Counts, Evaluation] = {}
         self.log: list[Evaluation] = []
         self.best_cost = float("inf")
@@ -125,6 +140,11 @@ class _Search:
         known_meets: a count already known (by monotonicity) to meet the target."""
         top = self.space.max_count if known_meets is None else known_meets
         hi = self.affordable_max(prefix, top)
+        if self.prefetch is not None:  # every fleet of the column this call may ask for
+            wanted = [(*prefix, c) for c in range(hi + 1)]
+            fresh = [v for v in wanted if any(v) and v not in self.seen]
+            if fresh:
+                self.prefetch([self.counts(v) for v in fresh])
         if hi < 0 or (hi != known_meets and not self.meets((*prefix, hi))):
             return None
         lo = 0  # hi meets; find the least in [lo, hi]
@@ -150,11 +170,14 @@ class _Search:
                 known = least
 
 
-def cheapest_fleet(space: SearchSpace, attainment: Attainment, target: float) -> CapacityResult:
-    """Search counts per GPU type for the cheapest fleet whose attainment is >= target."""
+def cheapest_fleet(
+    space: SearchSpace, attainment: Attainment, target: float, prefetch: Prefetch | None = None
+) -> CapacityResult:
+    """Search counts per GPU type for the cheapest fleet whose attainment is >= target;
+    `prefetch` (optional) is told the fleets a column may need before it is searched."""
     if not 0.0 < target <= 1.0:
         raise ValueError("target must be in (0, 1]")
-    search = _Search(space, attainment, target)
+    search = _Search(space, attainment, target, prefetch)
     search.run()
     winners = [e for e in search.log if e.meets]
     best = min(

@@ -6,16 +6,18 @@ meets a target, for a scenario whose fleet groups are the templates.
 
 The search itself is qlm/sim/capacity.py (pure: it asks for the attainment of the fleets it
 picks); `plan_capacity` answers it by simulating each fleet on the same requests, drawn once.
-The runs are not independent (each fleet is picked from the previous answers), so they stay
-in this process. Output format: qlm/sim/README.md.
+Each fleet is picked from the previous answers, so locally the fleets are simulated one after
+another; with `--ray ADDRESS` (or RAY_ADDRESS) every fleet of a column the search is about to
+walk is simulated at once on the cluster (the search's prefetch hook), and the search reads
+its answers from them: the same fleets evaluated, the same answer (tests/sim/test_spread.py),
+in fewer rounds. Output format: qlm/sim/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -25,6 +27,7 @@ from qlm.config import ConfigError
 if TYPE_CHECKING:  # the heavy modules load when the command runs, not when `qlm` starts
     from qlm.sim.capacity import CapacityResult, Evaluation
     from qlm.sim.scenario import Scenario
+    from qlm.sim.spread import Runner
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -48,6 +51,12 @@ def add_capacity(sub: Subparsers) -> None:
     p.add_argument("--seed", type=int, help="seed (default: the scenario's)")
     p.add_argument("--out", type=Path, help="JSON file (default sim-out/<name>-capacity.json)")
     p.add_argument("--quick", action="store_true", help="use the quick sibling file")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="simulate a column's fleets at once on this Ray cluster (default: $RAY_ADDRESS; "
+        "neither: here, one after another)",
+    )
     p.set_defaults(handler=_capacity_command)
 
 
@@ -67,6 +76,7 @@ def _capacity_command(args: argparse.Namespace) -> int:
     from qlm.sim.policies import SIM_POLICIES
     from qlm.sim.report import write_json
     from qlm.sim.scenario import load_scenario, quick_sibling
+    from qlm.sim.spread import make_runner
 
     scenario = load_scenario(quick_sibling(args.scenario, args.quick))
     SIM_POLICIES.get(args.policy)
@@ -87,7 +97,7 @@ def _capacity_command(args: argparse.Namespace) -> int:
         scenario.seed if args.seed is None else args.seed,
         args.slo_class,
     )
-    result = plan_capacity(question, _print_evaluation)
+    result = plan_capacity(question, _print_evaluation, make_runner(args.ray))
     out: Path = args.out or Path("sim-out") / f"{scenario.name}-capacity.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, _capacity_document(question, result))
@@ -113,45 +123,48 @@ def _gpu_types(text: str | None, scenario: Scenario) -> tuple[str, ...]:
 
 
 def plan_capacity(
-    question: CapacityQuestion, on_evaluation: Callable[[Evaluation], None] | None = None
+    question: CapacityQuestion,
+    on_evaluation: Callable[[Evaluation], None] | None = None,
+    runner: Runner | None = None,
 ) -> CapacityResult:
-    """Simulate fleets chosen by the capacity search; the requests are drawn once."""
+    """Simulate fleets chosen by the capacity search; the requests are drawn once. With a
+    runner other than the local one, each column's fleets are simulated at once on it."""
     from qlm.sim.capacity import Evaluation, SearchSpace, cheapest_fleet
-    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
+    from qlm.sim.spread import FleetRun, LocalRunner, run_fleet
 
     scenario = question.scenario
-    requests = scenario.requests(question.seed)
-    config = scenario.config
-    options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
+    requests = tuple(scenario.requests(question.seed))
     costs: dict[tuple[int, ...], float] = {}
+    done: dict[tuple[int, ...], float] = {}  # attainments simulated ahead (prefetch)
 
-    def sized(counts: Mapping[str, int]) -> Scenario:
-        return scenario.with_fleet_counts(counts)
+    def key(counts: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(counts[g] for g in question.gpu_types)
+
+    def job(counts: Mapping[str, int]) -> FleetRun:
+        sized = scenario.with_fleet_counts(counts)
+        return FleetRun(sized, requests, question.policy, question.seed, question.slo_class)
 
     def cost(counts: Mapping[str, int]) -> float:
-        key = tuple(counts[g] for g in question.gpu_types)
-        if key not in costs:
-            costs[key] = sized(counts).fleet_cost_per_hour()
-        return costs[key]
+        if key(counts) not in costs:
+            costs[key(counts)] = scenario.with_fleet_counts(counts).fleet_cost_per_hour()
+        return costs[key(counts)]
 
     def attainment(counts: Mapping[str, int]) -> float:
-        fleet = sized(counts).fleet()
-        result = simulate(
-            fleet,
-            requests,
-            question.policy,
-            config,
-            question.seed,
-            options=options,
-            engine_factory=SimulatedEngines(scenario.engine),
-        )
-        value = result.attainment(question.slo_class)
+        value = done.pop(key(counts), None)
+        if value is None:
+            value = run_fleet(job(counts))
         if on_evaluation is not None:
             on_evaluation(Evaluation(counts, cost(counts), value, value >= question.target))
         return value
 
+    def prefetch(fleets: Sequence[Mapping[str, int]]) -> None:
+        assert runner is not None
+        todo = [c for c in fleets if key(c) not in done]
+        done.update(zip(map(key, todo), runner.map(run_fleet, [job(c) for c in todo]), strict=True))
+
     space = SearchSpace(question.gpu_types, question.max_count, cost)
-    return cheapest_fleet(space, attainment, question.target)
+    parallel = runner is not None and not isinstance(runner, LocalRunner)
+    return cheapest_fleet(space, attainment, question.target, prefetch if parallel else None)
 
 
 def _capacity_document(question: CapacityQuestion, result: CapacityResult) -> dict[str, object]:

@@ -10,6 +10,10 @@ environment, or `pip install "qlm[ray]"` on every node).
 
     ray start --head --num-cpus 8           # or an existing cluster
     qlm simulate sims/wb.yaml --ray 127.0.0.1:6379 --sweep rate=0.5,1,2,4
+    qlm capacity sims/wb.yaml --target 0.99 --ray 127.0.0.1:6379
+
+`qlm capacity` sends `FleetRun`s (a sized scenario with the search's requests, drawn once)
+and gets attainments back (qlm/sim/capacity_cli.py says which fleets go at once).
 
 Ray is an optional dependency (`pip install "qlm[ray]"`); without `--ray` nothing imports it.
 """
@@ -25,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 from qlm.config import ConfigError
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario
+from qlm.types import Request
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -88,9 +93,9 @@ class PolicyRun:
     seed: int
 
 
-def run_policy(job: PolicyRun) -> SimResult:
-    """The simulation of one `PolicyRun` (as `qlm simulate` runs each policy, without a
-    progress bar)."""
+def run_policy(job: PolicyRun, progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """The simulation of one `PolicyRun`, as `qlm simulate` runs each policy; `progress`
+    (requests ended, total) only where it runs in this process."""
     from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
 
     scenario = job.scenario
@@ -100,9 +105,38 @@ def run_policy(job: PolicyRun) -> SimResult:
         job.policy,
         scenario.config,
         job.seed,
+        progress=progress,
         options=SimConfig(max_time_s=scenario.horizon_s or math.inf),
         engine_factory=SimulatedEngines(scenario.engine),
     )
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    """One fleet of a capacity search: a policy on given requests; the attainment asked."""
+
+    scenario: Scenario
+    requests: tuple[Request, ...]
+    policy: str
+    seed: int
+    slo_class: str | None = None
+
+
+def run_fleet(job: FleetRun) -> float:
+    """The attainment (overall, or of `slo_class`) of one fleet of a capacity search."""
+    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
+
+    scenario = job.scenario
+    result = simulate(
+        scenario.fleet(),
+        list(job.requests),
+        job.policy,
+        scenario.config,
+        job.seed,
+        options=SimConfig(max_time_s=scenario.horizon_s or math.inf),
+        engine_factory=SimulatedEngines(scenario.engine),
+    )
+    return result.attainment(job.slo_class)
 
 
 def spread_policies(

@@ -4,6 +4,7 @@ the same command without it."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -84,3 +85,24 @@ def test_a_sweep_on_ray_writes_what_it_writes_here(ray_head: str, tmp_path: Path
         assert here == there, folder
         assert here.count("\n") > 1000  # both policies' requests
     shutil.rmtree(tmp_path / "ray")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_capacity_search_on_ray_finds_what_it_finds_here(ray_head: str, tmp_path: Path) -> None:
+    """On Ray each column's fleets are simulated at once; the search still evaluates (and
+    reports) exactly the fleets it evaluates here, so the documents are the same."""
+
+    def capacity(out: Path, *more: str) -> dict[str, object]:
+        command = [sys.executable, "-m", "qlm.cli", "capacity", str(SCENARIO), "--policy"]
+        command += ["fcfs", "--target", "0.95", "--max-count", "3", "--out", str(out)]
+        env = {k: v for k, v in os.environ.items() if k != RAY_ENV}
+        done = subprocess.run([*command, *more], capture_output=True, text=True, env=env)
+        assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+        loaded: dict[str, object] = json.loads(out.read_text())
+        return loaded
+
+    here = capacity(tmp_path / "here.json")
+    there = capacity(tmp_path / "ray.json", "--ray", ray_head)
+    assert there == here
+    assert len(here["evaluated"]) >= 3  # type: ignore[arg-type]  # a search, not one fleet
