@@ -10,6 +10,9 @@ requests per wall second (this machine's two cores also run the plane; at 100 re
 second the API fell behind on scenarios of 8 instances or mega prompts: `replay errors / adm.
 lag p99` shows a replay that could not keep up).
 
+Each case also simulates the baselines (sim_quality's: fcfs, edf, shepherd, llmd) on the same
+requests: the live plane should keep at least the best of them (`live >= baselines`).
+
 A case is within bounds when the median live run is within 2 points of the simulated overall
 attainment and 3 points in every class, and its swaps within 25 % (or one swap) of the
 simulated ones. Reported with it: the spread of the live repeats, TTFT p50/p99, and the
@@ -40,7 +43,8 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
-from qlm.replay.cli import ReplayConfig, run_replay
+from benchmarks.sim_quality.checks import BASELINES
+from qlm.replay.cli import ReplayConfig, run_replay, simulate_same
 from qlm.sim.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +99,40 @@ def run_case(name: str, seed: int, args: argparse.Namespace, work: Path) -> dict
         "runs": [r["live"] for r in runs],
     }
     case["within"] = within(case)
+    case["baselines"] = simulated_baselines(scenario, seed)
     return case
+
+
+def simulated_baselines(scenario: Scenario, seed: int) -> dict[str, float]:
+    """Each baseline's simulated overall attainment on the case's requests."""
+    requests = scenario.requests(seed)
+    return {
+        policy: simulate_same(scenario, requests, seed, policy).attainment(None)
+        for policy in BASELINES
+    }
+
+
+def add_baselines(path: Path) -> None:
+    """Fill in `baselines` for the cases of a results file that lack them (deterministic
+    simulations: the same numbers a run would have recorded)."""
+    report = json.loads(path.read_text())
+    for case in report["cases"]:
+        if "baselines" not in case:
+            name = case["case"]
+            where = Path(name) if name.startswith("random:") else ROOT / "sims" / f"{name}.yaml"
+            case["baselines"] = simulated_baselines(load_scenario(where), case["seed"])
+            print(f"  {name} seed {case['seed']}: {_versus_baselines(case)}", flush=True)
+    write_results(path, report)
+
+
+def _versus_baselines(case: dict[str, Any]) -> str:
+    """The best simulated baseline and whether live kept at least as many promises."""
+    baselines = case.get("baselines")
+    if not baselines:
+        return "-"
+    best = max(baselines, key=lambda p: baselines[p])
+    ok = case["live"]["overall"] >= baselines[best] - 1e-9
+    return f"{best} {100 * baselines[best]:.1f} % {'yes' if ok else 'NO'}"
 
 
 def _worst_error(prediction: dict[str, Any]) -> str:
@@ -124,7 +161,7 @@ def table(cases: Sequence[dict[str, Any]]) -> str:
     head = [
         "case", "seed", "x", "live", "sim", "gap", "worst class gap", "spread",
         "swaps live/sim", "TTFT p50 live/sim", "wait err / held live", "wait err / held sim",
-        "replay errors / adm. lag p99", "within",
+        "replay errors / adm. lag p99", "best sim baseline, live >=", "within",
     ]  # fmt: skip
     rows = []
     for c in cases:
@@ -140,7 +177,7 @@ def table(cases: Sequence[dict[str, Any]]) -> str:
             f"{c['live_swaps']:g} / {sim['swaps']}",
             f"{live['ttft_p50_s'] or 0:.2f} / {sim['ttft_p50_s'] or 0:.2f} s",
             _worst_error(live["prediction"]), _worst_error(sim["prediction"]),
-            _replay_health(live),
+            _replay_health(live), _versus_baselines(c),
             "yes" if c["within"] else "NO",
         ])  # fmt: skip
     return markdown_table(head, rows)
@@ -153,6 +190,8 @@ LEGEND = (
     "x-qlm-estimated-wait-s, simulated: the dispatch schedule's prediction. replay errors / "
     "adm. lag p99: requests the client could not send, and scenario seconds from send to the "
     "plane's arrival stamp (waiting the comparison does not see; '-': not measured by that run). "
+    "best sim baseline: the simulated baseline with the highest overall attainment on the same "
+    "requests, and whether live qlm kept at least as many ('-': not run by that run). "
     "Bounds: 2 points overall, 3 in every class, swaps within one or 25 %."
 )
 
@@ -192,7 +231,18 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--render", type=Path, nargs="+", help="only write the docs block from these results"
     )
+    parser.add_argument(
+        "--add-baselines",
+        type=Path,
+        nargs="+",
+        help="only simulate the baselines of these results' cases that lack them (results "
+        "written before the baselines were part of a case), in place",
+    )
     args = parser.parse_args(argv)
+    if args.add_baselines:
+        for path in args.add_baselines:
+            add_baselines(path)
+        return 0
     if args.render:
         write_docs_block("parity", render([json.loads(p.read_text()) for p in args.render]))
         return 0

@@ -9,6 +9,12 @@ this machine client and server share the same cores.
 
     .venv/bin/python -m benchmarks.queue_ops          # table + results/queue_ops.json
     .venv/bin/python -m benchmarks.queue_ops --requests 2000 --concurrency 1 8
+    .venv/bin/python -m benchmarks.queue_ops --replicated --requests 5000
+
+--replicated measures what acknowledged writes cost instead: a primary with one replica
+attached, the queue without (`replicas_to_ack: 0`) and with (`1`: each enqueue, pull and
+complete waits for the replica, Redis WAIT) on the same pair of servers; results in
+results/queue_replicas.json and the queue-replicas block of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -18,19 +24,29 @@ import asyncio
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import RESULTS_DIR, write_results
+from benchmarks.report import (
+    RESULTS_DIR,
+    finish_header,
+    header_lines,
+    run_header,
+    write_docs_block,
+    write_results,
+)
 from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
 from qlm.queue.records import RequestResult
 from qlm.types import DEFAULT_SLO_CLASSES, Request, RequestState
+from tests.redis_sentinel import ReplicaServer
 from tests.redis_server import RedisServer
 
 RESULTS_PATH = RESULTS_DIR / "queue_ops.json"
+REPLICAS_PATH = RESULTS_DIR / "queue_replicas.json"
 Op = Callable[[str], Awaitable[object]]
 
 
@@ -97,8 +113,8 @@ async def snapshot_ms(queue: GlobalQueue, num_requests: int, run: str) -> float:
     return elapsed_ms
 
 
-async def bench(name: str, url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    options = {"key_prefix": f"bench:{name}:"} if url.startswith("redis") else {}
+async def bench(name: str, url: str, args: argparse.Namespace, **more: Any) -> list[dict[str, Any]]:
+    options = {"key_prefix": f"bench:{name}:", **more} if url.startswith("redis") else {}
     rows: list[dict[str, Any]] = []
     for concurrency in args.concurrency:
         queue = make_queue(url, **options, **_unbounded(url))
@@ -142,13 +158,62 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         return rows + await bench("redis", server.url, args)
 
 
+async def replicated(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The same operations on a primary with one replica attached, without and with WAIT 1."""
+    with RedisServer() as primary, ReplicaServer(primary.port) as replica:
+        replica.wait_linked()
+        rows = await bench("ack-0", primary.url, args)
+        return rows + await bench("ack-1", primary.url, args, replicas_to_ack=1)
+
+
+def replicas_block(report: dict[str, Any]) -> str:
+    """The docs block: each operation's latency and throughput without and with WAIT 1."""
+    rows = {(r["queue"], r["op"], r["concurrency"]): r for r in report["rows"]}
+    lines = ["## Acknowledged writes: the cost of waiting for a replica", "", *header_lines(report)]
+    lines += [
+        "",
+        "| op | concurrency | p50 ms, primary / +replica | p99 ms, primary / +replica "
+        "| ops/s, primary / +replica |",
+        "|---|---|---|---|---|",
+    ]
+    for (queue, op, conc), plain in rows.items():
+        acked = rows.get(("ack-1", op, conc))
+        if queue != "ack-0" or acked is None or "ops_per_s" not in plain:
+            continue
+        lines.append(
+            f"| {op} | {conc} | {plain['p50_ms']:.3f} / {acked['p50_ms']:.3f} "
+            f"| {plain['p99_ms']:.3f} / {acked['p99_ms']:.3f} "
+            f"| {plain['ops_per_s']:.0f} / {acked['ops_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "primary: `replicas_to_ack: 0` (the primary's answer counts); +replica: `1` (each "
+        "enqueue, pull and complete pipeline ends with WAIT 1, so a replica holds it before "
+        "it counts). Same primary and replica (one attached in both runs), client, servers and "
+        "replica on this machine's 2 cores.",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--redis-url", default=None, help="use this Redis (keys under bench:)")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    parser.add_argument(
+        "--replicated", action="store_true", help="WAIT 1 against no wait, with a replica"
+    )
     args = parser.parse_args()
+    if args.replicated:
+        report = run_header("queue_ops.py", sys.argv[1:], "redis-server and one replica, local")
+        report["rows"] = asyncio.run(replicated(args))
+        finish_header(report)
+        print_table(report["rows"])
+        write_results(REPLICAS_PATH, report)
+        write_docs_block("queue-replicas", replicas_block(report))
+        print(f"wrote {REPLICAS_PATH} and the queue-replicas block of docs/benchmarks.md")
+        return
     rows = asyncio.run(main_async(args))
     print_table(rows)
     meta = {"requests": args.requests, "machine": platform.platform(), "cpus": os.cpu_count()}

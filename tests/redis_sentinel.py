@@ -41,6 +41,18 @@ class ReplicaServer(RedisServer):
     def _arguments(self) -> list[str]:
         return [*super()._arguments(), "--replicaof", "127.0.0.1", str(self.primary_port)]
 
+    def linked(self) -> bool:
+        """Whether it has synced with its primary and follows its writes."""
+        with redis.Redis.from_url(self.url, socket_timeout=1.0) as client:
+            return bool(client.info("replication").get("master_link_status") == "up")
+
+    def wait_linked(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.linked():
+            if time.monotonic() > deadline:
+                raise RedisServerError(f"replica on port {self.port} did not sync")
+            time.sleep(0.05)
+
 
 class SentinelGroup:
     """Primary, replicas and Sentinels; `url` is the queue URL that reaches the primary."""
@@ -107,11 +119,7 @@ class SentinelGroup:
         )
 
     def _replicas_linked(self) -> bool:
-        for replica in self.replicas:
-            with redis.Redis.from_url(replica.url, socket_timeout=1.0) as client:
-                if client.info("replication").get("master_link_status") != "up":
-                    return False
-        return True
+        return all(replica.linked() for replica in self.replicas)
 
     def _sentinels_agree(self) -> bool:
         """Every Sentinel knows the others and every replica."""
