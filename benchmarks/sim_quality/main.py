@@ -107,9 +107,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str]) -> None:
-    args = parse_args(argv)
-    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+def chosen_policies(args: argparse.Namespace) -> list[str]:
+    """--policies (each checked against the registry), or every registered policy in the
+    table's order."""
     known = SIM_POLICIES.names()
     policies = (
         [p.strip() for p in args.policies.split(",")]
@@ -118,6 +118,14 @@ def main(argv: Sequence[str]) -> None:
     )
     for p in policies:
         SIM_POLICIES.get(p)
+    return policies
+
+
+def main(argv: Sequence[str]) -> None:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    known = SIM_POLICIES.names()
+    policies = chosen_policies(args)
     runner = make_runner(args.ray)
     if args.random is not None:
         seeds = range(args.random_seed_base, args.random_seed_base + args.random)
