@@ -137,6 +137,9 @@ class Request:
     # Seconds from arrival to the predicted end of the output; None where nothing is known
     # (a "no-plan" estimate, or an "idle" one for a model no live instance can serve).
     estimated_completion_s: float | None = field(default=None, hash=False, compare=False)
+    # A "schedule" wait's bound for nine requests in ten (qlm/estimator/forecast_band.py);
+    # None until the API has learnt one, and for other bases.
+    estimated_wait_p90_s: float | None = field(default=None, hash=False, compare=False)
     # The prompt's leading blocks that other prompts may share, in prompt order (their tokens
     # add up to at most prompt_tokens; the rest of the prompt is its own). Engines with a
     # prefix cache compute only what they do not hold (qlm/engine/prefix_cache.py).

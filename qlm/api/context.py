@@ -155,6 +155,7 @@ class ApiContext:
             built,
             estimated_wait_s=estimate.wait_s,
             estimated_completion_s=estimate.completion_s,
+            estimated_wait_p90_s=estimate.wait_p90_s,
             estimate_basis=estimate.basis,
         )
         charge = self.quotas.charge(

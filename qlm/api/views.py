@@ -81,6 +81,7 @@ def _estimate(request: Request) -> Json:
     return {
         "estimated_wait_s": request.estimated_wait_s,
         "estimated_completion_s": request.estimated_completion_s,
+        "estimated_wait_p90_s": request.estimated_wait_p90_s,
         "estimate_basis": request.estimate_basis or None,
     }
 

@@ -17,6 +17,11 @@ know. Where the API's inputs come from, and how stale they may be:
 
 The simulator's forecast (qlm/sim/policies/qlm_dispatch.py `SimDispatch.predict`) is made at
 the same moment, as a request is queued, over exact inputs.
+
+The forecast's bound for nine in ten (`band`, qlm/estimator/forecast_band.py) learns from this
+API's own forecasts: the last `WATCHED` of them are read back at each refresh
+(`GlobalQueue.get_many`), and each that has finished gives its residual (its first token less
+its forecast). The simulator learns the same way from every request as it finishes.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from qlm.agents.decision import Dispatcher, Forecast
 from qlm.agents.queued import QueuedItem
 from qlm.agents.reported_fleet import PeerReports, ReportedFleet
 from qlm.clock import Clock
+from qlm.estimator.forecast_band import ForecastBand
 from qlm.queue.base import GlobalQueue
 from qlm.types import Fleet, Request
 
 NO_INSTANCE = ""  # the API is no instance: every instance is seen as reported
+WATCHED = 512  # forecasts read back for the bound at most (the newest)
 
 
 class QueueForecaster:
@@ -54,6 +61,8 @@ class QueueForecaster:
         self.decision = Dispatcher(fleet, priority)
         self._peers = PeerReports(NO_INSTANCE, report_every_s)
         self._read_at_s = -math.inf
+        self.band = ForecastBand()
+        self._watched: dict[str, tuple[str, float]] = {}  # id: class, forecast (oldest first)
 
     async def forecast(self, request: Request) -> Forecast | None:
         """The request's forecast as it joins the queue (None: the decision makes none: no
@@ -62,11 +71,33 @@ class QueueForecaster:
         item = QueuedItem.of(request)
         self.decision.queues.add(item, request.model)
         view = ReportedFleet(self._fleet, NO_INSTANCE, None, self._priority, self._peers.reports)
-        return self.decision.predict(view, item, request.model, self._clock.now_s())
+        forecast = self.decision.predict(view, item, request.model, self._clock.now_s())
+        if forecast is not None and forecast.first_token_s is not None:
+            self._watch(request, forecast.first_token_s)
+        return forecast
 
     def forget(self, request_id: str) -> None:
         """A request forecast but not admitted after all (refused, or the queue is full)."""
         self.decision.queues.remove((request_id,))
+        self._watched.pop(request_id, None)
+
+    def _watch(self, request: Request, forecast_s: float) -> None:
+        self._watched[request.id] = (request.slo_class, forecast_s)
+        if len(self._watched) > WATCHED:
+            del self._watched[next(iter(self._watched))]
+
+    async def _learn(self) -> None:
+        """Each watched forecast whose request has ended: its residual for the bound."""
+        ids = list(self._watched)
+        for rid, record in zip(ids, await self._queue.get_many(ids), strict=True):
+            if record is None:
+                del self._watched[rid]
+            elif record.state.is_terminal:
+                slo_class, forecast_s = self._watched.pop(rid)
+                result = record.result
+                if result is not None and result.first_token_at_s is not None:
+                    ttft_s = result.first_token_at_s - record.request.arrival_at_s
+                    self.band.observe(slo_class, forecast_s, ttft_s)
 
     async def _refresh(self) -> None:
         mono_s = self._clock.monotonic_s()
@@ -74,6 +105,7 @@ class QueueForecaster:
             return
         self._read_at_s = mono_s
         await self._peers.refresh(self._queue, self._clock.now_s())
+        await self._learn()
         queues = self.decision.queues
         by_model: dict[str, dict[str, QueuedItem]] = {m: {} for m in queues.models()}
         for request in await self._queue.queued():

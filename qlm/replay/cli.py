@@ -181,6 +181,7 @@ def _write_records(out: Path, sent: list[Sent]) -> None:
             line: dict[str, object] = {"id": s.request.id, "server_id": s.server_id}
             line.update(error=s.error, sent_at_s=s.sent_at_s, first_chunk_at_s=s.first_chunk_at_s)
             line.update(estimated_wait_s=s.estimated_wait_s, estimate_basis=s.estimate_basis)
+            line.update(estimated_wait_p90_s=s.estimated_wait_bound_s)
             line.update(record=dict(s.record))
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
 

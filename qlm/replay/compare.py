@@ -16,10 +16,12 @@ REPLAY_STATS = ("client_errors", "admission_lag_p99_s")
 def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, Any]:
     """Per class: the median absolute error of the predicted TTFT (the run's
     `ttft_predictions`; a predicted miss counts as the target) against the TTFT seen, as a
-    share of the class's target, and how often the TTFT came within the prediction
-    (`held`); over requests with both a prediction and a first token."""
+    share of the class's target, how often the TTFT came within the prediction (`held`),
+    and within the bound given for nine in ten (`bound_held`, over those given one; None
+    when none was); over requests with both a prediction and a first token."""
     errors: dict[str, list[float]] = {}
     held: dict[str, list[bool]] = {}
+    bounds: dict[str, list[bool]] = {}
     for outcome in result.outcomes:
         prediction = result.ttft_predictions.get(outcome.request_id)
         ttft_s = outcome.ttft_s
@@ -29,11 +31,16 @@ def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[
         predicted_s = target_s if prediction.predicted_s is None else prediction.predicted_s
         errors.setdefault(outcome.slo_class, []).append(abs(predicted_s - ttft_s) / target_s)
         held.setdefault(outcome.slo_class, []).append(ttft_s <= predicted_s)
+        kept = bounds.setdefault(outcome.slo_class, [])
+        if prediction.upper_s is not None:
+            kept.append(ttft_s <= prediction.upper_s)
     return {
         name: {
             "requests": len(values),
             "median_abs_error_of_target": statistics.median(values),
             "held": sum(held[name]) / len(held[name]),
+            "bounded": len(bounds[name]),
+            "bound_held": sum(bounds[name]) / len(bounds[name]) if bounds[name] else None,
         }
         for name, values in sorted(errors.items())
     }

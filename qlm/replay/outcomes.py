@@ -108,7 +108,9 @@ def forecast_of(sent: Sent, speedup: float) -> TtftPrediction | None:
     if sent.estimate_basis not in FORECAST_BASES or wait_s is None or not math.isfinite(wait_s):
         return None
     predicted_s = None if sent.estimate_basis == "late" else wait_s * speedup
-    return TtftPrediction(predicted_s, sent.request.prompt_tokens)
+    upper = sent.estimated_wait_bound_s
+    upper_s = None if upper is None or predicted_s is None else upper * speedup
+    return TtftPrediction(predicted_s, sent.request.prompt_tokens, upper_s)
 
 
 def live_result(

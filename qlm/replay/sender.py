@@ -50,6 +50,7 @@ class Sent:
     first_chunk_at_s: float | None = None
     done_at_s: float | None = None
     estimated_wait_s: float | None = None  # x-qlm-estimated-wait-s, server seconds
+    estimated_wait_bound_s: float | None = None  # x-qlm-estimated-wait-p90-s
     estimate_basis: str = ""  # x-qlm-estimate-basis (qlm/api/wait_estimate.py)
     error: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict)
@@ -219,6 +220,8 @@ class Sender:
         sent.server_id = headers.get("x-qlm-request-id")
         wait = headers.get("x-qlm-estimated-wait-s")
         sent.estimated_wait_s = None if wait is None else float(wait)
+        bound = headers.get("x-qlm-estimated-wait-p90-s")
+        sent.estimated_wait_bound_s = None if bound is None else float(bound)
         sent.estimate_basis = headers.get("x-qlm-estimate-basis", "")
 
     async def _records(self, sent: Sequence[Sent], until_s: float) -> None:

@@ -98,10 +98,12 @@ class LoadInterval:
 class TtftPrediction:
     """What a policy predicted, when a request arrived, its time to first token would be
     (None: that it would miss), with the request's prompt length (accuracy is reported by
-    prompt-length band)."""
+    prompt-length band) and the bound it gave for nine requests in ten (`upper_s`,
+    qlm/estimator/forecast_band.py; None: none yet)."""
 
     predicted_s: float | None
     prompt_tokens: int
+    upper_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,3 +44,35 @@ async def test_without_the_forecast_the_plan_estimates() -> None:
     got = await bases(off, 5)
     assert "schedule" not in got
     assert set(got) <= {"plan", "idle", "no-plan"}, got
+
+
+async def test_the_forecast_gets_its_bound_once_enough_forecasts_have_ended() -> None:
+    """x-qlm-estimated-wait-p90-s (qlm/estimator/forecast_band.py): none before nine forecasts
+    of the class have ended; then the forecast plus how late those turned out."""
+    cfg = config([{"id": "i", "gpu_type": "A100", "model": "m-a", "count": 2}])
+    short = {**BODY, "max_tokens": 4, "slo_class": "batch-2"}
+    async with running_plane(cfg) as plane:
+        for _ in range(100):
+            if len(await plane.queue.instances()) == len(plane.fleet.instances):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.1)  # the API re-reads the reports at most every second
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{plane.port}", timeout=60) as http:
+            first = []
+            for _ in range(12):
+                answer = await http.post("/v1/qlm/requests", json=short)
+                assert answer.status_code == 202, answer.text
+                assert answer.headers["x-qlm-estimate-basis"] == "schedule"
+                assert "x-qlm-estimated-wait-p90-s" not in answer.headers  # nothing learnt yet
+                first.append(answer.json()["id"])
+            for _ in range(200):
+                views = [(await http.get(f"/v1/qlm/requests/{rid}")).json() for rid in first]
+                if all(v["state"] == "completed" for v in views):
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.1)  # the next refresh reads them back
+            answer = await http.post("/v1/qlm/requests", json=short)
+    wait_s = float(answer.headers["x-qlm-estimated-wait-s"])
+    bound_s = float(answer.headers["x-qlm-estimated-wait-p90-s"])
+    assert bound_s >= 0.0
+    assert abs(bound_s - wait_s) < 60.0  # the forecast moved by a residual, not replaced

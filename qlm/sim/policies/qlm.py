@@ -42,7 +42,8 @@ from qlm.agents.room import room
 from qlm.clock import WallClock
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver, Decision
-from qlm.engine.types import EngineEvent, EngineObservation, FirstToken
+from qlm.engine.types import EngineEvent, EngineObservation, FirstToken, RequestFinished
+from qlm.estimator.forecast_band import ForecastBand
 from qlm.sim.policies.base import (
     NO_ACTIONS,
     SIM_POLICIES,
@@ -80,6 +81,9 @@ class QlmPolicy(BasePolicy):
         self._kv_swap: dict[str, bool] = {}  # instance -> its engine swaps KV to CPU
         self._dispatch_view: SimDispatch | None = None
         self._predicted: dict[str, TtftPrediction] = {}
+        # The forecasts' bound, learnt as requests finish (as the API learns it live).
+        self._band = ForecastBand()
+        self._awaiting: dict[str, tuple[str, float, float]] = {}  # id: class, arrival, forecast
         self._wake_at: dict[str, float] = {}  # instance -> its held-back wake timer
 
     # Hooks
@@ -107,11 +111,28 @@ class QlmPolicy(BasePolicy):
         # Predicted on admission, before anything pulls it, as the API predicts live.
         prediction = self.dispatch.predict(request)
         if prediction is not None:
-            self._predicted[request.id] = prediction
+            self._predicted[request.id] = self._bounded(request, prediction)
         actions = self._follow(self.driver.arrive((request,), self.now_s()))
         if request.id in self.dispatch:  # not pulled where the plan put it
             actions = (*actions, *self._dispatch(request.model, request))
         return actions
+
+    def _bounded(self, request: Request, prediction: TtftPrediction) -> TtftPrediction:
+        """The prediction with its bound; the forecast is kept to learn from its outcome."""
+        if prediction.predicted_s is None:
+            return prediction
+        forecast_s = prediction.predicted_s
+        self._awaiting[request.id] = (request.slo_class, request.arrival_at_s, forecast_s)
+        return replace(prediction, upper_s=self._band.upper_s(request.slo_class, forecast_s))
+
+    def _learn(self, events: Sequence[EngineEvent]) -> None:
+        """Each finished request's forecast against its first token, for the bound."""
+        for event in events:
+            if isinstance(event, RequestFinished):
+                awaited = self._awaiting.pop(event.request_id, None)
+                if awaited is not None:
+                    slo_class, arrival_s, forecast_s = awaited
+                    self._band.observe(slo_class, forecast_s, event.first_token_at_s - arrival_s)
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
         driver = self.driver
@@ -135,6 +156,7 @@ class QlmPolicy(BasePolicy):
         """Reconcile when room may have freed: a request ended, a model loaded, or a prompt's
         prefill finished (its first token: the engine's prefill backlog shrank)."""
         self.dispatch.touched(instance_id)
+        self._learn(events)
         if not (frees_capacity(events) or any(isinstance(e, FirstToken) for e in events)):
             return NO_ACTIONS
         return self._reconcile(instance_id)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from qlm.sim.result import RequestOutcome, SimResult
+from qlm.sim.result import RequestOutcome, SimResult, TtftPrediction
 
 # Prompt-length bands (tokens): [low, high)
 BANDS = (("<1k", 0, 1024), ("1k-8k", 1024, 8192), (">=8k", 8192, math.inf))
@@ -20,31 +20,37 @@ def prediction_accuracy(result: SimResult) -> dict[str, Any] | None:
     """{"overall": stats, "by_class": {class: stats}, "by_prompt_band": {band: stats}}, where
     stats: `requests` with a prediction, `median_abs_error_s` (|actual - predicted| TTFT over
     those that got a first token), `within_2x` (share whose actual TTFT was at most twice the
-    prediction plus one second), `predicted_miss` (requests predicted to miss) and
-    `predicted_miss_held` (share of those that did miss). None without predictions."""
+    prediction plus one second), `predicted_miss` (requests predicted to miss),
+    `predicted_miss_held` (share of those that did miss), `bounded` (predictions that came
+    with a bound for nine in ten, `TtftPrediction.upper_s`) and `bound_held` (share of those
+    whose TTFT came within it). None without predictions."""
     predictions = result.ttft_predictions
     if not predictions:
         return None
     rows = [(o, predictions[o.request_id]) for o in result.outcomes if o.request_id in predictions]
     by_class = {
-        name: _stats((o, p.predicted_s) for o, p in rows if o.slo_class == name)
+        name: _stats((o, p) for o, p in rows if o.slo_class == name)
         for name in result.slo_classes
         if any(o.slo_class == name for o, _ in rows)
     }
     by_band = {
-        name: _stats((o, p.predicted_s) for o, p in rows if low <= p.prompt_tokens < high)
+        name: _stats((o, p) for o, p in rows if low <= p.prompt_tokens < high)
         for name, low, high in BANDS
         if any(low <= p.prompt_tokens < high for _, p in rows)
     }
-    overall = _stats((o, p.predicted_s) for o, p in rows)
+    overall = _stats(rows)
     return {"overall": overall, "by_class": by_class, "by_prompt_band": by_band}
 
 
-def _stats(pairs: Iterable[tuple[RequestOutcome, float | None]]) -> dict[str, Any]:
+def _stats(pairs: Iterable[tuple[RequestOutcome, TtftPrediction]]) -> dict[str, Any]:
     errors: list[float] = []
     within = 0
     predicted = missed = held = 0
-    for outcome, predicted_s in pairs:
+    bounds: list[bool] = []
+    for outcome, prediction in pairs:
+        predicted_s = prediction.predicted_s
+        if prediction.upper_s is not None and outcome.ttft_s is not None:
+            bounds.append(outcome.ttft_s <= prediction.upper_s)
         if predicted_s is None:
             missed += 1
             held += not outcome.met_slo
@@ -61,4 +67,6 @@ def _stats(pairs: Iterable[tuple[RequestOutcome, float | None]]) -> dict[str, An
         "within_2x": within / len(errors) if errors else None,
         "predicted_miss": missed,
         "predicted_miss_held": held / missed if missed else None,
+        "bounded": len(bounds),
+        "bound_held": sum(bounds) / len(bounds) if bounds else None,
     }

@@ -1,0 +1,77 @@
+"""The bound of a wait forecast (qlm/estimator/forecast_band.py) holds for the share it promises
+whatever the residuals' distribution, gives nothing before it has enough of them, keeps classes
+apart and follows a change of load within its window."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from qlm.estimator.forecast_band import ForecastBand
+
+Draw = Callable[[random.Random], float]
+SHAPES: dict[str, Draw] = {
+    "normal": lambda rng: rng.gauss(0.0, 2.0),
+    "exponential (always late)": lambda rng: rng.expovariate(0.2),
+    "lognormal (heavy tail)": lambda rng: rng.lognormvariate(0.0, 1.5) - 1.0,
+    "mostly early": lambda rng: -abs(rng.gauss(3.0, 1.0)) + (rng.random() < 0.15) * 20.0,
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_bound_holds_nine_times_in_ten_whatever_the_residuals(shape: str) -> None:
+    rng = random.Random(7)
+    draw = SHAPES[shape]
+    band = ForecastBand(quantile=0.9, window=200)
+    held = total = 0
+    for step in range(6000):
+        forecast_s = rng.uniform(0.0, 30.0)
+        actual_s = max(0.0, forecast_s + draw(rng))
+        upper_s = band.upper_s("batch", forecast_s)
+        if step >= 200:  # a full window behind it
+            assert upper_s is not None
+            held += actual_s <= upper_s
+            total += 1
+        band.observe("batch", forecast_s, actual_s)
+    assert 0.87 <= held / total <= 0.94, (shape, held / total)
+
+
+def test_no_bound_before_the_quantile_has_enough_residuals() -> None:
+    band = ForecastBand(quantile=0.9)
+    for k in range(8):
+        band.observe("interactive", 1.0, 1.0 + k)
+        assert band.upper_s("interactive", 2.0) is None  # ceil(0.9 (n + 1)) > n for n < 9
+    band.observe("interactive", 1.0, 9.0)
+    assert band.upper_s("interactive", 2.0) == 2.0 + 8.0  # the largest of 9 residuals
+    assert band.upper_s("interactive", None) is None  # a predicted miss has no bound
+
+
+def test_classes_are_kept_apart_and_a_bound_never_goes_below_zero() -> None:
+    band = ForecastBand(quantile=0.5, window=10)
+    for _ in range(10):
+        band.observe("interactive", 5.0, 1.0)  # forecasts 4 s late
+        band.observe("batch", 5.0, 65.0)  # a minute early
+    assert band.upper_s("interactive", 5.0) == pytest.approx(1.0)
+    assert band.upper_s("interactive", 2.0) == 0.0
+    assert band.upper_s("batch", 5.0) == pytest.approx(65.0)
+    assert band.upper_s("batch-2", 5.0) is None
+
+
+def test_the_window_follows_a_change_of_load() -> None:
+    band = ForecastBand(quantile=0.9, window=50)
+    for _ in range(50):
+        band.observe("batch", 10.0, 11.0)
+    assert band.upper_s("batch", 10.0) == pytest.approx(11.0)
+    for _ in range(50):  # a burst: forecasts now a minute short
+        band.observe("batch", 10.0, 70.0)
+    assert band.upper_s("batch", 10.0) == pytest.approx(70.0)
+    assert band.observed("batch") == 50
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="quantile"):
+        ForecastBand(quantile=1.0)
+    with pytest.raises(ValueError, match="window"):
+        ForecastBand(window=0)
