@@ -153,6 +153,13 @@ class ControlConfig(StrictModel):
         description="Paced classes run to end by their deadline compressed by this factor "
         "(2: by half the time left; 1: as late as possible).",
     )
+    prefill_backlog_s: float | None = Field(
+        default=1.0,
+        gt=0,
+        description="Prefill an engine may have queued (admitted prompts before their first "
+        "token), in seconds of its prefill speed; past it work waits in the global queue, "
+        "where urgency orders it (qlm/agents/budget.py). None: no bound.",
+    )
 
 
 class AutoscalePoolConfig(StrictModel):

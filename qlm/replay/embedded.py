@@ -63,6 +63,8 @@ def embedded_config(
     control = qlm["control"]
     control["tick_s"] /= speedup
     control["min_replan_interval_s"] /= speedup
+    if control.get("prefill_backlog_s") is not None:  # seconds of prefill, scaled as well
+        control["prefill_backlog_s"] /= speedup
     context: dict[str, int] = {}
     for request in requests:
         need = request.prompt_tokens + request.max_output_tokens

@@ -20,6 +20,7 @@ from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reco
 from qlm.agents.reported_fleet import PeerReports, ReportedFleet
 from qlm.aio import first_done
 from qlm.clock import Clock
+from qlm.config import ControlConfig
 from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineClient, EventWaiter
 from qlm.engine.types import (
@@ -56,6 +57,7 @@ class Agent:
         priority: Mapping[str, int],
         metrics: MetricsHooks | None = None,
         pacing: Pacing | None = None,
+        control: ControlConfig | None = None,
     ) -> None:
         self.instance = instance
         self.metrics = metrics or NO_METRICS
@@ -82,6 +84,8 @@ class Agent:
         self.dispatch = AgentQueue(fleet, instance.id, self.priority)
         self.peers = PeerReports(instance.id, settings.status_every_s)
         self.pacing = pacing
+        # The decision's settings shared with the simulator (`qlm.control`).
+        self.control = control or ControlConfig()
 
     async def run(self, stop: asyncio.Event) -> None:
         keeping = self.leases.keep(self._held, stop)
@@ -142,7 +146,10 @@ class Agent:
             await self.peers.refresh(self.queue, self.clock.now_s())
             obs = self.engine.observe()
             inp = ReconcileInput(obs, self._heads(plan, obs), self.priority, self._timing(obs))
-            actions = reconcile(inp, self.settings.reconcile_options(self._backlog.size))
+            options = self.settings.reconcile_options(
+                self._backlog.size, self.control.prefill_backlog_s
+            )
+            actions = reconcile(inp, options)
             loading = obs.state is EngineState.LOADING
             await self._apply(lso_steps(actions, tuple(self._held), obs.model, loading))
             self.counters.fetches += start_fetch(self.engine, self.instance.id, plan)

@@ -165,14 +165,18 @@ class AgentConfig(StrictModel):
         "time any did (qlm/serve/engine_loads.py); 0 keeps all waiting in the global queue.",
     )
 
-    def reconcile_options(self, engine_backlog: int) -> ReconcileConfig:
+    def reconcile_options(
+        self, engine_backlog: int, prefill_backlog_s: float | None = 1.0
+    ) -> ReconcileConfig:
         """Reconcile's settings, with the backlog the agent uses this round (the configured
-        number, or its measured one under auto: qlm/serve/engine_loads.py)."""
+        number, or its measured one under auto: qlm/serve/engine_loads.py) and the bound on
+        queued prefill (`qlm.control.prefill_backlog_s`, the simulator's too)."""
         return ReconcileConfig(
             allow_evict=self.allow_evict,
             allow_model_swap=self.allow_model_swap,
             allow_kv_swap=self.allow_kv_swap,
             engine_backlog=engine_backlog,
+            prefill_backlog_s=prefill_backlog_s,
         )
 
 

@@ -206,6 +206,7 @@ async def _start_agents(
             priority,
             metrics=plane.metrics,
             pacing=Pacing.of(config.qlm),
+            control=config.qlm.control,
         )
         plane.agents.append(agent)
     await asyncio.gather(*(e.start() for e in plane.engines))

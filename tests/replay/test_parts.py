@@ -69,6 +69,11 @@ def test_the_embedded_plane_scales_profiles_targets_and_periods_alike() -> None:
     assert config.engine.speedup == 1.0  # the engines follow the scaled profiles as they are
     planner = config.qlm.planner  # the simulator's solver work, not a quarter of it
     assert planner.deterministic_work == pytest.approx(scenario.config.planner.time_limit_s)
+    control, simulated = config.qlm.control, scenario.config.control
+    assert control.tick_s == pytest.approx(simulated.tick_s / 4)
+    # Seconds of prefill an engine may queue: a quarter of the wall time, the same prefill.
+    assert simulated.prefill_backlog_s is not None
+    assert control.prefill_backlog_s == pytest.approx(simulated.prefill_backlog_s / 4)
 
 
 def test_a_scaled_profile_keeps_everything_but_time() -> None:

@@ -103,6 +103,10 @@ class QlmPolicy(BasePolicy):
         if latency is None:
             latency = ctx.config.planner.time_limit_s if planner == "milp" else 0.0
         self._latency_s = latency
+        # The variant's reconcile settings with the bound on queued prefill the live agents
+        # read from the same section (`qlm.control.prefill_backlog_s`).
+        bound_s = ctx.config.control.prefill_backlog_s
+        self._options = replace(variant.reconcile, prefill_backlog_s=bound_s)
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
@@ -301,7 +305,7 @@ class QlmPolicy(BasePolicy):
 
     def _decide(self, obs: EngineObservation, heads: tuple[QueuedGroup, ...]) -> tuple[Action, ...]:
         timing = self._timing(obs)
-        options = self.variant.reconcile
+        options = self._options
         actions = reconcile(ReconcileInput(obs, heads, self._priority, timing), options)
         # A KV-swapping engine may swap requests back in, whatever room it has.
         idle_room = not actions and not obs.supports_kv_swap
