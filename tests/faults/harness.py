@@ -473,6 +473,33 @@ def judge_stream(report: FaultReport, stream: StreamResult, max_tokens: int) -> 
         report.fail(stream.request_id, stream.error)
 
 
+async def judge_outcomes(
+    report: FaultReport,
+    plane: FaultPlane,
+    accepted: Sequence[str],
+    streams: Sequence[StreamResult],
+    tokens: int,
+    stream_tokens: int,
+) -> None:
+    """What the clients finally saw, through the API: every accepted asynchronous request
+    (`tokens` each) and every stream (`stream_tokens`; one cut by the fault is judged by its
+    record, where its result waits), and any result delivered twice (DONE events)."""
+    api_url = next(p.url for p in plane.processes if p.role == "api")
+    stream_ids = [s.request_id for s in streams if s.request_id is not None]
+    views = await views_via(api_url, [*accepted, *stream_ids])
+    judge_async(report, {rid: views[rid] for rid in accepted}, tokens)
+    for stream in streams:
+        if stream.error is None:
+            judge_stream(report, stream, stream_tokens)
+        else:
+            assert stream.request_id is not None
+            report.note(f"stream {stream.request_id} cut: {stream.error[:80]!r}")
+            judge_async(report, {stream.request_id: views[stream.request_id]}, stream_tokens)
+    for rid in [*accepted, *stream_ids]:
+        if (done := await plane.done_events(rid)) != 1:
+            report.duplicate(rid, f"{done} DONE events")
+
+
 @contextlib.contextmanager
 def redis_for_faults(appendfsync: str | None = None) -> Iterator[FaultRedis]:
     server = FaultRedis(appendfsync=appendfsync)

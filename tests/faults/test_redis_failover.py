@@ -29,11 +29,9 @@ from tests.faults.harness import (
     Load,
     StreamResult,
     fleet_config,
-    judge_async,
-    judge_stream,
+    judge_outcomes,
     offer_load,
     stream_completion,
-    views_via,
     wait_terminal,
 )
 from tests.faults.report import FaultReport
@@ -94,17 +92,6 @@ async def run_failover(plane: FaultPlane, group: SentinelGroup, report: FaultRep
     records = await wait_terminal(plane, accepted + stream_ids, timeout_s=90.0)
     rerun = sum(r is not None and r.dispatches > 1 for r in records.values())
     report.note(f"{rerun} requests ran again (a lease ran out during the failover)")
-    views = await views_via(api.url, accepted + stream_ids)
-    judge_async(report, {rid: views[rid] for rid in accepted}, LOAD.tokens)
-    for stream in streams:
-        if stream.error is None:
-            judge_stream(report, stream, STREAM_TOKENS)
-        else:  # cut by the failover: the result waits under its id
-            assert stream.request_id is not None
-            report.note(f"stream {stream.request_id} cut: {stream.error[:80]!r}")
-            judge_async(report, {stream.request_id: views[stream.request_id]}, STREAM_TOKENS)
-    for rid in accepted + stream_ids:
-        if (done := await plane.done_events(rid)) != 1:
-            report.duplicate(rid, f"{done} DONE events")
+    await judge_outcomes(report, plane, accepted, streams, LOAD.tokens, STREAM_TOKENS)
     assert len(accepted) >= LOAD.rate_per_s * KILL_AT_S * 0.8, "too little was accepted"
     assert await plane.leader() is not None, "no controller leads after the failover"

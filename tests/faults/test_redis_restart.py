@@ -22,12 +22,10 @@ from tests.faults.harness import (
     Load,
     StreamResult,
     fleet_config,
-    judge_async,
-    judge_stream,
+    judge_outcomes,
     offer_load,
     redis_for_faults,
     stream_completion,
-    views_via,
     wait_terminal,
 )
 from tests.faults.report import FaultReport
@@ -88,22 +86,9 @@ async def test_accepted_requests_survive_a_redis_restart_on_aof(tmp_path: Path) 
             report.note(f"the last result came {last_s:.1f} s after the restart")
             rerun = sum(r is not None and r.dispatches > 1 for r in records.values())
             report.note(f"{rerun} requests ran again (a lease ran out during the outage)")
-            views = await views_via(api.url, accepted + stream_ids)
-            judge_async(report, {rid: views[rid] for rid in accepted}, TOKENS)
-            for stream in streams:
-                if stream.error is None:
-                    judge_stream(report, stream, STREAM_TOKENS)
-                else:  # cut by the outage: the result waits under its id
-                    assert stream.request_id is not None
-                    report.note(f"stream {stream.request_id} cut: {stream.error[:80]!r}")
-                    judge_async(
-                        report, {stream.request_id: views[stream.request_id]}, STREAM_TOKENS
-                    )
+            await judge_outcomes(report, plane, accepted, streams, TOKENS, STREAM_TOKENS)
             report.note(f"refused while Redis was down (not accepted): {dict(refused)}")
             new_leader = await plane.leader()
-            for rid in accepted + stream_ids:
-                if (done := await plane.done_events(rid)) != 1:
-                    report.duplicate(rid, f"{done} DONE events")
         finally:
             await plane.aclose()
 
