@@ -7,7 +7,8 @@ forecast (qlm/api/wait_forecast.py): the function the simulator grades, with bas
 * `schedule`: the request's first token as its model's dispatch schedule places it; its
   completion adds its own output at the pace below (`plan` basis). It comes with a bound the
   first token should meet nine times in ten (`x-qlm-estimated-wait-p90-s`):
-  the forecast plus the conformal quantile of how late the class's recent forecasts were
+  the forecast times the conformal quantile of how many times later than forecast the class's
+  recent forecasts came
   (qlm/estimator/forecast_band.py), once the API has seen enough of them finish;
 * `late`: the schedule drops it, a predicted miss: the wait is the later of its TTFT target
   and the plan's estimate below.

@@ -20,8 +20,9 @@ the same moment, as a request is queued, over exact inputs.
 
 The forecast's bound for nine in ten (`band`, qlm/estimator/forecast_band.py) learns from this
 API's own forecasts: the last `WATCHED` of them are read back at each refresh
-(`GlobalQueue.get_many`), and each that has finished gives its residual (its first token less
-its forecast). The simulator learns the same way from every request as it finishes.
+(`GlobalQueue.get_many`), and each that has finished gives its score (how many times later
+than its forecast its first token came). The simulator learns the same way from every request
+as it finishes.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class QueueForecaster:
             del self._watched[next(iter(self._watched))]
 
     async def _learn(self) -> None:
-        """Each watched forecast whose request has ended: its residual for the bound."""
+        """Each watched forecast whose request has ended: its score for the bound."""
         ids = list(self._watched)
         for rid, record in zip(ids, await self._queue.get_many(ids), strict=True):
             if record is None:

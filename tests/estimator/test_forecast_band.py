@@ -1,6 +1,7 @@
 """The bound of a wait forecast (qlm/estimator/forecast_band.py) holds for the share it promises
-whatever the residuals' distribution, gives nothing before it has enough of them, keeps classes
-apart and follows a change of load within its window."""
+whatever the errors' distribution, additive or proportional, gives nothing before it has
+enough of them, scales with the forecast, keeps classes apart and follows a change of load
+within its window."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ SHAPES: dict[str, Draw] = {
     "exponential (always late)": lambda rng: rng.expovariate(0.2),
     "lognormal (heavy tail)": lambda rng: rng.lognormvariate(0.0, 1.5) - 1.0,
     "mostly early": lambda rng: -abs(rng.gauss(3.0, 1.0)) + (rng.random() < 0.15) * 20.0,
+}
+# Errors that grow with the wait (a backlog ahead): actual = forecast x factor.
+FACTORS: dict[str, Draw] = {
+    "lognormal factor": lambda rng: rng.lognormvariate(0.3, 0.5),
+    "twice as late, sometimes": lambda rng: 1.0 + (rng.random() < 0.3) * rng.uniform(0.5, 1.5),
 }
 
 
@@ -38,13 +44,31 @@ def test_the_bound_holds_nine_times_in_ten_whatever_the_residuals(shape: str) ->
     assert 0.87 <= held / total <= 0.94, (shape, held / total)
 
 
+@pytest.mark.parametrize("shape", list(FACTORS))
+def test_the_bound_holds_when_errors_grow_with_the_wait(shape: str) -> None:
+    rng = random.Random(11)
+    band = ForecastBand(quantile=0.9, window=200)
+    held = total = 0
+    for step in range(6000):
+        forecast_s = rng.uniform(0.5, 120.0)
+        actual_s = forecast_s * FACTORS[shape](rng)
+        upper_s = band.upper_s("batch", forecast_s)
+        if step >= 200:
+            assert upper_s is not None
+            held += actual_s <= upper_s
+            total += 1
+        band.observe("batch", forecast_s, actual_s)
+    assert 0.87 <= held / total <= 0.94, (shape, held / total)
+
+
 def test_no_bound_before_the_quantile_has_enough_residuals() -> None:
     band = ForecastBand(quantile=0.9)
     for k in range(8):
         band.observe("interactive", 1.0, 1.0 + k)
         assert band.upper_s("interactive", 2.0) is None  # ceil(0.9 (n + 1)) > n for n < 9
     band.observe("interactive", 1.0, 9.0)
-    assert band.upper_s("interactive", 2.0) == 2.0 + 8.0  # the largest of 9 residuals
+    # the largest of 9 scores: 9 times later (at the 10 ms floor) than forecast
+    assert band.upper_s("interactive", 2.0) == pytest.approx(2.01 * 9.01 / 1.01 - 0.01)
     assert band.upper_s("interactive", None) is None  # a predicted miss has no bound
 
 
@@ -54,8 +78,10 @@ def test_classes_are_kept_apart_and_a_bound_never_goes_below_zero() -> None:
         band.observe("interactive", 5.0, 1.0)  # forecasts 4 s late
         band.observe("batch", 5.0, 65.0)  # a minute early
     assert band.upper_s("interactive", 5.0) == pytest.approx(1.0)
-    assert band.upper_s("interactive", 2.0) == 0.0
+    assert band.upper_s("interactive", 2.0) == pytest.approx(2.01 * 1.01 / 5.01 - 0.01)
+    assert band.upper_s("interactive", 0.0) == 0.0
     assert band.upper_s("batch", 5.0) == pytest.approx(65.0)
+    assert band.upper_s("batch", 10.0) == pytest.approx(10.01 * 65.01 / 5.01 - 0.01)
     assert band.upper_s("batch-2", 5.0) is None
 
 
