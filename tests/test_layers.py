@@ -49,6 +49,7 @@ CORE = [
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {
     "queue/redis/config.py": {"redis"},
+    "queue/redis/connect.py": {"redis"},
     "queue/redis/queue.py": {"redis"},
     "queue/redis/batching.py": {"redis", "asyncio"},
     "queue/redis/plans.py": {"redis", "asyncio", "time"},
