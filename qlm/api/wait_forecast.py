@@ -19,7 +19,7 @@ The simulator's forecast (qlm/sim/policies/qlm_dispatch.py `SimDispatch.predict`
 the same moment, as a request is queued, over exact inputs.
 
 The forecast's bound for nine in ten (`band`, qlm/estimator/forecast_band.py) learns from this
-API's own forecasts: the last `WATCHED` of them are read back at each refresh
+API's own forecasts: the newest `WATCHED` of each class are read back at each refresh
 (`GlobalQueue.get_many`), and each that has finished gives its score (how many times later
 than its forecast its first token came). The simulator learns the same way from every request
 as it finishes.
@@ -39,7 +39,10 @@ from qlm.queue.base import GlobalQueue
 from qlm.types import Fleet, Request
 
 NO_INSTANCE = ""  # the API is no instance: every instance is seen as reported
-WATCHED = 512  # forecasts read back for the bound at most (the newest)
+# Forecasts read back for the bound, per class (the newest): per class, so that a rare class
+# with long waits (wc-quick's batch-1: one request in 35) is not pushed out by a frequent one
+# before its requests end (one cap for all: no batch-1 bound on the wc-quick replays).
+WATCHED = 256
 
 
 class QueueForecaster:
@@ -63,7 +66,7 @@ class QueueForecaster:
         self._peers = PeerReports(NO_INSTANCE, report_every_s)
         self._read_at_s = -math.inf
         self.band = ForecastBand()
-        self._watched: dict[str, tuple[str, float]] = {}  # id: class, forecast (oldest first)
+        self._watched: dict[str, dict[str, float]] = {}  # class: id: forecast (oldest first)
 
     async def forecast(self, request: Request) -> Forecast | None:
         """The request's forecast as it joins the queue (None: the decision makes none: no
@@ -80,21 +83,25 @@ class QueueForecaster:
     def forget(self, request_id: str) -> None:
         """A request forecast but not admitted after all (refused, or the queue is full)."""
         self.decision.queues.remove((request_id,))
-        self._watched.pop(request_id, None)
+        for watched in self._watched.values():
+            watched.pop(request_id, None)
 
     def _watch(self, request: Request, forecast_s: float) -> None:
-        self._watched[request.id] = (request.slo_class, forecast_s)
-        if len(self._watched) > WATCHED:
-            del self._watched[next(iter(self._watched))]
+        watched = self._watched.setdefault(request.slo_class, {})
+        watched[request.id] = forecast_s
+        if len(watched) > WATCHED:
+            del watched[next(iter(watched))]
 
     async def _learn(self) -> None:
         """Each watched forecast whose request has ended: its score for the bound."""
-        ids = list(self._watched)
-        for rid, record in zip(ids, await self._queue.get_many(ids), strict=True):
+        ids = [(slo_class, rid) for slo_class, w in self._watched.items() for rid in w]
+        records = await self._queue.get_many([rid for _, rid in ids])
+        for (slo_class, rid), record in zip(ids, records, strict=True):
+            watched = self._watched[slo_class]
             if record is None:
-                del self._watched[rid]
+                del watched[rid]
             elif record.state.is_terminal:
-                slo_class, forecast_s = self._watched.pop(rid)
+                forecast_s = watched.pop(rid)
                 result = record.result
                 if result is not None and result.first_token_at_s is not None:
                     ttft_s = result.first_token_at_s - record.request.arrival_at_s
