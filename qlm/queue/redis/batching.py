@@ -37,14 +37,17 @@ class ReplicaWait:
     replicas: int
     timeout_s: float
 
-    def check(self, acked: object) -> None:
+    def shortfall(self, acked: object) -> Exception | None:
+        """What fails the pipeline's calls given WAIT's reply: its own error, or too few
+        replicas; None when enough hold the writes."""
         if isinstance(acked, Exception):
-            raise acked
+            return acked
         if int(cast(int, acked)) < self.replicas:
-            raise ReplicasBehindError(
+            return ReplicasBehindError(
                 f"{acked} of {self.replicas} replicas acknowledged the write in "
                 f"{self.timeout_s:g} s"
             )
+        return None
 
 
 async def pipelined(
@@ -70,11 +73,9 @@ async def pipelined(
             break
         await client.script_load(script.script)
     if wait is not None:
-        acked = results.pop()
-        try:
-            wait.check(acked)
-        except RedisConnectionError as exc:
-            return [exc] * len(results)
+        failed = wait.shortfall(results.pop())
+        if failed is not None:
+            return [failed] * len(results)
     return results
 
 

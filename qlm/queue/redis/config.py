@@ -228,11 +228,12 @@ class RedisQueueConfig(StrictModel):
                 self.retries,
             ),
         }
-        if self.sentinel is not None:  # no URL goes to redis-py: db and credentials as options
-            options["db"] = self.sentinel.db
-        if self.username is not None or self.password is not None or self.sentinel is not None:
+        sentinel = self.sentinel
+        if sentinel is not None:  # no URL goes to redis-py: db and credentials as options
+            options["db"] = sentinel.db
+        if self.username is not None or self.password is not None or sentinel is not None:
             url_user, url_password = parts.username, parts.password
-            if self.sentinel is not None:  # redis-py unquotes the URLs it parses, not these
+            if sentinel is not None:  # redis-py unquotes the URLs it parses, not these
                 url_user = None if url_user is None else unquote(url_user)
                 url_password = None if url_password is None else unquote(url_password)
             options["username"] = self.username or url_user
