@@ -10,7 +10,12 @@ from typing import Any
 
 from qlm.sim.result import SimResult
 
-REPLAY_STATS = ("client_errors", "admission_lag_p99_s")
+REPLAY_STATS = ("client_errors", "send_lag_p99_s", "admission_lag_p99_s")
+ARRIVAL_LAG = "arrival_lag_p99_s"  # per class, `<name>.<class>` in the run's stats
+# A replay is faithful when every class's requests reached the plane within this share of the
+# class's TTFT target of their time in the scenario (p99): later, the plane was served a
+# different workload (arrivals bunched, deadlines moved with them) than the simulator.
+FAITHFUL_LAG_SHARE = 0.1
 
 
 def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, Any]:
@@ -59,9 +64,33 @@ def run_figures(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, 
         "ttft_p50_s": _quantile(ttfts, 0.5),
         "ttft_p99_s": _quantile(ttfts, 0.99),
         "prediction": prediction_error(result, targets_s),
-        # the replay's own health (live only): client errors, admission lag
+        # the replay's own health (live only): client errors, send and admission lags
         **{k: v for k, v in result.policy_stats.items() if k in REPLAY_STATS},
+        **_arrival_lags(result.policy_stats),
     }
+
+
+def _arrival_lags(stats: Mapping[str, float]) -> dict[str, Any]:
+    lags = {
+        key.removeprefix(f"{ARRIVAL_LAG}."): value
+        for key, value in stats.items()
+        if key.startswith(f"{ARRIVAL_LAG}.")
+    }
+    return {ARRIVAL_LAG: lags} if lags else {}
+
+
+def replay_health(live: Mapping[str, Any], targets_s: Mapping[str, float]) -> dict[str, Any]:
+    """Whether the replay kept the scenario's arrival times closely enough to compare: every
+    class's p99 arrival lag within `FAITHFUL_LAG_SHARE` of its TTFT target, and no request
+    lost by the client. `late` names the classes past it; None when the run measured no lag."""
+    lags: Mapping[str, float] = live.get(ARRIVAL_LAG) or {}
+    if not lags:
+        return {"faithful": None, "late": [], "lag_share": FAITHFUL_LAG_SHARE}
+    late = sorted(
+        c for c, lag_s in lags.items() if lag_s > FAITHFUL_LAG_SHARE * targets_s.get(c, math.inf)
+    )
+    lost = live.get("client_errors", 0.0) > 0
+    return {"faithful": not late and not lost, "late": late, "lag_share": FAITHFUL_LAG_SHARE}
 
 
 def comparison(
@@ -73,6 +102,7 @@ def comparison(
     return {
         "live": a,
         "simulated": b,
+        "replay": replay_health(a, targets_s),
         "gap_points": {
             "overall": 100 * (a["overall"] - b["overall"]),
             **{c: 100 * (a["by_class"].get(c, 0.0) - b["by_class"].get(c, 0.0)) for c in classes},
@@ -95,9 +125,25 @@ def comparison_table(doc: Mapping[str, Any]) -> str:
     gap = doc["gap_points"]
     rows.append(["gap (points)", f"{gap['overall']:+.1f}", *(f"{gap[c]:+.1f}" for c in classes)])
     widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(len(head))]
-    return "\n".join(
+    lines = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
-    )
+    ]
+    return "\n".join([*lines, *_health_lines(doc)])
+
+
+def _health_lines(doc: Mapping[str, Any]) -> list[str]:
+    """A warning under the table when the replay was not faithful."""
+    health, live = doc.get("replay") or {}, doc["live"]
+    if health.get("faithful") is not False:
+        return []
+    lags = live.get(ARRIVAL_LAG) or {}
+    late = ", ".join(f"{c} {lags[c]:.1f} s" for c in health["late"])
+    return [
+        f"NOT FAITHFUL: requests reached the plane late (p99, scenario seconds: {late or '-'}; "
+        f"allowed: {100 * health['lag_share']:.0f} % of the class's TTFT target; client errors: "
+        f"{live.get('client_errors', 0):g}): the plane ran another workload than the simulator. "
+        "Lower --speedup or give the replay a machine of its own."
+    ]
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:

@@ -17,7 +17,13 @@ quarter of the budget, at 4x on two cores, the live planner proposed the swaps o
 seconds later than the simulator and kept 4 points fewer promises). Each request generates
 exactly its `max_tokens` (the scenario's true output length, `engine.output_length: cap`).
 What cannot be scaled is the plane's own CPU time per decision: at a high speedup it weighs
-more than in the deployed plane (keep the speedup at 4 or below on a small machine).
+more than in the deployed plane (keep the speedup at 4 or below on a small machine). For the
+same reason the engines stream tokens in chunks every `STREAM_INTERVAL_S` (the first token at
+once, as always): at the emulated engine's default of 20 chunks a second per request, a replay
+of wc-quick (50 requests a second, some 350 streams at once) kept both cores busy with chunks
+alone, the client sent its requests a median 17 s late and the API stamped them 50 s later
+still (`send_lag_p99_s`, `admission_lag_p99_s`). Chunking changes no decision: the agents
+read the engine's state, not the stream.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from qlm.types import Request
 
 QLM_MAIN = "import sys; from qlm.cli import main; sys.exit(main())"
 READY_TIMEOUT_S = 120.0
+STREAM_INTERVAL_S = 0.5  # engine (= wall) seconds between a stream's chunks
 
 
 def embedded_config(
@@ -82,7 +89,13 @@ def embedded_config(
         "queue": {"url": None},
         "api": {"host": "127.0.0.1", "port": port, "max_deadline_s": 7 * 24 * 3600},
         "agent": {"poll_s": 0.25 / speedup, "status_every_s": 0.5 / speedup},
-        "engine": {"kind": "emulated", "speedup": 1.0, "seed": 0, "output_length": "cap"},
+        "engine": {
+            "kind": "emulated",
+            "speedup": 1.0,
+            "seed": 0,
+            "output_length": "cap",
+            "stream_interval_s": STREAM_INTERVAL_S,
+        },
         "models": models,
         "fleet": fleet,
     }

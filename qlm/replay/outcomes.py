@@ -76,6 +76,47 @@ def admission_lag_s(sent: Sent, speedup: float) -> float | None:
     return max(0.0, float(arrival_srv) - sent.sent_wall_s) * speedup
 
 
+def send_lag_s(sent: Sent, speedup: float) -> float | None:
+    """Scenario seconds from the request's time in the scenario to the client's send: a client
+    that cannot keep the arrival times (its own process busy) sends late."""
+    if sent.sent_at_s is None or sent.due_at_s is None:
+        return None
+    return max(0.0, sent.sent_at_s - sent.due_at_s) * speedup
+
+
+def arrival_lag_s(sent: Sent, speedup: float) -> float | None:
+    """Scenario seconds from the request's time in the scenario to the plane's arrival stamp:
+    the send lag and the admission lag together. The plane's deadlines start at its stamp,
+    so a lag moves a request later, deadline and all: the plane is then served another
+    workload than the simulator's (`replay_health`)."""
+    send, admission = send_lag_s(sent, speedup), admission_lag_s(sent, speedup)
+    return None if send is None or admission is None else send + admission
+
+
+def lag_stats(sent: Sequence[Sent], speedup: float) -> dict[str, float]:
+    """p99 of the send and admission lags over all requests, and of the arrival lag per
+    class (`arrival_lag_p99_s.<class>`)."""
+    stats: dict[str, float] = {}
+    for name, lag in (("send_lag", send_lag_s), ("admission_lag", admission_lag_s)):
+        values = [v for s in sent if (v := lag(s, speedup)) is not None]
+        if values:
+            stats[f"{name}_p99_s"] = _p99(values)
+    by_class: dict[str, list[float]] = {}
+    for s in sent:
+        if (v := arrival_lag_s(s, speedup)) is not None:
+            by_class.setdefault(s.request.slo_class, []).append(v)
+    stats.update({f"{ARRIVAL_LAG}.{c}": _p99(v) for c, v in sorted(by_class.items())})
+    return stats
+
+
+ARRIVAL_LAG = "arrival_lag_p99_s"
+
+
+def _p99(values: Sequence[float]) -> float:
+    ordered = sorted(values)  # the value 99 % of them are at or below
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
 def client_times(sent: Sent, speedup: float) -> ClientTimes:
     ttft_s = None
     if sent.first_chunk_at_s is not None and sent.sent_at_s is not None:
@@ -131,8 +172,7 @@ def live_result(
         for s in sent
         if (prediction := forecast_of(s, speedup)) is not None
     }
-    lags = sorted(lag for s in sent if (lag := admission_lag_s(s, speedup)) is not None)
-    stats = {"admission_lag_p99_s": lags[int(0.99 * (len(lags) - 1))]} if lags else {}
+    stats = lag_stats(sent, speedup)
     stats["client_errors"] = float(sum(s.error is not None for s in sent))
     return SimResult(
         policy=policy,

@@ -16,7 +16,10 @@ request's server-side times: arrival, dispatch, first token, finish.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import itertools
+import struct
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +48,7 @@ class Sent:
 
     request: Request
     server_id: str | None = None
+    due_at_s: float | None = None  # when the scenario says to send it
     sent_at_s: float | None = None
     sent_wall_s: float | None = None  # the same moment on the wall clock (the plane's times)
     first_chunk_at_s: float | None = None
@@ -61,13 +65,30 @@ def words(seed: str, count: int) -> str:
     as `count` tokens, different for every seed from its first word."""
     out: list[str] = []
     block = 0
+    table = _word_table()
     while len(out) < count:
         digest = hashlib.blake2b(f"{seed}/{block}".encode(), digest_size=32).digest()
-        for k in range(0, len(digest) - 1, 2):
-            n = int.from_bytes(digest[k : k + 2], "big") % (36**3)
-            out.append(_base36(n).rjust(3, "0") + " ")
+        # 16 big-endian two-byte numbers, each one word of the table
+        out.extend(table[n % _WORDS] for n in struct.unpack(">16H", digest))
         block += 1
     return "".join(out[:count])
+
+
+_WORDS = 36**3  # three base-36 digits
+
+
+@functools.cache
+def _word_table() -> tuple[str, ...]:
+    """Every word `words` draws from, by number: its three base-36 digits and a space (a
+    prompt of 60k tokens is 60k words: converting each number as it is drawn took 15 % of a
+    replay client's CPU)."""
+    return tuple(_base36(n).rjust(3, "0") + " " for n in range(_WORDS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_text(key: int, tokens: int) -> str:
+    """A shared prefix block's text (every prompt with the block repeats it)."""
+    return words(f"block-{key}", tokens)
 
 
 def prompt_of(request: Request) -> str:
@@ -75,7 +96,7 @@ def prompt_of(request: Request) -> str:
     counter; its prefix blocks (`Request.prefix`) as text every request with the same block
     key shares, the rest its own. Without distinct text every prompt would share one prefix,
     and engines with a prefix cache would serve the replay faster than the scenario says."""
-    parts = [words(f"block-{block.key}", block.tokens) for block in request.prefix]
+    parts = [_block_text(block.key, block.tokens) for block in request.prefix]
     own = request.prompt_tokens - sum(block.tokens for block in request.prefix)
     parts.append(words(f"request-{request.id}", max(1 if not parts else 0, own)))
     return "".join(parts)
@@ -120,6 +141,7 @@ def body_of(request: Request, speedup: float) -> dict[str, Any]:
 
 SUBMITS_AT_ONCE = 64  # asynchronous submissions in flight at once (see Sender.__init__)
 STREAMS_AT_ONCE = 1000  # open streams at most (the openai client's own default)
+STREAM_POOLS = 8  # clients (connection pools) the streams are spread over
 
 
 class Sender:
@@ -133,14 +155,25 @@ class Sender:
         # connect, so that a busy API's slow accepts delay a request instead of failing it.
         stream_timeout = httpx2.Timeout(None, connect=CONNECT_TIMEOUT_S)
         stream_limits = httpx2.Limits(
-            max_connections=STREAMS_AT_ONCE, keepalive_expiry=CLIENT_KEEPALIVE_S
+            max_connections=STREAMS_AT_ONCE // STREAM_POOLS, keepalive_expiry=CLIENT_KEEPALIVE_S
         )
-        self._openai = AsyncOpenAI(
-            base_url=f"{self.url}/v1",
-            api_key=api_key,
-            max_retries=0,
-            timeout=stream_timeout,
-            http_client=DefaultAsyncHttpxClient(timeout=stream_timeout, limits=stream_limits),
+        # Streams hold their connection for their whole life, and the connection pool
+        # matches every request against every connection of the pool on each change: with
+        # some 350 streams open in one pool (wc-quick) that scan was a third of the client's
+        # CPU. Streams take the pools in turn, each pool scanning its share.
+        self._streams = itertools.cycle(
+            [
+                AsyncOpenAI(
+                    base_url=f"{self.url}/v1",
+                    api_key=api_key,
+                    max_retries=0,
+                    timeout=stream_timeout,
+                    http_client=DefaultAsyncHttpxClient(
+                        timeout=stream_timeout, limits=stream_limits
+                    ),
+                )
+                for _ in range(STREAM_POOLS)
+            ]
         )
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         headers = {"authorization": f"Bearer {api_key}"}
@@ -161,7 +194,8 @@ class Sender:
         self._submits = asyncio.Semaphore(SUBMITS_AT_ONCE)
 
     async def close(self) -> None:
-        await self._openai.close()
+        for _ in range(STREAM_POOLS):
+            await next(self._streams).close()
         await self._http.aclose()
 
     async def run(self, requests: Sequence[Request], drain_timeout_s: float) -> list[Sent]:
@@ -181,6 +215,7 @@ class Sender:
         return sent
 
     async def _one(self, sent: Sent, at_s: float) -> None:
+        sent.due_at_s = at_s
         await asyncio.sleep(max(0.0, at_s - time.monotonic()))
         sent.sent_at_s = time.monotonic()
         sent.sent_wall_s = time.time()
@@ -197,7 +232,7 @@ class Sender:
     async def _stream(self, sent: Sent) -> None:
         body = body_of(sent.request, self.speedup)
         model, prompt, max_tokens = body.pop("model"), body.pop("prompt"), body.pop("max_tokens")
-        raw = await self._openai.completions.with_raw_response.create(
+        raw = await next(self._streams).completions.with_raw_response.create(
             model=model, prompt=prompt, max_tokens=max_tokens, stream=True, extra_body=body
         )
         self._note_headers(sent, raw.headers)

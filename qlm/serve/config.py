@@ -192,6 +192,15 @@ class LiveEngineConfig(StrictModel):
         description="Emulated engines: draw output lengths from the profile (capped by "
         "max_tokens) or always generate max_tokens.",
     )
+    stream_interval_s: float = Field(
+        default=0.05,
+        gt=0,
+        le=60,
+        description="Emulated engines: generated tokens stream in chunks this often (engine "
+        "seconds; the first token goes at once, the rest at the end). Replays of busy "
+        "scenarios on a small host set it higher: every chunk costs the plane and the client "
+        "CPU that a real deployment spreads over its own machines.",
+    )
     standby_models: int = Field(
         default=0,
         ge=0,

@@ -58,6 +58,7 @@ def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Cloc
         speedup=config.engine.speedup,
         seed=config.engine.seed,
         output_length=config.engine.output_length,
+        stream_interval_s=config.engine.stream_interval_s,
     )
     return engine
 

@@ -10,11 +10,14 @@ import pytest
 
 from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.tokens import Utf8BytesCounter
-from qlm.replay.compare import comparison, prediction_error
-from qlm.replay.embedded import embedded_config, scaled_profile
+from qlm.clock import VirtualClock
+from qlm.engine.emulated import EmulatedEngine
+from qlm.replay.compare import comparison, comparison_table, prediction_error
+from qlm.replay.embedded import STREAM_INTERVAL_S, embedded_config, scaled_profile
 from qlm.replay.outcomes import live_result, outcome_of, swaps_by_instance
 from qlm.replay.sender import Sent, body_of, prompt_of
-from qlm.serve.config import ServeConfig
+from qlm.serve.config import LiveEngineConfig, ServeConfig
+from qlm.serve.runtime import ENGINE_KINDS
 from qlm.sim.result import OutcomeState
 from qlm.sim.scenario import load_scenario
 from qlm.types import PrefixBlock
@@ -144,3 +147,57 @@ def test_the_comparison_counts_gaps_and_prediction_error() -> None:
         live_result([late], 1.0, 0, ["interactive"], {}, 1.0), {"interactive": 10.0}
     )
     assert graded["interactive"]["median_abs_error_of_target"] == pytest.approx(1.0)
+
+
+def _lagging(request_id: str, slo_class: str, send_lag_s: float, admission_lag_s: float) -> Sent:
+    """A request due at t=10 (monotonic) and wall 1000, sent and stamped late by these."""
+    request = make_request(arrival_at_s=0.0, ttft_s=20.0, id=request_id, slo_class=slo_class)
+    sent_at_s = 10.0 + send_lag_s
+    times = {"arrival_at_s": 1000.0 + send_lag_s + admission_lag_s, "first_token_at_s": 1e4}
+    return Sent(
+        request,
+        request_id,
+        due_at_s=10.0,
+        sent_at_s=sent_at_s,
+        sent_wall_s=1000.0 + send_lag_s,
+        record={"state": "completed", "times": times},
+    )
+
+
+def test_lags_from_the_scenario_time_to_the_plane_stamp_decide_faithfulness() -> None:
+    targets = {"interactive": 20.0, "batch-1": 60.0}
+    # At 2x: interactive 0.5 + 0.25 wall s late = 1.5 scenario s (within 10 % of 20 s);
+    # batch-1 1 + 2 wall s = 6 scenario s (within 10 % of 60 s).
+    sent = [_lagging("a", "interactive", 0.5, 0.25), _lagging("b", "batch-1", 1.0, 2.0)]
+    live = live_result(sent, 2.0, 0, list(targets), {}, 1.0)
+    assert live.policy_stats["send_lag_p99_s"] == pytest.approx(2.0)  # over every request
+    assert live.policy_stats["admission_lag_p99_s"] == pytest.approx(4.0)
+    doc = comparison(live, live, targets)
+    assert doc["live"]["arrival_lag_p99_s"] == pytest.approx({"interactive": 1.5, "batch-1": 6.0})
+    assert doc["replay"]["faithful"] is True
+    assert "NOT FAITHFUL" not in comparison_table(doc)
+    # An interactive request 1.5 wall s late at 2x: 3 s > 2 s of its 20 s target.
+    sent.append(_lagging("c", "interactive", 1.0, 0.5))
+    doc = comparison(live_result(sent, 2.0, 0, list(targets), {}, 1.0), live, targets)
+    assert doc["replay"] == {"faithful": False, "late": ["interactive"], "lag_share": 0.1}
+    assert "NOT FAITHFUL" in comparison_table(doc)
+    # A request the client could not send at all makes the replay unfaithful as well.
+    refused = Sent(make_request(id="d"), None, error="HTTP 429")
+    doc = comparison(
+        live_result([*sent[:2], refused], 2.0, 0, list(targets), {}, 1.0), live, targets
+    )
+    assert doc["replay"]["faithful"] is False
+
+
+def test_the_embedded_engines_stream_in_coarse_chunks() -> None:
+    scenario = load_scenario(SIMS / "wa-quick.yaml")
+    data = embedded_config(scenario, scenario.requests(0)[:5], speedup=2.0, port=8123)
+    config = ServeConfig.model_validate(data)
+    assert (
+        config.engine.stream_interval_s == STREAM_INTERVAL_S > LiveEngineConfig().stream_interval_s
+    )
+    fleet = config.fleet()
+    instance = fleet.instances[0]
+    engine = ENGINE_KINDS.create("emulated", config, instance, fleet, VirtualClock())
+    assert isinstance(engine, EmulatedEngine)
+    assert engine.stream_interval_s == STREAM_INTERVAL_S  # the setting reaches the engine

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from qlm.agents.prefix_affinity import held_by_reports
+import pytest
+
+from qlm.agents.prefix_affinity import HeldByReports, held_by_reports
 from qlm.control.plan import PublishedPlan, planned_group
 from qlm.queue.records import InstanceStatus
 from qlm.serve.prefix_held import PrefixHeld
@@ -37,3 +39,31 @@ def test_held_follows_the_reports_and_only_shown_requests_get_it() -> None:
     expected = {r.id: held_by_reports(reported, r.prefix) for r in queued[:4]}
     assert dict(second.prefix_held) == expected
     assert held.on(replace(view), queued, []) == view  # no reports: nothing held
+
+
+def test_a_report_that_changes_renews_only_that_instances_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queued = [
+        replace(make_request(id=f"r{k}", model="m7b"), prefix=(*SHARED, PrefixBlock(100 + k, 50)))
+        for k in range(3)
+    ]
+    view = PublishedPlan(1, 0.0, {}, {"g": planned_group("g", "m7b", queued)})
+    walks: list[frozenset[str]] = []
+    walk = HeldByReports.held
+
+    def counted(self: HeldByReports, prefix: tuple[PrefixBlock, ...]) -> dict[str, int]:
+        walks.append(frozenset(self.reported))
+        return walk(self, prefix)
+
+    monkeypatch.setattr(HeldByReports, "held", counted)
+    held = PrefixHeld()
+    held.on(view, queued, [status("a", (1, 2)), status("b", (1,))])
+    assert len(walks) == 6  # every shown prompt, once per instance
+    walks.clear()
+    held.on(view, queued, [status("a", (1, 2)), status("b", (1,))])
+    assert walks == []  # nothing changed: every answer kept
+    after = held.on(view, queued, [status("a", (1, 2)), status("b", (1, 2, 102))])
+    assert walks == [frozenset({"b"})] * 3  # only b's report changed
+    assert dict(after.prefix_held) == {"r0": {"a": 200, "b": 200}, "r1": {"a": 200, "b": 200},
+                                       "r2": {"a": 200, "b": 250}}  # fmt: skip
