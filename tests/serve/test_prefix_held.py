@@ -3,6 +3,7 @@ shown request's prompt, from the agents' reports, kept only while the reports st
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -67,3 +68,39 @@ def test_a_report_that_changes_renews_only_that_instances_answers(
     assert walks == [frozenset({"b"})] * 3  # only b's report changed
     assert dict(after.prefix_held) == {"r0": {"a": 200, "b": 200}, "r1": {"a": 200, "b": 200},
                                        "r2": {"a": 200, "b": 250}}  # fmt: skip
+
+
+def test_answers_kept_by_difference_match_a_walk_from_scratch_every_round() -> None:
+    rng = random.Random(5)
+    blocks = [PrefixBlock(k, 16 * (1 + k % 3)) for k in range(1, 13)]
+
+    def prompt(k: int) -> tuple[PrefixBlock, ...]:  # chained keys: shared leading blocks
+        return (*blocks[: 1 + rng.randrange(10)], PrefixBlock(1000 + k, 8))
+
+    pool = [
+        replace(make_request(id=f"r{k}", model=rng.choice(("m7b", "m13b"))), prefix=prompt(k))
+        for k in range(40)
+    ]
+    held = PrefixHeld()
+    for _ in range(60):
+        queued = rng.sample(pool, 25)
+        view = PublishedPlan(1, 0.0, {}, {"g": planned_group("g", "m7b", queued[:18])})
+        statuses = [
+            replace(
+                status(i, tuple(rng.sample(range(1, 13), rng.randrange(0, 12)))),
+                model=rng.choice(("m7b", "m13b")),
+            )
+            for i in ("a", "b", "c")
+            if rng.random() < 0.9
+        ]
+        got = dict(held.on(view, queued, statuses).prefix_held)
+        expected = {}
+        for request in queued[:18]:
+            reported = {
+                s.instance_id: frozenset(s.prefix_keys)
+                for s in statuses
+                if s.model == request.model and s.prefix_keys
+            }
+            if tokens := held_by_reports(reported, request.prefix):
+                expected[request.id] = tokens
+        assert got == expected
