@@ -43,3 +43,15 @@ def test_a_later_results_file_replaces_the_same_case() -> None:
     assert "-1.0" in block
     assert "-20.0" not in block
     assert "1 of 1 cases within bounds" in block
+
+
+def test_a_replay_that_lost_the_arrival_times_is_never_within_bounds() -> None:
+    late = {**case("wc-quick", {"overall": 0.5}, 0, 0), "faithful": False, "late": ["batch-1"]}
+    assert not within(late)  # a small gap on another workload measures nothing
+    late["within"] = within(late)
+    late["live"] |= {"client_errors": 0.0, "arrival_lag_p99_s": {"batch-1": 18.4, "x": 1.0}}
+    kept = {**case("wb-quick", {"overall": 0.5}, 0, 0), "faithful": True, "late": []}
+    kept["within"] = within(kept)
+    block = render([{**HEADER, "cases": [late, kept]}])
+    assert "0 / 18.4 s / NO: batch-1" in block
+    assert "1 of 2 cases within bounds; 1 replays not faithful" in block
