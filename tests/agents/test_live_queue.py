@@ -107,3 +107,25 @@ def test_members_are_read_once_and_reused_by_the_next_plan() -> None:
     assert all(again[f"r{k}"] is items[f"r{k}"] for k in range(25, 50))
     assert again["r60"].prompt_tokens == 100 + 37 * 60 % 900
     assert planned_items(second, "other-model", items) == {}
+
+
+def test_members_are_noted_as_arrivals_once_in_arrival_order_and_pruned_seldom() -> None:
+    rng = random.Random(8)
+    the_fleet = fleet()
+    kept = AgentQueue(the_fleet, "i0", PRIORITY)
+    arrived: list[float] = []
+    kept.decision.arrived = lambda model, at_s, budget_s: arrived.append(at_s)  # type: ignore[method-assign]
+    ids = [f"r{k}" for k in range(8300)]  # r{k} arrives at k/10 s
+    noted_before = None
+    rebuilt = 0
+    for round_ in range(80):  # 300 members, 100 new a round (and 100 gone), 10 s apart
+        members = ids[100 * round_ : 300 + 100 * round_]
+        plan = random_plan(rng, round_, members)
+        kept.heads(plan, view(the_fleet), lambda _: True, 30.0 + 10 * round_, 8)
+        rebuilt += kept._noted is not noted_before and noted_before is not None
+        noted_before = kept._noted
+    assert sorted(arrived) == [k / 10 for k in range(8200)]  # each once
+    assert arrived[300:400] == sorted(arrived[300:400])  # a round's in arrival order
+    # 800 s of arrivals against a 120 s window: pruned now and then, not every round
+    assert 0 < rebuilt <= 5
+    assert len(kept._noted) < 5000
