@@ -274,6 +274,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--max-rps", type=float, default=25.0)
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="results JSON file")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--note", help="what this run re-measures and why (shown in the block)")
     parser.add_argument(
         "--render", type=Path, nargs="+", help="only write the docs block from these results"
     )
@@ -293,6 +294,8 @@ def main(argv: Sequence[str]) -> int:
         write_docs_block("parity", render([json.loads(p.read_text()) for p in args.render]))
         return 0
     report = run_header("parity.py", argv, "emulated engines, in-memory queue")
+    if args.note:
+        report["note"] = args.note
     cases = []
     with tempfile.TemporaryDirectory(prefix="qlm-parity-") as tmp:
         work = Path(tmp)

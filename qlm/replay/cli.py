@@ -20,7 +20,7 @@ from qlm.config import ConfigError
 from qlm.replay.compare import comparison, comparison_table
 from qlm.replay.embedded import embedded_config, embedded_plane, free_port
 from qlm.replay.outcomes import live_result, swaps_by_instance
-from qlm.replay.sender import Sender, Sent
+from qlm.replay.sender import Sender, Sent, raise_open_files_limit
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario, load_scenario
 from qlm.types import Request
@@ -111,6 +111,7 @@ def replay(
 ) -> SimResult:
     """Send the requests (to `options.url`, or to an embedded plane) and read their outcomes."""
     drain_s = _drain_wall_s(scenario, requests, options.speedup)
+    raise_open_files_limit()  # before the embedded plane starts: it inherits the limit
     if options.url is None:
         config = embedded_config(scenario, requests, options.speedup, free_port())
         with embedded_plane(config, out / "plane") as url:

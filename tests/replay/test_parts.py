@@ -3,6 +3,7 @@ it reads server times back into scenario seconds, and the comparison's arithmeti
 
 from __future__ import annotations
 
+import resource
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
 from qlm.engine.emulated import EmulatedEngine
+from qlm.replay import sender
 from qlm.replay.compare import comparison, comparison_table, prediction_error
 from qlm.replay.embedded import STREAM_INTERVAL_S, embedded_config, scaled_profile
 from qlm.replay.outcomes import live_result, outcome_of, swaps_by_instance
@@ -201,3 +203,20 @@ def test_the_embedded_engines_stream_in_coarse_chunks() -> None:
     engine = ENGINE_KINDS.create("emulated", config, instance, fleet, VirtualClock())
     assert isinstance(engine, EmulatedEngine)
     assert engine.stream_interval_s == STREAM_INTERVAL_S  # the setting reaches the engine
+
+
+def test_the_replay_may_open_as_many_streams_as_the_system_allows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    set_to: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: set_to.append(limits))
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    sender.raise_open_files_limit()
+    assert set_to == [(4096, 4096)]  # the soft limit up to the hard one
+    unlimited = resource.RLIM_INFINITY
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, unlimited))
+    sender.raise_open_files_limit()
+    assert set_to[-1] == (sender.OPEN_FILES_WANTED, unlimited)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (4096, 4096))
+    sender.raise_open_files_limit()
+    assert len(set_to) == 2  # already at the hard limit: left alone
