@@ -14,9 +14,10 @@ nothing is fitted. A ratio rather than a difference because waits scale with the
 ahead, and scores are learnt from requests that already ended, under a shorter backlog: on the
 wc-quick replays the difference held for 7 % (live) and 49 % (simulated) of batch-1
 requests at seed 0 (benchmarks/results/parity_bound.json), the ratio for 85 % and 100 % at
-seed 7 (parity_band_wc.json). It follows a change of load within `window` requests of the
-class. With fewer scores than the quantile needs (9 for 0.9) it gives no
-bound.
+seed 7 (parity_band_wc.json; live figures from replays since found late, which reached
+the plane up to 30 s behind the scenario: qlm/replay/README.md). It follows a change of load
+within `window` requests of the class. With fewer scores than the quantile needs (9 for 0.9)
+it gives no bound.
 
 Both planes use it the same way: the simulator observes every request's first token
 (qlm/sim/policies/qlm.py); the API observes the requests it forecast once their records show

@@ -61,8 +61,8 @@ def run_figures(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, 
         "by_class": result.attainment_by_class(),
         "swaps": result.total_swaps,
         "evictions": result.evictions,
-        "ttft_p50_s": _quantile(ttfts, 0.5),
-        "ttft_p99_s": _quantile(ttfts, 0.99),
+        "ttft_p50_s": quantile(ttfts, 0.5),
+        "ttft_p99_s": quantile(ttfts, 0.99),
         "prediction": prediction_error(result, targets_s),
         # the replay's own health (live only): client errors, send and admission lags
         **{k: v for k, v in result.policy_stats.items() if k in REPLAY_STATS},
@@ -146,7 +146,8 @@ def _health_lines(doc: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _quantile(values: Sequence[float], q: float) -> float | None:
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """The value a share `q` of the sorted `values` are at or below (None: no values)."""
     if not values:
         return None
     return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]

@@ -20,7 +20,7 @@ What cannot be scaled is the plane's own CPU time per decision: at a high speedu
 more than in the deployed plane (keep the speedup at 4 or below on a small machine). For the
 same reason the engines stream tokens in chunks every `STREAM_INTERVAL_S` (the first token at
 once, as always): at the emulated engine's default of 20 chunks a second per request, a replay
-of wc-quick (50 requests a second, up to 1,270 streams open at once) spent much of both cores
+of wc-quick (50 requests a second, well over 1,000 streams open at once) spent much of both cores
 on chunks (parsing them in the openai client, writing them to the queue's streams and the
 API's SSE), and its requests reached the plane late (`send_lag_p99_s`, `admission_lag_p99_s`;
 the client's former cap on open streams, qlm/replay/sender.py, did the rest). Chunking

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from qlm.replay.compare import ARRIVAL_LAG, quantile
 from qlm.replay.sender import Sent
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult, TtftPrediction
 
@@ -109,12 +110,8 @@ def lag_stats(sent: Sequence[Sent], speedup: float) -> dict[str, float]:
     return stats
 
 
-ARRIVAL_LAG = "arrival_lag_p99_s"
-
-
 def _p99(values: Sequence[float]) -> float:
-    ordered = sorted(values)  # the value 99 % of them are at or below
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    return quantile(sorted(values), 0.99) or 0.0  # callers pass at least one value
 
 
 def client_times(sent: Sent, speedup: float) -> ClientTimes:

@@ -67,11 +67,10 @@ def raise_open_files_limit() -> None:
     common soft limit of 1,024 files is below a busy scenario's requests in flight). A
     stream the system still refuses fails, and counts as a client error."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else hard
-        if soft != resource.RLIM_INFINITY and soft < target:
-            with contextlib.suppress(ValueError, OSError):  # a system that refuses: as it was
-                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    target = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):  # a system that refuses: as it was
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 OPEN_FILES_WANTED = 65536  # when the hard limit is unlimited
@@ -172,10 +171,10 @@ class Sender:
         stream_timeout = httpx2.Timeout(None, connect=CONNECT_TIMEOUT_S)
         # No cap on open streams: a stream holds its connection from its send to its last
         # token, so a cap is a queue in the client. With the openai client's default of
-        # 1,000, wc-quick (up to 1,270 requests in flight) sent its requests up to 30 s late
+        # 1,000, wc-quick (well over 1,000 requests in flight) sent its requests up to 30 s late
         # from its 80th second on, at any speedup (the number in flight does not scale).
+        # (the replay raises the open-files limit first, `raise_open_files_limit`)
         stream_limits = httpx2.Limits(max_connections=None, keepalive_expiry=CLIENT_KEEPALIVE_S)
-        raise_open_files_limit()
         # Streams hold their connection for their whole life, and the connection pool
         # matches every request against every connection of the pool on each change: with
         # some 350 streams open in one pool (wc-quick) that scan was a third of the client's

@@ -197,9 +197,9 @@ class LiveEngineConfig(StrictModel):
         gt=0,
         le=60,
         description="Emulated engines: generated tokens stream in chunks this often (engine "
-        "seconds; the first token goes at once, the rest at the end). Replays of busy "
-        "scenarios on a small host set it higher: every chunk costs the plane and the client "
-        "CPU that a real deployment spreads over its own machines.",
+        "seconds; the first token goes at once, the last chunk at the request's end). "
+        "Replays of busy scenarios on a small host set it higher: every chunk costs the plane "
+        "and the client CPU that a real deployment spreads over its own machines.",
     )
     standby_models: int = Field(
         default=0,

@@ -53,14 +53,12 @@ from qlm.types import Instance
 POLL_S = 0.02
 METRICS_TIMEOUT_S = 20.0  # histograms are recorded when a request finishes, a little later
 IDLE_TIMEOUT_S = 60.0
-QUIET_S = 0.1
-MAX_ATTEMPTS = 5
-RETRY_PAUSE_S = 1.0  # a void attempt usually means the host stalled: give it a moment
-
-
 # A minute to connect: a vLLM-CPU server busy with a batch of probes on a small host may not
 # accept a connection for more than 10 s (a probe stream failed so, and the profile with it).
 CONNECT_TIMEOUT_S = 60.0
+QUIET_S = 0.1
+MAX_ATTEMPTS = 5
+RETRY_PAUSE_S = 1.0  # a void attempt usually means the host stalled: give it a moment
 
 
 class VoidProbeError(Exception):
