@@ -8,11 +8,17 @@ shorter than `away_s`, times `away_s`: the requests expected while the model has
 that cannot wait for it to come back. A swap that takes a model's last instance away puts
 them at risk (qlm/sim/policies/qlm_dispatch.py `swap_pays`); requests with budgets longer
 than the absence wait and are served when the model returns.
+
+`recent(model, now)` gives the window's arrivals themselves (those noted with their queued
+item): the wait forecast prices the work among them that will pass a queued request
+(qlm/estimator/passing.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
+
+from qlm.agents.queued import QueuedItem
 
 
 class ArrivalRates:
@@ -20,12 +26,24 @@ class ArrivalRates:
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
         self.window_s = window_s
-        self._seen: dict[str, deque[tuple[float, float]]] = {}  # model -> (at_s, budget_s)
+        # model -> (at_s, budget_s, the queued item where known)
+        self._seen: dict[str, deque[tuple[float, float, QueuedItem | None]]] = {}
 
-    def arrived(self, model: str, at_s: float, budget_s: float) -> None:
+    def arrived(
+        self, model: str, at_s: float, budget_s: float, item: QueuedItem | None = None
+    ) -> None:
         seen = self._seen.setdefault(model, deque())
-        seen.append((at_s, budget_s))
+        seen.append((at_s, budget_s, item))
         self._trim(seen, at_s)
+
+    def recent(self, model: str, now_s: float) -> list[tuple[float, QueuedItem]]:
+        """(budget_s, item) of the model's arrivals of the last `window_s` noted with
+        their item, oldest first."""
+        seen = self._seen.get(model)
+        if not seen:
+            return []
+        self._trim(seen, now_s)
+        return [(budget_s, item) for _, budget_s, item in seen if item is not None]
 
     def at_risk(self, model: str, now_s: float, away_s: float) -> float:
         """Arrivals of `model` expected in the next `away_s` seconds, at the recent rate of
@@ -34,9 +52,9 @@ class ArrivalRates:
         if not seen or away_s <= 0:
             return 0.0
         self._trim(seen, now_s)
-        urgent = sum(1 for _, budget_s in seen if budget_s < away_s)
+        urgent = sum(1 for _, budget_s, _ in seen if budget_s < away_s)
         return urgent / self.window_s * away_s
 
-    def _trim(self, seen: deque[tuple[float, float]], now_s: float) -> None:
+    def _trim(self, seen: deque[tuple[float, float, QueuedItem | None]], now_s: float) -> None:
         while seen and seen[0][0] < now_s - self.window_s:
             seen.popleft()

@@ -19,7 +19,9 @@ The rules, in order:
    the engine work that blocks its next first token) cut by `dispatch.dispatch_groups`.
 
 The same schedule is the wait predictor (`predict`): a request's predicted time to first token
-is its start in that schedule, plus the engine work blocking its class, plus its prefill. The
+is its start in that schedule, moved back by the work of later arrivals that will be due
+before it (qlm/estimator/passing.py: the schedule holds only the requests queued now), plus
+the engine work blocking its class, plus its prefill; past its deadline, a predicted miss. The
 simulator grades it (qlm/sim/report/prediction.py) and the API returns it to clients
 (qlm/api/wait_estimate.py), each over its own `FleetView`.
 """
@@ -37,8 +39,13 @@ from qlm.agents.drain import start_blocks_by_rank
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.queued import QueuedGroup, QueuedItem
 from qlm.engine.types import EngineObservation
+from qlm.estimator.passing import PassingRates, start_with_passing
 from qlm.perf.profile import Profile
 from qlm.types import Fleet
+
+# How long the recent arrivals' work rates stand before they are priced again (a 60 s
+# window's rates barely move in a second; a forecast is made at every arrival).
+PASSING_REFRESH_S = 1.0
 
 
 def engine_blocks(
@@ -103,10 +110,14 @@ class Dispatcher:
         self.queues = ModelQueues(max_jobs)
         self.arrivals = ArrivalRates()
         self._rates: dict[tuple[str, ...], PoolRate] = {}
+        # (model, *pool) -> (when priced, the recent arrivals' work rates over the pool)
+        self._passing: dict[tuple[str, ...], tuple[float, PassingRates]] = {}
 
-    def arrived(self, model: str, at_s: float, budget_s: float) -> None:
-        """A new request of `model` (its TTFT budget): the recent arrivals `swap_pays` reads."""
-        self.arrivals.arrived(model, at_s, budget_s)
+    def arrived(self, model: str, item: QueuedItem) -> None:
+        """A new request of `model`: the recent arrivals `swap_pays` (their TTFT budgets)
+        and `predict` (their work) read."""
+        budget_s = item.ttft_deadline_at_s - item.arrival_at_s
+        self.arrivals.arrived(model, item.arrival_at_s, budget_s, item)
 
     # --- rule 1: follow the plan to another model? -------------------------------------------
 
@@ -241,8 +252,10 @@ class Dispatcher:
         self, view: FleetView, item: QueuedItem, model: str, now_s: float
     ) -> Forecast | None:
         """A queued request's time to first token from its arrival, read off its model's
-        schedule over the instances serving it: its start, the engine work that blocks its
-        class (`blocked_s`), its prefill. A `Forecast` of None when the schedule drops it;
+        schedule over the instances serving it: its start, moved back by the recent
+        arrivals' work that will pass it (`passing`), the engine work that blocks its class
+        (`blocked_s`), its prefill. A `Forecast` of None when the schedule drops it or the
+        passing work moves its first token past its deadline;
         None (no forecast) when no instance serves the model or the schedule does not reach
         the request (past its class's window, `ModelQueues`)."""
         pool = view.serving(model)
@@ -253,6 +266,25 @@ class Dispatcher:
         if start_s is None:
             dropped = any(d.request_id == item.request_id for d in schedule.dropped)
             return Forecast(None) if dropped else None
+        deadline_s = item.ttft_deadline_at_s
+        start_s = start_with_passing(start_s, now_s, deadline_s, self.passing(model, pool, now_s))
         _, prefill_s = self.rate(pool, model).cost_s(item)
         blocked_s = self.queues.blocked_s(model, pool).get(item.slo_class, 0.0)
-        return Forecast(start_s + blocked_s + prefill_s - item.arrival_at_s)
+        first_s = start_s + blocked_s + prefill_s
+        if first_s > deadline_s:  # the work that passes it leaves it no room: dropped
+            return Forecast(None)
+        return Forecast(first_s - item.arrival_at_s)
+
+    def passing(self, model: str, pool: tuple[str, ...], now_s: float) -> PassingRates:
+        """The pool's work rates of the model's recent arrivals by TTFT budget
+        (qlm/estimator/passing.py), priced again at most every `PASSING_REFRESH_S`."""
+        key = (model, *pool)
+        known = self._passing.get(key)
+        if known is not None and now_s - known[0] < PASSING_REFRESH_S:
+            return known[1]
+        rate = self.rate(pool, model)
+        recent = self.arrivals.recent(model, now_s)
+        work = ((budget_s, rate.cost_s(item)[0]) for budget_s, item in recent)
+        passing = PassingRates.of(work, self.arrivals.window_s)
+        self._passing[key] = (now_s, passing)
+        return passing

@@ -110,8 +110,7 @@ class AgentQueue:
         for item in sorted(fresh, key=lambda it: it.arrival_at_s):
             if math.isfinite(item.arrival_at_s):
                 noted[item.request_id] = item.arrival_at_s
-                budget_s = item.ttft_deadline_at_s - item.arrival_at_s
-                self.decision.arrived(model, item.arrival_at_s, budget_s)
+                self.decision.arrived(model, item)
         if len(noted) > self._forget_past:  # forget ids long past the arrivals' window
             # ... but never a member still planned: it would be noted again as an arrival
             # (a batch request queued past the window was, every round).

@@ -2,8 +2,9 @@
 function the simulator grades, run over the live plane's view of the queue and the fleet.
 
 A request's forecast is its start in its model's dispatch schedule (Moore-Hodgson over the
-instances serving the model, seen as one machine), plus the engine work that blocks its class,
-plus its prefill: what the agents serving the model will do with it, as far as the API can
+instances serving the model, seen as one machine), moved back by the recent arrivals' work
+that will be due before it (qlm/estimator/passing.py), plus the engine work that blocks its
+class, plus its prefill: what the agents serving the model will do with it, as far as the API can
 know. Where the API's inputs come from, and how stale they may be:
 
 * the queue: every queued request (`GlobalQueue.queued`), re-read at most every
@@ -14,6 +15,10 @@ know. Where the API's inputs come from, and how stale they may be:
   loading, its standby tier, the start blocks of its admitted work), at most about two report
   periods old (`ReportedFleet` with no engine of its own);
 * the profiles and instances: the fleet file's, as the agents and the simulator read them.
+
+* the arrivals whose work will pass a queued request (`Dispatcher.passing`): those this API
+  admits, and another replica's as they show queued at a read (one that was pulled before
+  a read is missed: with several replicas the passing work is a lower bound).
 
 The simulator's forecast (qlm/sim/policies/qlm_dispatch.py `SimDispatch.predict`) is made at
 the same moment, as a request is queued, over exact inputs.
@@ -43,6 +48,7 @@ NO_INSTANCE = ""  # the API is no instance: every instance is seen as reported
 # with long waits (wc-quick's batch-1: one request in 35) is not pushed out by a frequent one
 # before its requests end (one cap for all: no batch-1 bound on the wc-quick replays).
 WATCHED = 256
+NOTED_KEPT = 4096  # ids noted as arrivals kept at least (forgotten past twice the window)
 
 
 class QueueForecaster:
@@ -67,6 +73,8 @@ class QueueForecaster:
         self._read_at_s = -math.inf
         self.band = ForecastBand()
         self._watched: dict[str, dict[str, float]] = {}  # class: id: forecast (oldest first)
+        self._noted: dict[str, float] = {}  # ids noted as arrivals: their arrival time
+        self._forget_past = NOTED_KEPT
 
     async def forecast(self, request: Request) -> Forecast | None:
         """The request's forecast as it joins the queue (None: the decision makes none: no
@@ -74,6 +82,9 @@ class QueueForecaster:
         await self._refresh()
         item = QueuedItem.of(request)
         self.decision.queues.add(item, request.model)
+        # its work among the arrivals that pass queued requests (a refused one stays counted
+        # for the window: refusals are rare next to arrivals)
+        self._note(request.model, item)
         view = ReportedFleet(self._fleet, NO_INSTANCE, None, self._priority, self._peers.reports)
         forecast = self.decision.predict(view, item, request.model, self._clock.now_s())
         if forecast is not None and forecast.first_token_s is not None:
@@ -85,6 +96,21 @@ class QueueForecaster:
         self.decision.queues.remove((request_id,))
         for watched in self._watched.values():
             watched.pop(request_id, None)
+
+    def _note(self, model: str, item: QueuedItem) -> None:
+        """A request seen for the first time: an arrival, for the work that passes queued
+        requests (`Dispatcher.passing`)."""
+        if item.request_id not in self._noted:
+            self._noted[item.request_id] = item.arrival_at_s
+            self.decision.arrived(model, item)
+
+    def _forget_noted(self) -> None:
+        """Forget the ids noted before the arrivals' window, seldom (amortised)."""
+        if len(self._noted) <= self._forget_past:
+            return
+        horizon_s = self._clock.now_s() - 2 * self.decision.arrivals.window_s
+        self._noted = {rid: at_s for rid, at_s in self._noted.items() if at_s >= horizon_s}
+        self._forget_past = max(NOTED_KEPT, 2 * len(self._noted))
 
     def _watch(self, request: Request, forecast_s: float) -> None:
         watched = self._watched.setdefault(request.slo_class, {})
@@ -116,9 +142,15 @@ class QueueForecaster:
         await self._learn()
         queues = self.decision.queues
         by_model: dict[str, dict[str, QueuedItem]] = {m: {} for m in queues.models()}
+        fresh = []
         for request in await self._queue.queued():
             items = by_model.setdefault(request.model, {})
             known = queues.items(request.model).get(request.id)
             items[request.id] = known if known is not None else QueuedItem.of(request)
+            if request.id not in self._noted:  # another replica's admission, still queued
+                fresh.append((request.model, items[request.id]))
+        for model, item in sorted(fresh, key=lambda f: (f[1].arrival_at_s, f[1].request_id)):
+            self._note(model, item)
+        self._forget_noted()
         for model, items in by_model.items():
             queues.sync(model, items)

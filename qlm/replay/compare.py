@@ -20,12 +20,16 @@ FAITHFUL_LAG_SHARE = 0.1
 
 def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, Any]:
     """Per class: the median absolute error of the predicted TTFT (the run's
-    `ttft_predictions`; a predicted miss counts as the target) against the TTFT seen, as a
-    share of the class's target, how often the TTFT came within the prediction (`held`),
-    and within the bound given for nine in ten (`bound_held`, over those given one; None
-    when none was); over requests with both a prediction and a first token."""
+    `ttft_predictions`) against the TTFT seen, as a share of the class's target, how often
+    the prediction held (`held`: the TTFT came within it), and within the bound given for
+    nine in ten (`bound_held`, over those given one; None when none was); over requests
+    with both a prediction and a first token. A predicted miss says "past the target", an
+    interval: its error is how far short of the target the TTFT came (none when it missed),
+    and it held when the request missed; `late` counts them and `late_held` is that share
+    (None without any)."""
     errors: dict[str, list[float]] = {}
     held: dict[str, list[bool]] = {}
+    late: dict[str, list[bool]] = {}
     bounds: dict[str, list[bool]] = {}
     for outcome in result.outcomes:
         prediction = result.ttft_predictions.get(outcome.request_id)
@@ -33,22 +37,34 @@ def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[
         target_s = targets_s.get(outcome.slo_class)
         if prediction is None or ttft_s is None or not target_s:
             continue
-        predicted_s = target_s if prediction.predicted_s is None else prediction.predicted_s
-        errors.setdefault(outcome.slo_class, []).append(abs(predicted_s - ttft_s) / target_s)
-        held.setdefault(outcome.slo_class, []).append(ttft_s <= predicted_s)
-        kept = bounds.setdefault(outcome.slo_class, [])
+        name = outcome.slo_class
+        predicted_s = prediction.predicted_s
+        if predicted_s is None:  # "past the target"
+            error_s, kept_it = max(0.0, target_s - ttft_s), ttft_s > target_s
+            late.setdefault(name, []).append(kept_it)
+        else:
+            error_s, kept_it = abs(predicted_s - ttft_s), ttft_s <= predicted_s
+        errors.setdefault(name, []).append(error_s / target_s)
+        held.setdefault(name, []).append(kept_it)
+        bounded = bounds.setdefault(name, [])
         if prediction.upper_s is not None:
-            kept.append(ttft_s <= prediction.upper_s)
+            bounded.append(ttft_s <= prediction.upper_s)
     return {
         name: {
             "requests": len(values),
             "median_abs_error_of_target": statistics.median(values),
-            "held": sum(held[name]) / len(held[name]),
+            "held": _share(held[name]),
+            "late": len(late.get(name, ())),
+            "late_held": _share(late.get(name, [])),
             "bounded": len(bounds[name]),
-            "bound_held": sum(bounds[name]) / len(bounds[name]) if bounds[name] else None,
+            "bound_held": _share(bounds[name]),
         }
         for name, values in sorted(errors.items())
     }
+
+
+def _share(flags: Sequence[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
 
 
 def run_figures(result: SimResult, targets_s: Mapping[str, float]) -> dict[str, Any]:

@@ -114,7 +114,7 @@ def test_members_are_noted_as_arrivals_once_in_arrival_order_and_pruned_seldom()
     the_fleet = fleet()
     kept = AgentQueue(the_fleet, "i0", PRIORITY)
     arrived: list[float] = []
-    kept.decision.arrived = lambda model, at_s, budget_s: arrived.append(at_s)  # type: ignore[method-assign]
+    kept.decision.arrived = lambda model, item: arrived.append(item.arrival_at_s)  # type: ignore[method-assign]
     ids = [f"r{k}" for k in range(8300)]  # r{k} arrives at k/10 s
     noted_before = None
     rebuilt = 0

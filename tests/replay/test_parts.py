@@ -143,12 +143,19 @@ def test_the_comparison_counts_gaps_and_prediction_error() -> None:
     assert error["requests"] == 2
     assert error["median_abs_error_of_target"] == pytest.approx((0.1 + 1.6) / 2)
     assert error["held"] == 0.0  # both came later than predicted
-    # A `late` forecast predicts a miss: graded as the class's target.
+    # A `late` forecast predicts a miss, "past the target": right for the request that
+    # missed (first token at 20 s), 8 s short of it for one that met it at 2 s.
     late = Sent(other, "2", estimated_wait_s=10.0, estimate_basis="late", record=record)
+    met_record = {"state": "completed", "times": times}
+    early = Sent(request, "1", estimated_wait_s=10.0, estimate_basis="late", record=met_record)
     graded = prediction_error(
-        live_result([late], 1.0, 0, ["interactive"], {}, 1.0), {"interactive": 10.0}
-    )
-    assert graded["interactive"]["median_abs_error_of_target"] == pytest.approx(1.0)
+        live_result([late, early], 1.0, 0, ["interactive"], {}, 1.0), {"interactive": 10.0}
+    )["interactive"]
+    assert graded["median_abs_error_of_target"] == pytest.approx((0.0 + 0.8) / 2)
+    assert graded["late"] == 2
+    assert graded["late_held"] == graded["held"] == 0.5
+    assert error["late"] == 0
+    assert error["late_held"] is None
 
 
 def _lagging(request_id: str, slo_class: str, send_lag_s: float, admission_lag_s: float) -> Sent:

@@ -63,8 +63,7 @@ class SimDispatch:
 
     def arrived(self, request: Request) -> None:
         """A new request (not one back from an engine): its model's recent arrivals."""
-        budget_s = request.ttft_deadline_at_s - request.arrival_at_s
-        self.decision.arrived(request.model, request.arrival_at_s, budget_s)
+        self.decision.arrived(request.model, QueuedItem.of(request))
 
     def queue(self, request: Request) -> None:
         """A request joined the global queue (arrived, or back from an engine)."""
