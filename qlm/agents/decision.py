@@ -267,12 +267,12 @@ class Dispatcher:
             dropped = any(d.request_id == item.request_id for d in schedule.dropped)
             return Forecast(None) if dropped else None
         deadline_s = item.ttft_deadline_at_s
-        start_s = start_with_passing(start_s, now_s, deadline_s, self.passing(model, pool, now_s))
+        passed_s = start_with_passing(start_s, now_s, deadline_s, self.passing(model, pool, now_s))
         _, prefill_s = self.rate(pool, model).cost_s(item)
         blocked_s = self.queues.blocked_s(model, pool).get(item.slo_class, 0.0)
-        first_s = start_s + blocked_s + prefill_s
-        if first_s > deadline_s:  # the work that passes it leaves it no room: dropped
-            return Forecast(None)
+        first_s = passed_s + blocked_s + prefill_s
+        if passed_s > start_s and first_s > deadline_s:
+            return Forecast(None)  # the work that passes it leaves it no room: dropped
         return Forecast(first_s - item.arrival_at_s)
 
     def passing(self, model: str, pool: tuple[str, ...], now_s: float) -> PassingRates:
