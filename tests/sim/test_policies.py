@@ -52,6 +52,7 @@ def test_every_policy_and_ablation_is_registered() -> None:
         "llmd-prefix",
         "preble",
         "round-robin",
+        "serverless",
         "qlm",
         "qlm-no-evict",
         "qlm-no-swap",

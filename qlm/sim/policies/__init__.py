@@ -1,6 +1,16 @@
 """Scheduling policies for the simulator, registered by name in SIM_POLICIES (README.md)."""
 
-from qlm.sim.policies import edf, fcfs, llmd, llmd_prefix, preble, qlm, round_robin, shepherd
+from qlm.sim.policies import (
+    edf,
+    fcfs,
+    llmd,
+    llmd_prefix,
+    preble,
+    qlm,
+    round_robin,
+    serverless,
+    shepherd,
+)
 from qlm.sim.policies.base import SIM_POLICIES, BasePolicy, SimContext, SimPolicy, make_policy
 
 __all__ = [
@@ -16,5 +26,6 @@ __all__ = [
     "preble",
     "qlm",
     "round_robin",
+    "serverless",
     "shepherd",
 ]
