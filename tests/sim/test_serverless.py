@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.sim.result import OutcomeState, SimResult
 from qlm.engine.config import EngineConfig
+from qlm.sim.result import OutcomeState, SimResult
 from qlm.sim.runner import SimulatedEngines, simulate
 from qlm.types import Fleet, Instance, Request
 from tests.factories import GIB, make_profile
