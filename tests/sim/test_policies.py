@@ -53,6 +53,7 @@ def test_every_policy_and_ablation_is_registered() -> None:
         "preble",
         "round-robin",
         "serverless",
+        "logos",
         "qlm",
         "qlm-no-evict",
         "qlm-no-swap",

@@ -15,8 +15,6 @@ it count with all their slots). No eviction.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Sequence
 
 from qlm.agents.actions import Action, LoadModel, Pull
@@ -30,9 +28,8 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
+from qlm.sim.policies.deadline_queues import DeadlineQueues
 from qlm.types import Instance, Request
-
-_Entry = tuple[float, float, int, Request]
 
 
 @SIM_POLICIES.register("edf")
@@ -41,9 +38,8 @@ class EdfPolicy(BasePolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        self._heaps: dict[str, list[_Entry]] = {}  # model -> deadline heap
+        self._queues = DeadlineQueues()
         self._book = AdmissionBook()
-        self._sequence = itertools.count()
         self._swaps = 0
 
     def start(self, ctx: SimContext) -> Actions:
@@ -53,11 +49,11 @@ class EdfPolicy(BasePolicy):
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
-        self._push(request)
-        heap = self._heaps[request.model]
+        self._queues.push(request)
+        head = self._queues.head(request.model)
+        assert head is not None
         ready = [i for i in self.instances_of(request.model) if not self.ctx.loading(i.id)]
         book = self._book
-        head = heap[0][3]
         room = [i for i in ready if book.fits(i.id, head)]
         if not room:
             return self._swap_idle()
@@ -66,7 +62,7 @@ class EdfPolicy(BasePolicy):
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
         for request in requests:
-            self._push(request)
+            self._queues.push(request)
         return NO_ACTIONS
 
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
@@ -79,23 +75,17 @@ class EdfPolicy(BasePolicy):
     def stats(self) -> dict[str, float]:
         return {"swaps_started": self._swaps}
 
-    def _push(self, request: Request) -> None:
-        entry = (request.ttft_deadline_at_s, request.arrival_at_s, next(self._sequence), request)
-        heapq.heappush(self._heaps.setdefault(request.model, []), entry)
-
     def _fill(self, instance: Instance) -> Actions:
         """Pull earliest-deadline requests of the instance's model while they fit."""
         ctx = self.ctx
         model = ctx.model_of(instance.id)
-        heap = self._heaps.get(model or "")
-        if not heap or ctx.loading(instance.id):
+        if model is None or ctx.loading(instance.id):
             return NO_ACTIONS
-        ids: list[str] = []
-        while heap and self._book.fits(instance.id, heap[0][3]):
-            request = heapq.heappop(heap)[3]
-            self._book.admit(instance.id, request)
-            ids.append(request.id)
-        return (Pull(instance.id, tuple(ids)),) if ids else NO_ACTIONS
+        book = self._book
+        taken = self._queues.pull_while(
+            model, lambda r: book.fits(instance.id, r), lambda r: book.admit(instance.id, r)
+        )
+        return (Pull(instance.id, tuple(r.id for r in taken)),) if taken else NO_ACTIONS
 
     def _swap_idle(self) -> Actions:
         """Idle instances whose model has nothing queued switch to the most urgent model whose
@@ -104,7 +94,7 @@ class EdfPolicy(BasePolicy):
         actions: list[Action] = []
         for instance in ctx.fleet.instances:
             model = ctx.model_of(instance.id)
-            if ctx.held(instance.id) or ctx.loading(instance.id) or self._heaps.get(model or ""):
+            if ctx.held(instance.id) or ctx.loading(instance.id) or self._queues.count(model or ""):
                 continue
             target = self._urgent_model_short_of_room(instance, actions)
             if target is not None:
@@ -116,11 +106,10 @@ class EdfPolicy(BasePolicy):
         self, instance: Instance, planned: Sequence[Action]
     ) -> str | None:
         fleet = self.ctx.fleet
-        heads = sorted((heap[0][:3], model) for model, heap in self._heaps.items() if heap)
-        for _, model in heads:
+        for model in self._queues.models_by_head():
             if not fleet.can_serve(instance, model):
                 continue
-            if len(self._heaps[model]) > self._room(model, planned):
+            if self._queues.count(model) > self._room(model, planned):
                 return model
         return None
 

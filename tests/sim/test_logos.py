@@ -1,0 +1,99 @@
+"""`logos` (qlm/sim/policies/logos.py) on cases built to show its rules: a model nobody serves
+gets an idle instance at once; otherwise a switch is taken only when the wait it saves reaches
+its tier's ratio (a wake 1.5x, a cold load 2x, a drain and load 3x), a busy instance drains
+before it switches, and no switch strands its own model's queued work."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from qlm.engine.config import EngineConfig
+from qlm.sim.result import OutcomeState, SimResult
+from qlm.sim.runner import SimulatedEngines, simulate
+from qlm.types import Fleet, Instance, Request
+from tests.factories import GIB, make_profile
+from tests.sim.cases import CONFIG
+
+LOAD_S, WAKE_S = 10.0, 0.5
+TIERED = SimulatedEngines(EngineConfig(standby_models=1))
+
+
+def fleet(*instances: Instance) -> Fleet:
+    """One-slot engines; a request of 100 output tokens takes about 1 s."""
+    profiles = [
+        replace(
+            make_profile(m, max_batch_size=1, step_s=(0.01,), batch_sizes=(1,), load_s=LOAD_S),
+            wake_s=WAKE_S,
+        )
+        for m in ("m7b", "m13b")
+    ]
+    return Fleet.of(list(instances), profiles)
+
+
+def instance(id: str, model: str | None, standby: tuple[str, ...] = ()) -> Instance:
+    return Instance(id, "A100", 1, 80 * GIB, model, standby)
+
+
+def req(id: str, at_s: float, model: str = "m13b", output: int = 100) -> Request:
+    return Request(id, model, 100, output, "batch-2", at_s, at_s + 3600.0)
+
+
+def served_by(result: SimResult, instance_id: str, model: str) -> list[float]:
+    """First-token times of `model`'s requests on the instance."""
+    return sorted(
+        o.first_token_s
+        for o in result.outcomes
+        if o.instance_id == instance_id and o.model == model and o.first_token_s is not None
+    )
+
+
+def run(instances: tuple[Instance, ...], requests: list[Request]) -> SimResult:
+    return simulate(fleet(*instances), requests, "logos", CONFIG, 1, engine_factory=TIERED)
+
+
+def test_a_model_nobody_serves_gets_an_idle_instance_at_once() -> None:
+    result = run((instance("i0", "m7b"),), [req("b0", 1.0)])
+    assert served_by(result, "i0", "m13b") == [pytest.approx(1.0 + LOAD_S, abs=0.1)]
+
+
+def test_a_cold_load_needs_twice_its_time_saved_a_wake_one_and_a_half() -> None:
+    # 21 m13b requests of about 1 s on one instance: 20 s of queue behind the first. Another
+    # instance joining after a cold load (10 s) ends it 5 s sooner: under 2 x 10 s, no switch.
+    requests = [req(f"b{k}", 0.0) for k in range(21)]
+    cold = run((instance("i0", "m13b"), instance("i1", "m7b")), requests)
+    assert cold.total_swaps == 0
+    assert served_by(cold, "i1", "m13b") == []
+    # ... with m13b asleep in i1's standby tier, a wake (0.5 s) saves about 9.75 s: over
+    # 1.5 x 0.5 s, so i1 wakes it and shares the queue.
+    warm = run((instance("i0", "m13b"), instance("i1", "m7b", standby=("m13b",))), requests)
+    assert warm.total_swaps == 1
+    shared = served_by(warm, "i1", "m13b")
+    assert shared[0] == pytest.approx(WAKE_S, abs=0.1)
+    assert len(shared) >= 8
+
+
+def test_a_busy_instance_drains_before_it_switches_when_the_saving_is_three_times() -> None:
+    # i1 decodes a 20 s m7b request; 400 s of m13b queue on i0. Draining (20 s) and loading
+    # (10 s) saves about (400 - 30) / 2 s: over 3 x 30 s. The m7b request is not evicted.
+    requests = [req("long", 0.0, model="m7b", output=2000)]
+    requests += [req(f"b{k}", 0.1) for k in range(400)]
+    result = run((instance("i0", "m13b"), instance("i1", "m7b")), requests)
+    assert result.evictions == 0
+    long = next(o for o in result.outcomes if o.request_id == "long")
+    assert long.state is OutcomeState.COMPLETED
+    assert long.finish_s is not None
+    first = served_by(result, "i1", "m13b")[0]
+    assert first == pytest.approx(long.finish_s + LOAD_S, abs=0.2)
+
+
+def test_no_switch_strands_the_instances_own_queued_work() -> None:
+    # As above, but more m7b requests wait behind the long one: i1 never leaves m7b.
+    requests = [req("long", 0.0, model="m7b", output=2000)]
+    requests += [req(f"m{k}", 0.0, model="m7b") for k in range(5)]
+    requests += [req(f"b{k}", 0.1) for k in range(400)]
+    result = run((instance("i0", "m13b"), instance("i1", "m7b")), requests)
+    first_m13b = served_by(result, "i1", "m13b")
+    last_m7b = max(served_by(result, "i1", "m7b"))
+    assert not first_m13b or first_m13b[0] > last_m7b
