@@ -26,6 +26,7 @@ from qlm.config import (
 from qlm.engine.config import EngineConfig
 from qlm.fleet_config import FleetConfig
 from qlm.sim.fuzz import draw_scenario, parse_random_name
+from qlm.sim.fuzz.many_models import draw_many_models, parse_many_name
 from qlm.sim.workload import StreamConfig, iter_requests
 from qlm.types import DEFAULT_SLO_CLASSES, Fleet, Request
 
@@ -195,13 +196,17 @@ def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario file; trace and profile paths are relative to its folder.
     Raises qlm.config.ConfigError naming file:line: field. The name `random:SEED[:SIZE]` in
     place of a file draws a random scenario (qlm/sim/fuzz), so every command that loads
-    scenarios (`qlm simulate random:7`) runs one."""
+    scenarios (`qlm simulate random:7`) runs one; `many:SEED` a many-model one
+    (qlm/sim/fuzz/many_models.py)."""
     try:
         drawn = parse_random_name(str(path))
+        many = parse_many_name(str(path))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if drawn is not None:
         return random_scenario(*drawn)
+    if many is not None:
+        return Scenario.model_validate(draw_many_models(many).document)
     return load_yaml_model(path, Scenario)
 
 

@@ -1,7 +1,8 @@
-"""`logos` (qlm/sim/policies/logos.py) on cases built to show its rules: a model nobody serves
-gets an idle instance at once; otherwise a switch is taken only when the wait it saves reaches
-its tier's ratio (a wake 1.5x, a cold load 2x, a drain and load 3x), a busy instance drains
-before it switches, and no switch strands its own model's queued work."""
+"""`logos` (qlm/sim/policies/logos.py) on cases built to show its rules: a model nobody
+serves gets an idle instance once its keep-alive ends; otherwise a switch is taken only when
+the wait it saves reaches its tier's ratio (a wake 1.5x, a cold load 2x, a drain and load
+3x), a popular model's last instance is not given away for a tail request, a busy instance
+drains before it switches, and no switch strands its own model's queued work."""
 
 from __future__ import annotations
 
@@ -49,29 +50,56 @@ def served_by(result: SimResult, instance_id: str, model: str) -> list[float]:
     )
 
 
+def first_token(result: SimResult, request_id: str) -> float:
+    o = next(o for o in result.outcomes if o.request_id == request_id)
+    assert o.first_token_s is not None
+    return o.first_token_s
+
+
 def run(instances: tuple[Instance, ...], requests: list[Request]) -> SimResult:
     return simulate(fleet(*instances), requests, "logos", CONFIG, 1, engine_factory=TIERED)
 
 
-def test_a_model_nobody_serves_gets_an_idle_instance_at_once() -> None:
+def test_a_model_nobody_serves_gets_an_idle_instance_once_its_keep_alive_ends() -> None:
+    # i0 keeps m7b one cold load (10 s) from the start of the run (the first arrival, 1 s),
+    # then loads m13b (10 s)
     result = run((instance("i0", "m7b"),), [req("b0", 1.0)])
-    assert served_by(result, "i0", "m13b") == [pytest.approx(1.0 + LOAD_S, abs=0.1)]
+    assert served_by(result, "i0", "m13b") == [pytest.approx(1.0 + 2 * LOAD_S, abs=0.1)]
+    # an instance with no model takes it at once
+    empty = run((instance("i0", None),), [req("b0", 1.0)])
+    assert served_by(empty, "i0", "m13b") == [pytest.approx(1.0 + LOAD_S, abs=0.1)]
 
 
 def test_a_cold_load_needs_twice_its_time_saved_a_wake_one_and_a_half() -> None:
-    # 21 m13b requests of about 1 s on one instance: 20 s of queue behind the first. Another
-    # instance joining after a cold load (10 s) ends it 5 s sooner: under 2 x 10 s, no switch.
-    requests = [req(f"b{k}", 0.0) for k in range(21)]
+    # Three m13b requests of about 1 s on one one-slot instance: 2 s of queue behind the
+    # first. Another instance joining after a cold load (10 s) saves nothing: no switch.
+    # One m7b request at the start; by 15 s i1's keep-alive of m7b (10 s) is over.
+    requests = [req("m", 0.0, model="m7b", output=10)] + [req(f"b{k}", 15.0) for k in range(3)]
     cold = run((instance("i0", "m13b"), instance("i1", "m7b")), requests)
     assert cold.total_swaps == 0
     assert served_by(cold, "i1", "m13b") == []
-    # ... with m13b asleep in i1's standby tier, a wake (0.5 s) saves about 9.75 s: over
-    # 1.5 x 0.5 s, so i1 wakes it and shares the queue.
+    # ... with m13b asleep in i1's standby tier, a wake (0.5 s) ends the queue 0.75 s sooner
+    # for 2 requests: 1.5 request-seconds, over 1.5 x 0.5, so i1 wakes it and shares the queue.
     warm = run((instance("i0", "m13b"), instance("i1", "m7b", standby=("m13b",))), requests)
     assert warm.total_swaps == 1
     shared = served_by(warm, "i1", "m13b")
-    assert shared[0] == pytest.approx(WAKE_S, abs=0.1)
-    assert len(shared) >= 8
+    assert shared[0] == pytest.approx(15.0 + WAKE_S, abs=0.1)
+
+
+def test_a_popular_models_last_instance_is_not_given_away_for_a_tail_request() -> None:
+    # m7b's only instance idles between arrivals (2 a second, each done in about 0.1 s);
+    # one interactive m13b request (20 s left) gains at most 20 request-seconds, against a
+    # 10 s load times the ~40 m7b arrivals it would strand (away 20 s).
+    requests = [req(f"p{k}", 0.5 * k, model="m7b", output=10) for k in range(120)]
+    requests.append(replace(req("tail", 30.0), slo_class="interactive", ttft_deadline_at_s=50.0))
+    result = run((instance("i0", "m7b"),), requests)
+    assert all(o.met_slo for o in result.outcomes if o.model == "m7b")
+    # it is served once m7b's last minute of arrivals (up to 59.5 s) no longer outnumbers it
+    assert first_token(result, "tail") > 59.5 + LOAD_S
+    assert result.total_swaps == 1
+    # ... while nobody's model, idle, takes it at once
+    spare = run((instance("i0", "m7b"), instance("i1", None)), requests)
+    assert served_by(spare, "i1", "m13b") == [pytest.approx(30.0 + LOAD_S, abs=0.1)]
 
 
 def test_a_busy_instance_drains_before_it_switches_when_the_saving_is_three_times() -> None:

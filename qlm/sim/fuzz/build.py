@@ -116,7 +116,7 @@ def _attempt(
     shares = model_shares(streams)
     count = int(rng.integers(max(size.min_instances, len(models)), size.max_instances + 1))
     fleet = draw_fleet(rng, models, shares, count)
-    capacity = fleet_capacity_per_s(_instance_rates(fleet, streams, data_dir), shares)
+    capacity = fleet_capacity_per_s(instance_rates(fleet, streams, data_dir), shares)
     load = float(rng.uniform(size.min_load, size.max_load))
     window = float(rng.uniform(size.min_window_s, size.max_window_s))
     rate = load * capacity
@@ -145,7 +145,7 @@ def _moments(lengths: LengthMix, data_dir: Path) -> LengthMoments:
     return LengthMoments.of(rows, lengths.max_output_tokens)
 
 
-def _instance_rates(
+def instance_rates(
     fleet: Sequence[InstancePlan], streams: Sequence[StreamPlan], data_dir: Path
 ) -> list[dict[str, float]]:
     """For each instance, the requests per second it serves of each model it can run, with
@@ -201,12 +201,14 @@ def _document(
         "fleet": {
             "instances": [{"gpu_type": g, "count": n, "model": m} for (g, m), n in groups.items()]
         },
-        "workload": [_stream(s, requests, window_s, data_dir) for s in streams],
+        "workload": [stream_document(s, requests, window_s, data_dir) for s in streams],
     }
     return data
 
 
-def _stream(s: StreamPlan, requests: float, window_s: float, data_dir: Path) -> dict[str, Any]:
+def stream_document(
+    s: StreamPlan, requests: float, window_s: float, data_dir: Path
+) -> dict[str, Any]:
     """The stream's configuration: its expected requests are its share of `requests`."""
     start_s = round(s.shape.start_frac * window_s, 1)
     lengths: dict[str, Any] = {

@@ -9,21 +9,33 @@ is a set multiple of what it costs).
 * **Tiers and what a switch costs.** Moving an instance to model m costs the time it serves
   nothing: a wake (m asleep in its standby tier, `Profile.wake_s`) or a cold load
   (`Profile.load_s`) for an idle instance, and first its drain (what it holds decoded out,
-  `qlm.agents.drain.drain_estimate_s`) for a busy one, which stops pulling meanwhile. Only
-  instances whose own model has nothing queued are candidates: a switch never strands work.
+  `qlm.agents.drain.drain_estimate_s`) for a busy one whose model has had no arrival for one
+  cold load of it (a model still arriving is in use), which stops pulling meanwhile. Only
+  instances whose own model has nothing queued are candidates (a switch never strands work),
+  and an idle one only past its keep-alive (keep_alive.py: one cold load of its model since
+  it last held anything, from the start of the run at first).
 * **What it saves.** m's queued work over its pool seen as one machine
   (`qlm.agents.dispatch.PoolRate`: the pool's seconds per request) ends at W from now; with
   the candidate joining once ready (at r), at r + (W - r) / k, k being how much faster the
-  larger pool is. The wait saved is the difference (infinite when no instance serves m).
-* **Anti-thrash ratios.** A switch is taken only when the wait saved is at least 1.5x a wake,
-  2x a cold load, 3x a drain and load: the competitive ratios the issue names for Logos. The
-  model whose head is due first chooses first; among its candidates the one with the most
-  wait saved per second of switch.
+  larger pool is. The wait saved is the difference (infinite when no instance serves m), up
+  to the queued requests' mean time left to their deadlines, times the requests queued
+  (request-seconds).
+* **What it costs.** The switch's seconds, times the arrivals of the instance's own model
+  expected while it is away (the switch and a load back, at the model's rate of the last
+  minute) when it is that model's last instance, and at least once: a popular model's only
+  instance is not given away for a tail model's one request. A model nothing serves gains at
+  least its tier's ratio of the cost per request queued, so it gets any instance whose switch
+  strands nothing, and is looked at again every second while its rivals' rates decay.
+* **Anti-thrash ratios.** A switch is taken only when the saving is at least 1.5x the cost
+  of a wake, 2x a cold load's, 3x a drain and load's: the competitive ratios the issue names
+  for Logos. The model whose head is due first chooses first; among its candidates the one
+  with the most saving per cost.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,9 +54,12 @@ from qlm.sim.policies.base import (
     frees_capacity,
 )
 from qlm.sim.policies.deadline_queues import DeadlineQueues
+from qlm.sim.policies.keep_alive import KeepAlive
 from qlm.types import Instance, Request
 
 WAKE_RATIO, LOAD_RATIO, DRAIN_RATIO = 1.5, 2.0, 3.0
+ARRIVAL_WINDOW_S = 60.0  # the recent arrivals a model's rate is read from
+RECHECK, RECHECK_S = "recheck", 1.0  # a model nothing serves is looked at again this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +83,24 @@ class LogosPolicy(BasePolicy):
         self._book = AdmissionBook()
         self._draining: dict[str, str] = {}  # instance -> the model it moves to once empty
         self._rates: dict[tuple[str, ...], PoolRate] = {}  # (model, *pool) -> its prices
+        self._arrivals: dict[str, deque[float]] = {}  # model -> arrival times, last minute
+        self._recheck_at_s = -math.inf
+        self._keep_alive = KeepAlive()
         self._switches = 0
 
     def start(self, ctx: SimContext) -> Actions:
         super().start(ctx)
         for instance in ctx.fleet.instances:
             self._book.refresh(ctx, instance.id)
+            self._keep_alive.idle_from(instance.id, self.now_s())
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
         self._queues.push(request)
+        arrivals = self._arrivals.setdefault(request.model, deque())
+        arrivals.append(request.arrival_at_s)
+        while arrivals[0] < request.arrival_at_s - ARRIVAL_WINDOW_S:
+            arrivals.popleft()
         return self._serve()
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
@@ -85,9 +108,16 @@ class LogosPolicy(BasePolicy):
             self._queues.push(request)
         return self._serve()
 
+    def on_timer(self, tag: str) -> Actions:
+        return self._serve() if tag == RECHECK else NO_ACTIONS
+
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
         self._book.on_events(self.ctx, instance_id, events)
-        return self._serve() if frees_capacity(events) else NO_ACTIONS
+        if not frees_capacity(events):
+            return NO_ACTIONS
+        if self._book.held(instance_id) == 0:
+            self._keep_alive.idle_from(instance_id, self.now_s())
+        return self._serve()
 
     def stats(self) -> dict[str, float]:
         return {"swaps_started": self._switches}
@@ -105,6 +135,11 @@ class LogosPolicy(BasePolicy):
         for model in self._queues.models_by_head():
             switch = self._best_switch(model, actions)
             if switch is None:
+                if not self.instances_of(model) and self._recheck_at_s <= self.now_s():
+                    # nothing serves it: look again when a keep-alive ends, or as the
+                    # rates that held it back decay
+                    self._recheck_at_s = self._next_look_s()
+                    ctx.call_at(self._recheck_at_s, RECHECK)
                 continue
             self._switches += 1
             if switch.drains:
@@ -136,6 +171,8 @@ class LogosPolicy(BasePolicy):
             return None  # its instances have room for all of it
         items = [QueuedItem.of(r) for r in self._queues.queued(model)]
         work_s = sum(self._rate(pool, model).cost_s(item)[0] for item in items) if pool else 0.0
+        now_s = self.now_s()
+        budget_s = sum(max(0.0, i.ttft_deadline_at_s - now_s) for i in items) / len(items)
         best: tuple[float, Switch] | None = None
         for instance in ctx.fleet.instances:
             if instance.id in busy or instance.id in pool:
@@ -144,12 +181,45 @@ class LogosPolicy(BasePolicy):
             if switch is None:
                 continue
             saved_s = self._saved_s(model, pool, instance.id, items, work_s, switch.cost_s)
-            if saved_s < switch.ratio * switch.cost_s:
+            each_s = min(saved_s, budget_s)  # up to the deadlines
+            if not pool:  # nothing serves it: worth a switch that strands nothing
+                each_s = max(each_s, switch.ratio * switch.cost_s)
+            gain = len(items) * each_s  # request-seconds
+            cost = switch.cost_s * max(1.0, self._stranded(instance, switch.cost_s))
+            if gain < switch.ratio * cost:
                 continue
-            score = saved_s / max(switch.cost_s, 1e-9)
-            if best is None or score > best[0]:
-                best = (score, switch)
+            if best is None or gain / max(cost, 1e-9) > best[0]:
+                best = (gain / max(cost, 1e-9), switch)
         return None if best is None else best[1]
+
+    def _next_look_s(self) -> float:
+        """The next keep-alive end of an idle instance, within `RECHECK_S` from now."""
+        ctx, now_s = self.ctx, self.now_s()
+        ends = (
+            self._keep_alive.ends_at_s(ctx.fleet, i, ctx.model_of(i.id))
+            for i in ctx.fleet.instances
+            if not self._book.held(i.id)
+        )
+        return min([e for e in ends if e > now_s] + [now_s + RECHECK_S])
+
+    def _stranded(self, instance: Instance, switch_s: float) -> float:
+        """Arrivals of the instance's model expected while it is away (the switch and a
+        load back), when it is that model's last instance; each waits about the switch."""
+        ctx = self.ctx
+        own = ctx.model_of(instance.id)
+        if own is None or ctx.serving(own) != (instance.id,):
+            return 0.0
+        back = ctx.fleet.profile(own, instance)
+        back_s = 0.0 if back is None else back.load_time_s(self._tiered(instance.id))
+        arrivals = self._arrivals.get(own)
+        if not arrivals:
+            return 0.0
+        while arrivals and arrivals[0] < self.now_s() - ARRIVAL_WINDOW_S:
+            arrivals.popleft()
+        return len(arrivals) / ARRIVAL_WINDOW_S * (switch_s + back_s)
+
+    def _tiered(self, instance_id: str) -> bool:
+        return self.ctx.observe(instance_id).standby_capacity > 0
 
     def _switch(self, instance: Instance, model: str) -> Switch | None:
         """What moving the instance to `model` costs; None when it cannot serve the model, is
@@ -157,16 +227,32 @@ class LogosPolicy(BasePolicy):
         ctx = self.ctx
         profile = ctx.fleet.profile(model, instance)
         own = ctx.model_of(instance.id)
-        if profile is None or ctx.loading(instance.id) or self._queues.count(own or ""):
+        if profile is None or not ctx.fleet.can_serve(instance, model):
             return None
+        if ctx.loading(instance.id) or self._queues.count(own or ""):
+            return None
+        idle = not self._book.held(instance.id)
+        if idle and self.now_s() < self._keep_alive.ends_at_s(ctx.fleet, instance, own):
+            return None  # kept alive (keep_alive.py)
         obs = ctx.observe(instance.id)
         asleep = model in obs.standby_models
         load_s = profile.load_time_s(asleep)
         ratio = WAKE_RATIO if asleep and profile.wake_s is not None else LOAD_RATIO
         if not self._book.held(instance.id):
             return Switch(instance.id, load_s, ratio, drains=False)
+        if self._arrived_within(own, instance):
+            return None  # its model still arrives: it is in use, not draining
         drain_s = drain_estimate_s(obs, self.profile_on(instance.id))
         return Switch(instance.id, drain_s + load_s, DRAIN_RATIO, drains=True)
+
+    def _arrived_within(self, model: str | None, instance: Instance) -> bool:
+        """Whether a request of `model` arrived within one cold load of it on the
+        instance (its keep-alive, keep_alive.py)."""
+        arrivals = self._arrivals.get(model or "")
+        profile = None if model is None else self.ctx.fleet.profile(model, instance)
+        if not arrivals or profile is None:
+            return False
+        return arrivals[-1] > self.now_s() - profile.load_s
 
     def _saved_s(
         self,

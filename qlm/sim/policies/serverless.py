@@ -14,9 +14,8 @@ rule serverless platforms use).
   (asleep in its standby tier: a wake, ServerlessLLM's locality-aware placement), then the
   least recently used.
 * **Keep-alive.** An instance keeps its model for as long after its last request ended as a
-  cold load of that model takes there (`Profile.load_s`): the ski-rental rule, which never
-  pays more than twice what the best keep-alive in hindsight would (idling that long costs
-  what one reload does). No constant fitted to a workload.
+  cold load of that model takes there (keep_alive.py: the ski-rental rule, never more than
+  twice what the best keep-alive in hindsight pays). No constant fitted to a workload.
 * No eviction, no preemption, no SLO classes.
 """
 
@@ -36,6 +35,7 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
+from qlm.sim.policies.keep_alive import KeepAlive
 from qlm.types import Instance, Request
 
 KEEP_ALIVE = "keep-alive"  # the timer tag: an instance's keep-alive may have run out
@@ -49,7 +49,7 @@ class ServerlessPolicy(BasePolicy):
         super().__init__()
         self._queues: dict[str, deque[Request]] = {}  # model -> arrival order
         self._book = AdmissionBook()
-        self._idle_since: dict[str, float] = {}  # instance -> when it last held nothing
+        self._keep_alive = KeepAlive()
         self._loads = 0
 
     def start(self, ctx: SimContext) -> Actions:
@@ -57,8 +57,8 @@ class ServerlessPolicy(BasePolicy):
         now_s = self.now_s()
         for instance in ctx.fleet.instances:
             self._book.refresh(ctx, instance.id)
-            self._idle_since[instance.id] = now_s  # kept alive from the start
-            self._keep_alive(instance.id)
+            self._keep_alive.idle_from(instance.id, now_s)  # kept alive from the start
+            self._look_again(instance)
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
@@ -75,15 +75,17 @@ class ServerlessPolicy(BasePolicy):
         if not frees_capacity(events):
             return NO_ACTIONS
         if self._book.held(instance_id) == 0:  # idle from now (or loaded, not yet used)
-            self._idle_since[instance_id] = self.now_s()
-            self._keep_alive(instance_id)
+            self._keep_alive.idle_from(instance_id, self.now_s())
+            self._look_again(self.ctx.fleet.instance(instance_id))
         return self._serve()
 
-    def _keep_alive(self, instance_id: str) -> None:
+    def _look_again(self, instance: Instance) -> None:
         """Look again when the instance's keep-alive runs out."""
-        profile = self.profile_on(instance_id)
-        if profile is not None:
-            self.ctx.call_at(self._idle_since[instance_id] + profile.load_s, KEEP_ALIVE)
+        model = self.ctx.model_of(instance.id)
+        if model is not None:
+            self.ctx.call_at(
+                self._keep_alive.ends_at_s(self.ctx.fleet, instance, model), KEEP_ALIVE
+            )
 
     def on_timer(self, tag: str) -> Actions:
         return self._serve() if tag == KEEP_ALIVE else NO_ACTIONS
@@ -144,10 +146,12 @@ class ServerlessPolicy(BasePolicy):
         chosen = None
         for k, instance in enumerate(ctx.fleet.instances):
             profile = ctx.fleet.profile(model, instance)
-            if profile is None or instance.id in taken or not self._free(instance, now_s):
+            if profile is None or not ctx.fleet.can_serve(instance, model):
+                continue
+            if instance.id in taken or not self._free(instance, now_s):
                 continue
             standby = model in ctx.observe(instance.id).standby_models
-            key = (profile.load_time_s(standby), self._idle_since[instance.id], k)
+            key = (profile.load_time_s(standby), self._keep_alive.idle_since(instance.id), k)
             if best is None or key < best:
                 best, chosen = key, instance
         return chosen
@@ -163,6 +167,4 @@ class ServerlessPolicy(BasePolicy):
             return True
         if self._queues.get(model):
             return False
-        profile = self.profile_on(instance.id)
-        keep_alive_s = 0.0 if profile is None else profile.load_s
-        return now_s >= self._idle_since[instance.id] + keep_alive_s
+        return now_s >= self._keep_alive.ends_at_s(ctx.fleet, instance, model)
