@@ -4,6 +4,7 @@ never tuned to.
     capacity.py   how many requests per second a fleet serves (analytic, from the profiles)
     plan.py       the random choices: models, streams (shape, mixes, lengths), fleet
     build.py      sizing the load from the capacity, and the scenario's document
+    many_models.py  many models on few GPUs (copies of packaged profiles), `many:SEED`
 
 qlm.sim.scenario.random_scenario(seed, size) validates a draw into a Scenario.
 
