@@ -1,5 +1,6 @@
-"""`sim_quality.py --random N`: every policy on N random scenarios (qlm/sim/fuzz, seeds
-base..base+N-1, the quick size), to see how qlm does on workloads it was never tuned to.
+"""`sim_quality.py --random N` (`--many N`): every policy on N random scenarios (qlm/sim/fuzz,
+seeds base..base+N-1, the quick size; with --many the many-model family,
+qlm/sim/fuzz/many_models.py), to see how qlm does on workloads it was never tuned to.
 
 qlm's margin on a scenario is its overall attainment minus the best baseline's (fcfs, edf,
 shepherd, llmd), in points. The run prints and writes to docs/benchmarks.md (block
@@ -9,9 +10,10 @@ results/sim_quality_random.json keeps the last run (a new run replaces it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,8 @@ from benchmarks.report import (
 from benchmarks.sim_quality.checks import BASELINES, ordered
 from benchmarks.sim_quality.runs import Task, run_tasks
 from qlm.sim.fuzz import RANDOM_PREFIX, draw_scenario
-from qlm.sim.scenario import random_scenario
+from qlm.sim.fuzz.many_models import MANY_PREFIX, draw_many_models
+from qlm.sim.scenario import Scenario, random_scenario
 from qlm.sim.spread import Runner
 
 RESULTS_PATH = RESULTS_DIR / "sim_quality_random.json"
@@ -48,6 +51,22 @@ class RandomRun:
     limit_s: float | None
     command: str
     runner: Runner | None = None
+    family: str = "random"  # FAMILIES
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family of generated scenarios: its name prefix, how a seed's scenario is described,
+    where its results and docs block go, the baselines qlm's margin is taken over, and the
+    block's heading and introduction."""
+
+    prefix: str
+    describe: Callable[[int], dict[str, Any]]
+    results: Path
+    block: str
+    baselines: tuple[str, ...]
+    heading: str
+    intro: str
 
 
 def describe(seed: int) -> dict[str, Any]:
@@ -70,9 +89,62 @@ def describe(seed: int) -> dict[str, Any]:
     }
 
 
+def describe_many(seed: int) -> dict[str, Any]:
+    """The many-model scenario of this seed as the results file records it."""
+    draw = draw_many_models(seed)
+    scenario = Scenario.model_validate(draw.document)
+    fleet = scenario.fleet()
+    gpus = " + ".join(f"{i.gpu_count}x{i.gpu_type}" for i in fleet.instances)
+    return {
+        "seed": seed,
+        "description": f"{draw.document['description']} ({gpus})",
+        "streams": f"{len(scenario.workload)} per-model streams",
+        "load_factor": round(draw.load_factor, 3),
+        "capacity_per_s": round(draw.capacity_per_s, 3),
+        "window_s": draw.window_s,
+        "requests": sum(1 for _ in scenario.iter_requests()),
+        "instances": len(fleet.instances),
+        "gpus": sum(i.gpu_count for i in fleet.instances),
+        "policies": {},
+        "timeouts": {},
+    }
+
+
+FAMILIES: dict[str, Family] = {
+    "random": Family(
+        RANDOM_PREFIX,
+        describe,
+        RESULTS_PATH,
+        DOCS_BLOCK,
+        BASELINES,
+        "## Simulator quality: policies on random scenarios",
+        "Every policy on random scenarios drawn by qlm/sim/fuzz (the quick size: 2-8 instances, "
+        "1-3 models, 60-200 s of arrivals, at most ~3,000 requests, load 0.5-1.5 x the fleet's "
+        "estimated capacity; qlm/sim/fuzz/capacity.py states the estimate's error). qlm's margin: "
+        "its overall attainment minus the best of fcfs, edf, shepherd and llmd, in points. "
+        "`qlm simulate random:SEED` reruns one scenario.",
+    ),
+    "many": Family(
+        MANY_PREFIX,
+        describe_many,
+        RESULTS_DIR / "sim_quality_many.json",
+        "sim-quality-many",
+        (*BASELINES, "serverless", "logos"),
+        "## Simulator quality: many models, few GPUs",
+        "Every policy on many-model scenarios drawn by qlm/sim/fuzz/many_models.py (4-8 "
+        "instances, 2-4x as many models, each a copy of a packaged 7B/13B/70B profile that must "
+        "be loaded; Zipf popularity, per-model streams, standby tiers of 0-2; load 0.3-0.8 of "
+        "what the best fractional placement serves, which pays no load time). qlm's margin: its "
+        "overall attainment minus the best of fcfs, edf, shepherd, llmd and the swapping "
+        "baselines serverless and logos, in points. `qlm simulate many:SEED` reruns one.",
+    ),
+}
+
+
 def run(spec: RandomRun) -> dict[str, Any]:
     """Run every policy on every seed's scenario; the results document."""
-    scenarios = {f"{RANDOM_PREFIX}{seed}": describe(seed) for seed in spec.seeds}
+    family = FAMILIES[spec.family]
+    scenarios = {f"{family.prefix}{seed}": family.describe(seed) for seed in spec.seeds}
     tasks = [Task((name, p), name, p) for name in scenarios for p in spec.policies]
     stamp = {"code": code_version(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
     for task, summary, waited_s in run_tasks(tasks, None, spec.jobs, spec.limit_s, spec.runner):
@@ -91,8 +163,9 @@ def run(spec: RandomRun) -> dict[str, Any]:
             flush=True,
         )
     for entry in scenarios.values():
-        entry["qlm_margin_pts"] = margin_pts(entry["policies"])
+        entry["qlm_margin_pts"] = margin_pts(entry["policies"], family.baselines)
     return {
+        "family": spec.family,
         "commands": [spec.command.strip()],
         "machine": f"{machine('shared and noisy')} ({platform_description()})",
         "size": "quick",
@@ -100,9 +173,9 @@ def run(spec: RandomRun) -> dict[str, Any]:
     }
 
 
-def margin_pts(policies: dict[str, Any]) -> float | None:
+def margin_pts(policies: dict[str, Any], baselines: Sequence[str] = BASELINES) -> float | None:
     """qlm's overall attainment minus the best baseline's, in points (None without both)."""
-    base = [overall(policies[b]) for b in BASELINES if b in policies]
+    base = [overall(policies[b]) for b in baselines if b in policies]
     if "qlm" not in policies or not base:
         return None
     return 100.0 * (overall(policies["qlm"]) - max(base))
@@ -112,8 +185,8 @@ def overall(summary: dict[str, Any]) -> float:
     return float(summary["slo_attainment"]["overall"])
 
 
-def best_baseline(policies: dict[str, Any]) -> str:
-    present = [b for b in BASELINES if b in policies]
+def best_baseline(policies: dict[str, Any], baselines: Sequence[str] = BASELINES) -> str:
+    present = [b for b in baselines if b in policies]
     return max(present, key=lambda b: overall(policies[b])) if present else "-"
 
 
@@ -133,7 +206,9 @@ def distribution(margins: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def scenario_table(scenarios: dict[str, Any], policies: Sequence[str]) -> str:
+def scenario_table(
+    scenarios: dict[str, Any], policies: Sequence[str], baselines: Sequence[str] = BASELINES
+) -> str:
     head = ["seed", "scenario", "requests", *policies, "qlm margin (pts)", "best baseline"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for entry in scenarios.values():
@@ -148,13 +223,14 @@ def scenario_table(scenarios: dict[str, Any], policies: Sequence[str]) -> str:
                 else "-"
             )
         m = entry.get("qlm_margin_pts")
-        cells += ["-" if m is None else f"{m:+.1f}", best_baseline(pol)]
+        cells += ["-" if m is None else f"{m:+.1f}", best_baseline(pol, baselines)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def render(doc: dict[str, Any]) -> str:
     """The docs block: header, per-scenario table, margin distribution, worst cases."""
+    family = FAMILIES[doc.get("family", "random")]
     scenarios = doc["scenarios"]
     seen = {p for e in scenarios.values() for p in e["policies"]} | {
         p for e in scenarios.values() for p in e["timeouts"]
@@ -164,20 +240,16 @@ def render(doc: dict[str, Any]) -> str:
     margins = [e["qlm_margin_pts"] for e in scenarios.values() if e["qlm_margin_pts"] is not None]
     dist = distribution(margins)
     parts = [
-        "## Simulator quality: policies on random scenarios",
+        family.heading,
         "",
-        "Every policy on random scenarios drawn by qlm/sim/fuzz (the quick size: 2-8 instances, "
-        "1-3 models, 60-200 s of arrivals, at most ~3,000 requests, load 0.5-1.5 x the fleet's "
-        "estimated capacity; qlm/sim/fuzz/capacity.py states the estimate's error). qlm's margin: "
-        "its overall attainment minus the best of fcfs, edf, shepherd and llmd, in points. "
-        "`qlm simulate random:SEED` reruns one scenario.",
+        family.intro,
         "",
         f"Commands: {'; '.join(f'`{c}`' for c in doc['commands'])}  ",
         f"Dates: {', '.join(sorted({s['date'][:10] for s in stamps}))}  ",
         f"Machine: {doc['machine']}  ",
         f"Code: {', '.join(sorted({s['code'] for s in stamps}))}",
         "",
-        scenario_table(scenarios, policies),
+        scenario_table(scenarios, policies, family.baselines),
         "",
         distribution_line(dist),
         "",
@@ -189,7 +261,8 @@ def render(doc: dict[str, Any]) -> str:
         key=lambda e: e["qlm_margin_pts"],
     )[:WORST_SHOWN]
     parts += [
-        f"- seed {e['seed']}: {e['qlm_margin_pts']:+.1f} pts vs {best_baseline(e['policies'])}; "
+        f"- seed {e['seed']}: {e['qlm_margin_pts']:+.1f} pts vs "
+        f"{best_baseline(e['policies'], family.baselines)}; "
         f"{e['description']}; streams: {e['streams']}"
         for e in worst
     ] or ["- none"]
@@ -209,12 +282,13 @@ def distribution_line(dist: dict[str, Any]) -> str:
 
 def main(spec: RandomRun) -> None:
     """Run, write the results file and the docs block, print the block."""
-    print(f"running {len(spec.seeds)} random scenarios x {len(spec.policies)} policies", flush=True)
+    family = FAMILIES[spec.family]
+    print(f"running {len(spec.seeds)} {spec.family} scenarios x {len(spec.policies)} policies")
     doc = run(spec)
     margins = [e["qlm_margin_pts"] for e in doc["scenarios"].values()]
     doc["margin"] = distribution([m for m in margins if m is not None])
-    write_results(RESULTS_PATH, doc)
+    write_results(family.results, doc)
     block = render(doc)
-    write_docs_block(DOCS_BLOCK, block)
+    write_docs_block(family.block, block)
     print()
     print(block)

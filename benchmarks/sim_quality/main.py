@@ -86,11 +86,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--random", type=int, metavar="N", help="N random scenarios (qlm/sim/fuzz) instead"
     )
     parser.add_argument(
+        "--many", action="store_true", help="with --random N: the many-model family (many:SEED)"
+    )
+    parser.add_argument(
         "--random-seed-base", type=int, default=0, help="first random seed (default 0)"
     )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if args.many and args.random is None:
+        parser.error("--many goes with --random N")
     if args.random is not None and (args.random < 1 or args.calibrate):
         parser.error("--random needs N >= 1 and no --calibrate")
     if args.random_seed_base < 0:
@@ -129,10 +134,13 @@ def main(argv: Sequence[str]) -> None:
     runner = make_runner(args.ray)
     if args.random is not None:
         seeds = range(args.random_seed_base, args.random_seed_base + args.random)
+        family = "many" if args.many else "random"
         if not args.policies:  # the baselines and qlm; --policies adds the ablations
-            policies = [p for p in (*fuzz.BASELINES, "qlm") if p in known]
+            baselines = fuzz.FAMILIES[family].baselines
+            policies = [p for p in (*baselines, "qlm") if p in known]
         command = command_line("sim_quality.py", argv)
-        fuzz.main(fuzz.RandomRun(seeds, policies, args.jobs, args.max_run_s, command, runner))
+        spec = fuzz.RandomRun(seeds, policies, args.jobs, args.max_run_s, command, runner, family)
+        fuzz.main(spec)
         return
     if args.seeds is not None:
         command = command_line("sim_quality.py", argv)

@@ -49,3 +49,26 @@ def test_render_lists_the_worst_case_first() -> None:
     assert "| 1 | fleet 1 | 100 | 80.0% | 50.0% | -30.0 | fcfs |" in block
     worst = block.split("Worst cases")[1]
     assert worst.index("seed 1") < worst.index("seed 0")
+
+
+def test_the_many_model_family_counts_the_swapping_baselines() -> None:
+    from benchmarks.sim_quality.fuzz import FAMILIES
+
+    many = FAMILIES["many"].baselines
+    policies = _policies(fcfs=0.5, serverless=0.8, qlm=0.7)
+    assert margin_pts(policies, many) == pytest.approx(-10.0)
+    assert margin_pts(policies) == pytest.approx(20.0)  # the random family's baselines
+    scenarios = {
+        "many:0": {
+            "seed": 0,
+            "description": "fleet",
+            "streams": "s",
+            "requests": 100,
+            "policies": policies,
+            "timeouts": {},
+            "qlm_margin_pts": -10.0,
+        }
+    }
+    block = render({"family": "many", "commands": ["x"], "machine": "m", "scenarios": scenarios})
+    assert "many models, few GPUs" in block
+    assert "| -10.0 | serverless |" in block
