@@ -1,6 +1,8 @@
-"""`sim_quality.py --random N` (`--many N`): every policy on N random scenarios (qlm/sim/fuzz,
-seeds base..base+N-1, the quick size; with --many the many-model family,
-qlm/sim/fuzz/many_models.py), to see how qlm does on workloads it was never tuned to.
+"""`sim_quality.py --random N` (with `--many`: the many-model family): every policy on N
+random scenarios (qlm/sim/fuzz, seeds base..base+N-1, the quick size; with --many,
+qlm/sim/fuzz/many_models.py's `many:SEED`), to see how qlm does on workloads it was never
+tuned to. Each family (`FAMILIES`) has its own results file, docs block and baselines (the
+many-model family adds the swapping serverless and logos).
 
 qlm's margin on a scenario is its overall attainment minus the best baseline's (fcfs, edf,
 shepherd, llmd), in points. The run prints and writes to docs/benchmarks.md (block
@@ -283,7 +285,8 @@ def distribution_line(dist: dict[str, Any]) -> str:
 def main(spec: RandomRun) -> None:
     """Run, write the results file and the docs block, print the block."""
     family = FAMILIES[spec.family]
-    print(f"running {len(spec.seeds)} {spec.family} scenarios x {len(spec.policies)} policies")
+    count = f"{len(spec.seeds)} {spec.family} scenarios x {len(spec.policies)} policies"
+    print(f"running {count}", flush=True)
     doc = run(spec)
     margins = [e["qlm_margin_pts"] for e in doc["scenarios"].values()]
     doc["margin"] = distribution([m for m in margins if m is not None])

@@ -25,8 +25,8 @@ def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[
     nine in ten (`bound_held`, over those given one; None when none was); over requests
     with both a prediction and a first token. A predicted miss says "past the target", an
     interval: its error is how far short of the target the TTFT came (none when it missed),
-    and it held when the request missed; `late` counts them and `late_held` is that share
-    (None without any)."""
+    and it held when the request missed (one never served included); `late` counts them and
+    `late_held` is that share (None without any)."""
     errors: dict[str, list[float]] = {}
     held: dict[str, list[bool]] = {}
     late: dict[str, list[bool]] = {}
@@ -35,9 +35,13 @@ def prediction_error(result: SimResult, targets_s: Mapping[str, float]) -> dict[
         prediction = result.ttft_predictions.get(outcome.request_id)
         ttft_s = outcome.ttft_s
         target_s = targets_s.get(outcome.slo_class)
-        if prediction is None or ttft_s is None or not target_s:
+        if prediction is None or not target_s:
             continue
         name = outcome.slo_class
+        if ttft_s is None:  # never served: a predicted miss held; nothing else to grade
+            if prediction.predicted_s is None:
+                late.setdefault(name, []).append(True)
+            continue
         predicted_s = prediction.predicted_s
         if predicted_s is None:  # "past the target"
             error_s, kept_it = max(0.0, target_s - ttft_s), ttft_s > target_s

@@ -125,3 +125,28 @@ def test_no_switch_strands_the_instances_own_queued_work() -> None:
     first_m13b = served_by(result, "i1", "m13b")
     last_m7b = max(served_by(result, "i1", "m7b"))
     assert not first_m13b or first_m13b[0] > last_m7b
+
+
+def test_a_drain_is_called_off_when_its_model_arrives_again() -> None:
+    # As in the drain case, but an m7b request arrives at 12 s, while i1 drains (its long
+    # request ends at about 20 s): i1 stays on m7b and serves it next, not after a load.
+    requests = [req("long", 0.0, model="m7b", output=2000), req("again", 12.0, model="m7b")]
+    requests += [req(f"b{k}", 0.1) for k in range(400)]
+    result = run((instance("i0", "m13b"), instance("i1", "m7b")), requests)
+    long = next(o for o in result.outcomes if o.request_id == "long")
+    assert long.finish_s is not None
+    assert first_token(result, "again") == pytest.approx(long.finish_s, abs=0.2)
+
+
+def test_only_an_instance_that_can_hold_the_model_is_switched() -> None:
+    # i1 has too little memory for m13b (its weights alone are 60 GiB here): i0, busy with
+    # m7b's backlog, is the only one that could, and it never strands m7b's queue.
+    big = make_profile("m13b", max_batch_size=1, step_s=(0.01,), batch_sizes=(1,), weight_gib=60.0)
+    small = make_profile("m7b", max_batch_size=1, step_s=(0.01,), batch_sizes=(1,))
+    fleet_ = Fleet.of(
+        [instance("i0", "m7b"), Instance("i1", "A100", 1, 40 * GIB, "m7b")], [small, big]
+    )
+    requests = [req("b0", 0.0)] + [req(f"m{k}", 0.0, model="m7b") for k in range(3)]
+    for policy in ("logos", "serverless"):
+        result = simulate(fleet_, requests, policy, CONFIG, 1, engine_factory=TIERED)
+        assert {ld.instance_id for ld in result.loads} <= {"i0"}, policy

@@ -9,7 +9,8 @@ the engines keep a standby tier). Drawn from the seed alone:
 * 2-4x as many models as instances (7B half of them, 13B 30 %, 70B 20 % where an instance can
   run it), each with its own arrival stream: popularity Zipf over a random ranking (exponent
   0.8-1.4), gamma gaps (cv 1-3), a burst (2-5x for 10-25 % of the window) on 30 % of them,
-  and its own class mix (interactive 40-90 %, the rest batch-1, batch-2 on a third of them);
+  and its own class mix (interactive and batch-1 weights 0.4-0.9 and the rest of 1, plus a
+  batch-2 weight of 0.05-0.3 on a third of them);
 * at the start each instance holds one of the most requested models it can run;
 * a standby tier of 0 (half the seeds), 1 or 2 models per instance;
 * a window of 120-300 s and a load of 0.3-0.8 of what the best fractional placement serves

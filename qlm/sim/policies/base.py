@@ -8,13 +8,13 @@ engines. Policies are registered by name in `SIM_POLICIES`; see README.md for ea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
 
-from qlm.agents.actions import Action
+from qlm.agents.actions import Action, LoadModel
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.engine.types import (
@@ -184,6 +184,24 @@ class BasePolicy:
             and not ctx.loading(instance.id)
             and ctx.held(instance.id) < ctx.max_num_seqs(instance.id)
         )
+
+    def room_for(
+        self, model: str, planned: Sequence[Action], held: Callable[[str], int] | None = None
+    ) -> int:
+        """Free sequence slots of the instances on `model`: all slots of those loading it
+        (this round's loads in `planned` included), the rest less what they hold (`held`,
+        default the engine's count; a policy may count an instance it keeps from its model
+        as full)."""
+        ctx = self.ctx
+        held = held or ctx.held
+        room = 0
+        for i in self.instances_of(model):
+            used = 0 if ctx.loading(i.id) else held(i.id)
+            room += max(0, ctx.max_num_seqs(i.id) - used)
+        for action in planned:
+            if isinstance(action, LoadModel) and action.model == model:
+                room += ctx.max_num_seqs(action.instance_id)
+        return room
 
     def profile_on(self, instance_id: str) -> Profile | None:
         ctx = self.ctx

@@ -109,19 +109,6 @@ class EdfPolicy(BasePolicy):
         for model in self._queues.models_by_head():
             if not fleet.can_serve(instance, model):
                 continue
-            if self._queues.count(model) > self._room(model, planned):
+            if self._queues.count(model) > self.room_for(model, planned):
                 return model
         return None
-
-    def _room(self, model: str, planned: Sequence[Action]) -> int:
-        """Free sequence slots of the instances of `model`, all slots of those loading it
-        (including swaps decided in this round)."""
-        ctx = self.ctx
-        room = 0
-        for i in self.instances_of(model):
-            held = 0 if ctx.loading(i.id) else ctx.held(i.id)
-            room += max(0, ctx.max_num_seqs(i.id) - held)
-        for action in planned:
-            if isinstance(action, LoadModel) and action.model == model:
-                room += ctx.max_num_seqs(action.instance_id)
-        return room

@@ -11,7 +11,9 @@ is a set multiple of what it costs).
   (`Profile.load_s`) for an idle instance, and first its drain (what it holds decoded out,
   `qlm.agents.drain.drain_estimate_s`) for a busy one whose model has had no arrival for one
   cold load of it (a model still arriving is in use), which stops pulling meanwhile. Only
-  instances whose own model has nothing queued are candidates (a switch never strands work),
+  instances whose own model has nothing queued are candidates (a switch never strands work:
+  a drain is called off when its model's requests queue again, and a draining instance counts
+  as full for its model),
   and an idle one only past its keep-alive (keep_alive.py: one cold load of its model since
   it last held anything, from the start of the run at first).
 * **What it saves.** m's queued work over its pool seen as one machine
@@ -117,6 +119,11 @@ class LogosPolicy(BasePolicy):
             return NO_ACTIONS
         if self._book.held(instance_id) == 0:
             self._keep_alive.idle_from(instance_id, self.now_s())
+            instance = self.ctx.fleet.instance(instance_id)
+            ends_s = self._keep_alive.ends_at_s(
+                self.ctx.fleet, instance, self.ctx.model_of(instance_id)
+            )
+            self.ctx.call_at(ends_s, RECHECK)  # look again when its keep-alive ends
         return self._serve()
 
     def stats(self) -> dict[str, float]:
@@ -127,6 +134,9 @@ class LogosPolicy(BasePolicy):
         actions: list[Action] = []
         for instance in ctx.fleet.instances:
             target = self._draining.get(instance.id)
+            if target is not None and self._queues.count(ctx.model_of(instance.id) or ""):
+                del self._draining[instance.id]  # its own model arrived again: it stays
+                target = None
             if target is None:
                 actions.extend(self._fill(instance))
             elif self._book.held(instance.id) == 0:  # drained: the switch itself
@@ -164,10 +174,11 @@ class LogosPolicy(BasePolicy):
         saving reaches their tier's ratio; None when none does."""
         ctx = self.ctx
         busy = {a.instance_id for a in planned} | set(self._draining)
-        pool = tuple(i.id for i in self.instances_of(model)) + tuple(
+        pool = tuple(i.id for i in self.instances_of(model) if i.id not in self._draining)
+        pool += tuple(
             a.instance_id for a in planned if isinstance(a, LoadModel) and a.model == model
         )
-        if self._queues.count(model) <= self._free_slots(pool):
+        if self._queues.count(model) <= self.room_for(model, planned, self._held):
             return None  # its instances have room for all of it
         items = [QueuedItem.of(r) for r in self._queues.queued(model)]
         work_s = sum(self._rate(pool, model).cost_s(item)[0] for item in items) if pool else 0.0
@@ -287,9 +298,8 @@ class LogosPolicy(BasePolicy):
             rate = self._rates[(model, *pool)] = PoolRate.of(self.ctx.fleet, pool, model)
         return rate
 
-    def _free_slots(self, pool: Sequence[str]) -> int:
-        """Free sequence slots of the pool (all of a loading instance's)."""
-        ctx = self.ctx
-        return sum(
-            ctx.max_num_seqs(i) - (0 if ctx.loading(i) else self._book.held(i)) for i in pool
-        )
+    def _held(self, instance_id: str) -> int:
+        """What the instance holds, as full when it drains away from its model."""
+        if instance_id in self._draining:
+            return self.ctx.max_num_seqs(instance_id)
+        return self._book.held(instance_id)

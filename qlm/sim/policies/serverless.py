@@ -103,7 +103,7 @@ class ServerlessPolicy(BasePolicy):
             (queue[0].arrival_at_s, model) for model, queue in self._queues.items() if queue
         )
         for _, model in waiting:
-            if len(self._queues[model]) > self._room(model, actions):
+            if len(self._queues[model]) > self.room_for(model, actions, self._book.held):
                 target = self._instance_for(model, actions)
                 if target is not None:
                     actions.append(LoadModel(target.id, model))
@@ -123,19 +123,6 @@ class ServerlessPolicy(BasePolicy):
             self._book.admit(instance.id, request)
             ids.append(request.id)
         return (Pull(instance.id, tuple(ids)),) if ids else NO_ACTIONS
-
-    def _room(self, model: str, planned: Sequence[Action]) -> int:
-        """Free sequence slots of the instances on `model`, all slots of those loading it
-        (this round's loads included)."""
-        ctx = self.ctx
-        room = 0
-        for instance in self.instances_of(model):
-            held = 0 if ctx.loading(instance.id) else self._book.held(instance.id)
-            room += max(0, ctx.max_num_seqs(instance.id) - held)
-        for action in planned:
-            if isinstance(action, LoadModel) and action.model == model:
-                room += ctx.max_num_seqs(action.instance_id)
-        return room
 
     def _instance_for(self, model: str, planned: Sequence[Action]) -> Instance | None:
         """The eligible instance where `model` is ready soonest, then least recently used."""
