@@ -43,7 +43,8 @@ class ArrivalRates:
         if not seen:
             return []
         self._trim(seen, now_s)
-        return [(budget_s, item) for _, budget_s, item in seen if item is not None]
+        since_s = now_s - self.window_s
+        return [(b, item) for at_s, b, item in seen if item is not None and at_s >= since_s]
 
     def at_risk(self, model: str, now_s: float, away_s: float) -> float:
         """Arrivals of `model` expected in the next `away_s` seconds, at the recent rate of
@@ -52,9 +53,13 @@ class ArrivalRates:
         if not seen or away_s <= 0:
             return 0.0
         self._trim(seen, now_s)
-        urgent = sum(1 for _, budget_s, _ in seen if budget_s < away_s)
+        since_s = now_s - self.window_s
+        urgent = sum(1 for at_s, budget_s, _ in seen if budget_s < away_s and at_s >= since_s)
         return urgent / self.window_s * away_s
 
     def _trim(self, seen: deque[tuple[float, float, QueuedItem | None]], now_s: float) -> None:
+        """Drop the oldest noted while past the window. Arrivals may be noted a little out of
+        order (a live plane notes what it reads, other replicas' included), so this bounds
+        the memory; the counts filter by time themselves."""
         while seen and seen[0][0] < now_s - self.window_s:
             seen.popleft()

@@ -271,7 +271,7 @@ class Dispatcher:
         _, prefill_s = self.rate(pool, model).cost_s(item)
         blocked_s = self.queues.blocked_s(model, pool).get(item.slo_class, 0.0)
         first_s = passed_s + blocked_s + prefill_s
-        if passed_s > start_s and first_s > deadline_s:
+        if passed_s > max(start_s, now_s) and first_s > deadline_s:
             return Forecast(None)  # the work that passes it leaves it no room: dropped
         return Forecast(first_s - item.arrival_at_s)
 
