@@ -16,6 +16,7 @@ item): the wait forecast prices the work among them that will pass a queued requ
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from qlm.agents.queued import QueuedItem
@@ -28,13 +29,20 @@ class ArrivalRates:
         self.window_s = window_s
         # model -> (at_s, budget_s, the queued item where known)
         self._seen: dict[str, deque[tuple[float, float, QueuedItem | None]]] = {}
+        self._since_s = math.inf  # the first arrival noted (of any model): watching since
 
     def arrived(
         self, model: str, at_s: float, budget_s: float, item: QueuedItem | None = None
     ) -> None:
         seen = self._seen.setdefault(model, deque())
+        self._since_s = min(self._since_s, at_s)
         seen.append((at_s, budget_s, item))
         self._trim(seen, at_s)
+
+    def watched_for(self, now_s: float, span_s: float) -> bool:
+        """Whether arrivals have been watched for at least `span_s` (the rates of a shorter
+        watch say nothing about that long: a model with no arrival yet may be the busiest)."""
+        return now_s - self._since_s >= span_s
 
     def recent(self, model: str, now_s: float) -> list[tuple[float, QueuedItem]]:
         """(budget_s, item) of the model's arrivals of the last `window_s` noted with
