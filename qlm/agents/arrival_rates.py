@@ -16,6 +16,7 @@ item): the wait forecast prices the work among them that will pass a queued requ
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from qlm.agents.queued import QueuedItem
@@ -28,13 +29,20 @@ class ArrivalRates:
         self.window_s = window_s
         # model -> (at_s, budget_s, the queued item where known)
         self._seen: dict[str, deque[tuple[float, float, QueuedItem | None]]] = {}
+        self._since_s = math.inf  # the first arrival noted (of any model): watching since
 
     def arrived(
         self, model: str, at_s: float, budget_s: float, item: QueuedItem | None = None
     ) -> None:
         seen = self._seen.setdefault(model, deque())
+        self._since_s = min(self._since_s, at_s)
         seen.append((at_s, budget_s, item))
         self._trim(seen, at_s)
+
+    def watched_for(self, now_s: float, span_s: float) -> bool:
+        """Whether arrivals have been watched for at least `span_s` (the rates of a shorter
+        watch say nothing about that long: a model with no arrival yet may be the busiest)."""
+        return now_s - self._since_s >= span_s
 
     def recent(self, model: str, now_s: float) -> list[tuple[float, QueuedItem]]:
         """(budget_s, item) of the model's arrivals of the last `window_s` noted with
@@ -43,7 +51,8 @@ class ArrivalRates:
         if not seen:
             return []
         self._trim(seen, now_s)
-        return [(budget_s, item) for _, budget_s, item in seen if item is not None]
+        since_s = now_s - self.window_s
+        return [(b, item) for at_s, b, item in seen if item is not None and at_s >= since_s]
 
     def at_risk(self, model: str, now_s: float, away_s: float) -> float:
         """Arrivals of `model` expected in the next `away_s` seconds, at the recent rate of
@@ -52,9 +61,13 @@ class ArrivalRates:
         if not seen or away_s <= 0:
             return 0.0
         self._trim(seen, now_s)
-        urgent = sum(1 for _, budget_s, _ in seen if budget_s < away_s)
+        since_s = now_s - self.window_s
+        urgent = sum(1 for at_s, budget_s, _ in seen if budget_s < away_s and at_s >= since_s)
         return urgent / self.window_s * away_s
 
     def _trim(self, seen: deque[tuple[float, float, QueuedItem | None]], now_s: float) -> None:
+        """Drop the oldest noted while past the window. Arrivals may be noted a little out of
+        order (a live plane notes what it reads, other replicas' included), so this bounds
+        the memory; the counts filter by time themselves."""
         while seen and seen[0][0] < now_s - self.window_s:
             seen.popleft()

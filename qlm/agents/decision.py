@@ -142,7 +142,10 @@ class Dispatcher:
         requests of its own model that its pool keeps with it and not without it, plus, when
         the instance is its model's last, the arrivals of that model expected while it is
         away (the target's load and the load back) that cannot wait that long
-        (`ArrivalRates.at_risk`). Instances loading the target count in its pool, so two
+        (`ArrivalRates.at_risk`); and never before arrivals have been watched for that long
+        (`ArrivalRates.watched_for`: no arrival yet says nothing of a rate, and a plane just
+        started would give away its popular models' only instances for the first requests of
+        tail ones). Instances loading the target count in its pool, so two
         instances do not swap for the same requests. A wake from the standby tier gains at
         least the target's urgent arrivals expected while its backlog lasts
         (`backlog_risk`): a pool overrun by a burst drops what is due before the wake is
@@ -161,8 +164,10 @@ class Dispatcher:
         ready_s = now_s + profile.load_time_s(standby)
         if not rest:  # its last instance: what arrives for it meanwhile is at risk
             back = fleet.profile(model, fleet.instance(instance_id))
-            back_s = 0.0 if back is None else back.load_time_s(True)
-            lost += self.arrivals.at_risk(model, now_s, ready_s - now_s + back_s)
+            away_s = ready_s - now_s + (0.0 if back is None else back.load_time_s(True))
+            if not self.arrivals.watched_for(now_s, away_s):
+                return False  # too little seen of its arrivals to know what the absence costs
+            lost += self.arrivals.at_risk(model, now_s, away_s)
         others = view.serving(target) + view.loading(target)
         if not others:  # it serves a model no instance serves unless a promise breaks
             return lost < 1
@@ -271,7 +276,7 @@ class Dispatcher:
         _, prefill_s = self.rate(pool, model).cost_s(item)
         blocked_s = self.queues.blocked_s(model, pool).get(item.slo_class, 0.0)
         first_s = passed_s + blocked_s + prefill_s
-        if passed_s > start_s and first_s > deadline_s:
+        if passed_s > max(start_s, now_s) and first_s > deadline_s:
             return Forecast(None)  # the work that passes it leaves it no room: dropped
         return Forecast(first_s - item.arrival_at_s)
 

@@ -105,7 +105,8 @@ class QueueForecaster:
             self.decision.arrived(model, item)
 
     def _forget_noted(self) -> None:
-        """Forget the ids noted before the arrivals' window, seldom (amortised)."""
+        """Forget the ids noted before twice the arrivals' window (a queue read notes none
+        older than the window), seldom (amortised)."""
         if len(self._noted) <= self._forget_past:
             return
         horizon_s = self._clock.now_s() - 2 * self.decision.arrivals.window_s
@@ -143,11 +144,14 @@ class QueueForecaster:
         queues = self.decision.queues
         by_model: dict[str, dict[str, QueuedItem]] = {m: {} for m in queues.models()}
         fresh = []
+        # Another replica's admission, still queued and within the arrivals' window (older
+        # ones are past what the rates count, and may be ids forgotten here: never again).
+        recent_s = self._clock.now_s() - self.decision.arrivals.window_s
         for request in await self._queue.queued():
             items = by_model.setdefault(request.model, {})
             known = queues.items(request.model).get(request.id)
             items[request.id] = known if known is not None else QueuedItem.of(request)
-            if request.id not in self._noted:  # another replica's admission, still queued
+            if request.id not in self._noted and request.arrival_at_s >= recent_s:
                 fresh.append((request.model, items[request.id]))
         for model, item in sorted(fresh, key=lambda f: (f[1].arrival_at_s, f[1].request_id)):
             self._note(model, item)

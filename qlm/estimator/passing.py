@@ -32,6 +32,10 @@ deadline, and the forecast is the schedule's own start (on random:11 of qlm/sim/
 interactive work alone at 1.0-1.5x the pool: forecasting batch-1's passing there said
 "late" for 184 requests, 95 % of which met their deadline).
 
+Deadlines here are the TTFT deadlines; the schedule orders by due times shifted by the
+engine work blocking each class (`Dispatcher.blocked_s`), so where classes are blocked by
+different amounts the breakpoints are off by that difference.
+
 A forecast, not a decision: the schedule the instances serve is unchanged. Both planes
 forecast with it (`Dispatcher.predict`, qlm/agents/decision.py).
 """
@@ -56,7 +60,7 @@ class PassingRates:
     rates: tuple[float, ...]
     # How far ahead the rates are taken to hold: the window they were measured over (a
     # minute's arrivals say nothing of the next hour's).
-    horizon_s: float = 0.0
+    horizon_s: float
 
     @classmethod
     def of(cls, arrivals: Iterable[tuple[float, float]], window_s: float) -> PassingRates:

@@ -53,3 +53,31 @@ def test_the_last_instance_of_a_busy_model_stays_for_its_urgent_arrivals() -> No
     result = simulate(fleet, [*chats, batch], "qlm", QlmConfig(slo_classes=classes), 0)
     assert result.attainment("interactive") == 1.0
     assert result.attainment("batch-1") == 1.0  # served once the chats stop
+
+
+def test_a_models_last_instance_stays_until_its_arrivals_were_watched_for_the_absence() -> None:
+    """At the start nothing has arrived for m7b yet, which says nothing of its rate: m7b's
+    only instance is not swapped to m13b (5 s to load, 5 s back) before arrivals have been
+    watched for those 10 s; m7b's interactive requests in the meantime are all served."""
+    fleet = two_model_fleet(num_7b=1, num_13b=0, load_s=5.0)
+    batch = make_request(model="m13b", slo_class="batch-1", arrival_at_s=0.0, ttft_s=120.0)
+    chats = [
+        make_request(model="m7b", arrival_at_s=2.0 + k, ttft_s=3.0, max_output_tokens=16)
+        for k in range(5)
+    ]
+    classes = (
+        SloClassConfig(name="interactive", ttft_s=3.0, lateness_weight=100, priority=2),
+        SloClassConfig(name="batch-1", ttft_s=120.0, lateness_weight=1, priority=0),
+    )
+    result = simulate(fleet, [batch, *chats], "qlm", QlmConfig(slo_classes=classes), 0)
+    assert result.attainment("interactive") == 1.0
+    assert min(load.start_s for load in result.loads) >= 10.0
+    assert result.attainment("batch-1") == 1.0
+
+
+def test_watched_for_counts_from_the_first_arrival_of_any_model() -> None:
+    rates = ArrivalRates(window_s=60.0)
+    assert not rates.watched_for(5.0, 1.0)  # nothing seen yet
+    rates.arrived("a", 3.0, 20.0)
+    assert rates.watched_for(13.0, 10.0)
+    assert not rates.watched_for(12.9, 10.0)
