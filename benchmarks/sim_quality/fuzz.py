@@ -30,7 +30,7 @@ from benchmarks.report import (
 )
 from benchmarks.sim_quality.checks import BASELINES, ordered
 from benchmarks.sim_quality.runs import Task, run_tasks
-from qlm.sim.fuzz import RANDOM_PREFIX, draw_scenario
+from qlm.sim.fuzz import RANDOM_PREFIX, FuzzDraw, draw_scenario
 from qlm.sim.fuzz.many_models import MANY_PREFIX, draw_many_models
 from qlm.sim.scenario import Scenario, random_scenario
 from qlm.sim.spread import Runner
@@ -75,11 +75,18 @@ def describe(seed: int) -> dict[str, Any]:
     """The scenario of this seed as the results file records it."""
     draw = draw_scenario(seed)
     scenario = random_scenario(seed)
-    fleet = scenario.fleet()
     return {
         "seed": seed,
         "description": draw.summary(streams=False),
         "streams": scenario.description,
+        **_sizing(draw, scenario),
+    }
+
+
+def _sizing(draw: FuzzDraw, scenario: Scenario) -> dict[str, Any]:
+    """What the results file records of a drawn scenario besides its words."""
+    fleet = scenario.fleet()
+    return {
         "load_factor": round(draw.load_factor, 3),
         "capacity_per_s": round(draw.capacity_per_s, 3),
         "window_s": draw.window_s,
@@ -101,14 +108,7 @@ def describe_many(seed: int) -> dict[str, Any]:
         "seed": seed,
         "description": f"{draw.document['description']} ({gpus})",
         "streams": f"{len(scenario.workload)} per-model streams",
-        "load_factor": round(draw.load_factor, 3),
-        "capacity_per_s": round(draw.capacity_per_s, 3),
-        "window_s": draw.window_s,
-        "requests": sum(1 for _ in scenario.iter_requests()),
-        "instances": len(fleet.instances),
-        "gpus": sum(i.gpu_count for i in fleet.instances),
-        "policies": {},
-        "timeouts": {},
+        **_sizing(draw, scenario),
     }
 
 

@@ -1,5 +1,6 @@
 """Per-model queues in earliest-TTFT-deadline order, for the baselines that keep their own
-global queue (`edf`, `logos`): ties by arrival, then by the order requests joined."""
+global queue (`edf`, `logos`): ties by arrival, then by the order requests joined; `fill`
+pulls a queue's heads into an instance while its admission budget takes them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 
-from qlm.types import Request
+from qlm.agents.actions import Pull
+from qlm.sim.policies.base import NO_ACTIONS, Actions, AdmissionBook, SimContext
+from qlm.types import Instance, Request
 
 _Entry = tuple[float, float, int, Request]
 
@@ -48,3 +51,17 @@ class DeadlineQueues:
             admit(request)
             taken.append(request)
         return taken
+
+
+def fill(
+    ctx: SimContext, instance: Instance, queues: DeadlineQueues, book: AdmissionBook
+) -> Actions:
+    """Pull the earliest-deadline requests of the instance's model while they fit its
+    admission budget (`book`); nothing while it loads or holds no model."""
+    model = ctx.model_of(instance.id)
+    if model is None or ctx.loading(instance.id):
+        return NO_ACTIONS
+    taken = queues.pull_while(
+        model, lambda r: book.fits(instance.id, r), lambda r: book.admit(instance.id, r)
+    )
+    return (Pull(instance.id, tuple(r.id for r in taken)),) if taken else NO_ACTIONS

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qlm.agents.actions import Action, LoadModel, Pull
+from qlm.agents.actions import Action, LoadModel
 from qlm.engine.types import EngineEvent
 from qlm.sim.policies.base import (
     NO_ACTIONS,
@@ -28,7 +28,7 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
-from qlm.sim.policies.deadline_queues import DeadlineQueues
+from qlm.sim.policies.deadline_queues import DeadlineQueues, fill
 from qlm.types import Instance, Request
 
 
@@ -76,16 +76,7 @@ class EdfPolicy(BasePolicy):
         return {"swaps_started": self._swaps}
 
     def _fill(self, instance: Instance) -> Actions:
-        """Pull earliest-deadline requests of the instance's model while they fit."""
-        ctx = self.ctx
-        model = ctx.model_of(instance.id)
-        if model is None or ctx.loading(instance.id):
-            return NO_ACTIONS
-        book = self._book
-        taken = self._queues.pull_while(
-            model, lambda r: book.fits(instance.id, r), lambda r: book.admit(instance.id, r)
-        )
-        return (Pull(instance.id, tuple(r.id for r in taken)),) if taken else NO_ACTIONS
+        return fill(self.ctx, instance, self._queues, self._book)
 
     def _swap_idle(self) -> Actions:
         """Idle instances whose model has nothing queued switch to the most urgent model whose

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from qlm.agents.actions import Action, LoadModel, Pull
+from qlm.agents.actions import Action, LoadModel
 from qlm.agents.dispatch import PoolRate
 from qlm.agents.drain import drain_estimate_s
 from qlm.agents.queued import QueuedItem
@@ -55,7 +55,7 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
-from qlm.sim.policies.deadline_queues import DeadlineQueues
+from qlm.sim.policies.deadline_queues import DeadlineQueues, fill
 from qlm.sim.policies.keep_alive import KeepAlive
 from qlm.types import Instance, Request
 
@@ -159,15 +159,7 @@ class LogosPolicy(BasePolicy):
         return tuple(actions)
 
     def _fill(self, instance: Instance) -> Actions:
-        ctx = self.ctx
-        model = ctx.model_of(instance.id)
-        if model is None or ctx.loading(instance.id):
-            return NO_ACTIONS
-        book = self._book
-        taken = self._queues.pull_while(
-            model, lambda r: book.fits(instance.id, r), lambda r: book.admit(instance.id, r)
-        )
-        return (Pull(instance.id, tuple(r.id for r in taken)),) if taken else NO_ACTIONS
+        return fill(self.ctx, instance, self._queues, self._book)
 
     def _best_switch(self, model: str, planned: Sequence[Action]) -> Switch | None:
         """The candidate with the most wait saved per second of switch, among those whose
