@@ -39,6 +39,15 @@ class ArrivalRates:
         seen.append((at_s, budget_s, item))
         self._trim(seen, at_s)
 
+    def rate_per_s(self, model: str, now_s: float) -> float:
+        """The model's arrivals per second over the last `window_s`."""
+        seen = self._seen.get(model)
+        if not seen:
+            return 0.0
+        self._trim(seen, now_s)
+        since_s = now_s - self.window_s
+        return sum(1 for at_s, _, _ in seen if at_s >= since_s) / self.window_s
+
     def watched_for(self, now_s: float, span_s: float) -> bool:
         """Whether arrivals have been watched for at least `span_s` (the rates of a shorter
         watch say nothing about that long: a model with no arrival yet may be the busiest)."""

@@ -28,9 +28,10 @@ The result holds for a pool that keeps up with the passing work (rho < 1, as the
 queue's). Where the more urgent arrivals alone overload the pool, the schedule does not serve
 them all first: Moore-Hodgson keeps the most requests that can meet their deadlines and sheds
 the costliest, of whatever class, so which requests a burst delays is decided by cost, not by
-deadline, and the forecast is the schedule's own start (on random:11 of qlm/sim/fuzz,
-interactive work alone at 1.0-1.5x the pool: forecasting batch-1's passing there said
-"late" for 184 requests, 95 % of which met their deadline).
+deadline, and the forecast is the schedule's own start (random:11 of qlm/sim/fuzz is such a
+case: interactive work alone at 1.0-1.5x the pool; forecasting batch-1's passing there too,
+as a first version of this did, said "late" for most of its batch-1 requests, nearly all of
+which met their deadline).
 
 Deadlines here are the TTFT deadlines; the schedule orders by due times shifted by the
 engine work blocking each class (`Dispatcher.blocked_s`), so where classes are blocked by

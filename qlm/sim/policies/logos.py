@@ -37,11 +37,11 @@ is a set multiple of what it costs).
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qlm.agents.actions import Action, LoadModel
+from qlm.agents.arrival_rates import ArrivalRates
 from qlm.agents.dispatch import PoolRate
 from qlm.agents.drain import drain_estimate_s
 from qlm.agents.queued import QueuedItem
@@ -85,7 +85,8 @@ class LogosPolicy(BasePolicy):
         self._book = AdmissionBook()
         self._draining: dict[str, str] = {}  # instance -> the model it moves to once empty
         self._rates: dict[tuple[str, ...], PoolRate] = {}  # (model, *pool) -> its prices
-        self._arrivals: dict[str, deque[float]] = {}  # model -> arrival times, last minute
+        self._arrivals = ArrivalRates(ARRIVAL_WINDOW_S)  # each model's rate, last minute
+        self._last_arrival_s: dict[str, float] = {}  # model -> its latest arrival
         self._recheck_at_s = -math.inf
         self._keep_alive = KeepAlive()
         self._switches = 0
@@ -99,10 +100,9 @@ class LogosPolicy(BasePolicy):
 
     def on_arrival(self, request: Request) -> Actions:
         self._queues.push(request)
-        arrivals = self._arrivals.setdefault(request.model, deque())
-        arrivals.append(request.arrival_at_s)
-        while arrivals[0] < request.arrival_at_s - ARRIVAL_WINDOW_S:
-            arrivals.popleft()
+        budget_s = request.ttft_deadline_at_s - request.arrival_at_s
+        self._arrivals.arrived(request.model, request.arrival_at_s, budget_s)
+        self._last_arrival_s[request.model] = request.arrival_at_s
         return self._serve()
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
@@ -214,12 +214,7 @@ class LogosPolicy(BasePolicy):
             return 0.0
         back = ctx.fleet.profile(own, instance)
         back_s = 0.0 if back is None else back.load_time_s(self._tiered(instance.id))
-        arrivals = self._arrivals.get(own)
-        if not arrivals:
-            return 0.0
-        while arrivals and arrivals[0] < self.now_s() - ARRIVAL_WINDOW_S:
-            arrivals.popleft()
-        return len(arrivals) / ARRIVAL_WINDOW_S * (switch_s + back_s)
+        return self._arrivals.rate_per_s(own, self.now_s()) * (switch_s + back_s)
 
     def _tiered(self, instance_id: str) -> bool:
         return self.ctx.observe(instance_id).standby_capacity > 0
@@ -251,11 +246,11 @@ class LogosPolicy(BasePolicy):
     def _arrived_within(self, model: str | None, instance: Instance) -> bool:
         """Whether a request of `model` arrived within one cold load of it on the
         instance (its keep-alive, keep_alive.py)."""
-        arrivals = self._arrivals.get(model or "")
+        last_s = self._last_arrival_s.get(model or "")
         profile = None if model is None else self.ctx.fleet.profile(model, instance)
-        if not arrivals or profile is None:
+        if last_s is None or profile is None:
             return False
-        return arrivals[-1] > self.now_s() - profile.load_s
+        return last_s > self.now_s() - profile.load_s
 
     def _saved_s(
         self,
