@@ -180,7 +180,7 @@ class WaitEstimator:
             return WaitEstimate(max(request.ttft_slo_s, planned.wait_s), "late")
         wait_s = max(0.0, first_s)
         assert self.forecaster is not None
-        bound_s = self.forecaster.band.upper_s(request.slo_class, first_s)
+        bound_s = self.forecaster.bound_s(request.id)
         if planned.completion_s is None:
             return WaitEstimate(wait_s, "schedule", None, bound_s)
         own_s = max(0.0, planned.completion_s - planned.wait_s)

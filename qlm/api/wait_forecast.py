@@ -24,10 +24,11 @@ The simulator's forecast (qlm/sim/policies/qlm_dispatch.py `SimDispatch.predict`
 the same moment, as a request is queued, over exact inputs.
 
 The forecast's bound for nine in ten (`band`, qlm/estimator/forecast_band.py) learns from this
-API's own forecasts: the newest `WATCHED` of each class are read back at each refresh
-(`GlobalQueue.get_many`), and each that has finished gives its score (how many times later
-than its forecast its first token came). The simulator learns the same way from every request
-as it finishes.
+API's own forecasts: they await their first token in the band, and the oldest `WATCHED` of
+each class are read back at each refresh (`GlobalQueue.get_many`); each that has finished gives its
+score (how many times later than its forecast its first token came) and its bound's outcome,
+and one whose bound passed with no first token counts as a miss at once (`expire`). The
+simulator learns the same way from every request.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ from qlm.queue.base import GlobalQueue
 from qlm.types import Fleet, Request
 
 NO_INSTANCE = ""  # the API is no instance: every instance is seen as reported
-# Forecasts read back for the bound, per class (the newest): per class, so that a rare class
-# with long waits (wc-quick's batch-1: one request in 35) is not pushed out by a frequent one
-# before its requests end (one cap for all: no batch-1 bound on the wc-quick replays).
+# Forecasts read back for the bound at a refresh, per class (the oldest awaiting, the likeliest
+# to have ended): per class, so that a rare class with long waits (wc-quick's batch-1: one
+# request in 35) is not crowded out by a frequent one (one cap for all: no batch-1 bound on the
+# wc-quick replays). At most AWAITED_KEPT per class await (past it the oldest is dropped).
 WATCHED = 256
+AWAITED_KEPT = 4096
 NOTED_KEPT = 4096  # ids noted as arrivals kept at least (forgotten past twice the window)
 
 
@@ -71,8 +74,7 @@ class QueueForecaster:
         self.decision = Dispatcher(fleet, priority)
         self._peers = PeerReports(NO_INSTANCE, report_every_s)
         self._read_at_s = -math.inf
-        self.band = ForecastBand()
-        self._watched: dict[str, dict[str, float]] = {}  # class: id: forecast (oldest first)
+        self.band = ForecastBand(awaited_per_class=AWAITED_KEPT)
         self._noted: dict[str, float] = {}  # ids noted as arrivals: their arrival time
         self._forget_past = NOTED_KEPT
 
@@ -88,14 +90,18 @@ class QueueForecaster:
         view = ReportedFleet(self._fleet, NO_INSTANCE, None, self._priority, self._peers.reports)
         forecast = self.decision.predict(view, item, request.model, self._clock.now_s())
         if forecast is not None and forecast.first_token_s is not None:
-            self._watch(request, forecast.first_token_s)
+            first_s = forecast.first_token_s
+            self.band.bound(request.id, request.slo_class, request.arrival_at_s, first_s)
         return forecast
+
+    def bound_s(self, request_id: str) -> float | None:
+        """The bound for nine in ten given with the request's forecast (None: none)."""
+        return self.band.given(request_id)
 
     def forget(self, request_id: str) -> None:
         """A request forecast but not admitted after all (refused, or the queue is full)."""
         self.decision.queues.remove((request_id,))
-        for watched in self._watched.values():
-            watched.pop(request_id, None)
+        self.band.forget(request_id)
 
     def _note(self, model: str, item: QueuedItem) -> None:
         """A request seen for the first time: an arrival, for the work that passes queued
@@ -113,26 +119,21 @@ class QueueForecaster:
         self._noted = {rid: at_s for rid, at_s in self._noted.items() if at_s >= horizon_s}
         self._forget_past = max(NOTED_KEPT, 2 * len(self._noted))
 
-    def _watch(self, request: Request, forecast_s: float) -> None:
-        watched = self._watched.setdefault(request.slo_class, {})
-        watched[request.id] = forecast_s
-        if len(watched) > WATCHED:
-            del watched[next(iter(watched))]
-
     async def _learn(self) -> None:
-        """Each watched forecast whose request has ended: its score for the bound."""
-        ids = [(slo_class, rid) for slo_class, w in self._watched.items() for rid in w]
-        records = await self._queue.get_many([rid for _, rid in ids])
-        for (slo_class, rid), record in zip(ids, records, strict=True):
-            watched = self._watched[slo_class]
+        """Each awaited forecast whose request has ended: its score and its bound's outcome;
+        a miss for each whose bound passed with no first token."""
+        self.band.expire(self._clock.now_s())
+        ids = [rid for _, rid in self.band.awaited(WATCHED)]
+        records = await self._queue.get_many(ids)
+        for rid, record in zip(ids, records, strict=True):
             if record is None:
-                del watched[rid]
+                self.band.forget(rid)
             elif record.state.is_terminal:
-                forecast_s = watched.pop(rid)
                 result = record.result
                 if result is not None and result.first_token_at_s is not None:
-                    ttft_s = result.first_token_at_s - record.request.arrival_at_s
-                    self.band.observe(slo_class, forecast_s, ttft_s)
+                    self.band.first_token(rid, result.first_token_at_s)
+                else:
+                    self.band.forget(rid)
 
     async def _refresh(self) -> None:
         mono_s = self._clock.monotonic_s()

@@ -1,10 +1,12 @@
 """The bound of a wait forecast (qlm/estimator/forecast_band.py) holds for the share it promises
 whatever the errors' distribution, additive or proportional, gives nothing before it has
-enough of them, scales with the forecast, keeps classes apart and follows a change of load
-within its window."""
+enough of them, scales with the forecast, keeps classes apart, follows a change of load within
+its window, keeps its promise while the errors drift (the adaptive level), and grades a bound
+that passed with no first token as a miss at once."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -101,3 +103,86 @@ def test_bad_settings_are_refused() -> None:
         ForecastBand(quantile=1.0)
     with pytest.raises(ValueError, match="window"):
         ForecastBand(window=0)
+    with pytest.raises(ValueError, match="step"):
+        ForecastBand(step=1.0)
+
+
+def _drifting_run(step: float) -> float:
+    """Share of bounds held over a run whose forecasts grow steadily too short (a backlog
+    building faster than the forecasts see), graded at each request's first token."""
+    rng = random.Random(3)
+    band = ForecastBand(quantile=0.9, window=200, step=step)
+    held = total = 0
+    for k in range(6000):
+        forecast_s = rng.uniform(1.0, 20.0)
+        drift = math.exp(k / 1000)  # each window of 200 about 22 % later than the last
+        actual_s = forecast_s * drift * rng.lognormvariate(0.0, 0.1)
+        upper_s = band.upper_s("interactive", forecast_s)
+        if upper_s is not None:
+            held += actual_s <= upper_s
+            total += 1
+        band.observe("interactive", forecast_s, actual_s, upper_s)
+    return held / total
+
+
+def test_the_adaptive_level_keeps_the_promise_while_the_errors_drift() -> None:
+    fixed = _drifting_run(step=0.0)  # split conformal at a fixed 0.9
+    adaptive = _drifting_run(step=0.005)
+    assert fixed < 0.75, fixed  # a window of old scores lags the drift
+    assert adaptive >= 0.88, adaptive
+
+
+def test_a_miss_raises_the_level_and_a_hold_lowers_it() -> None:
+    band = ForecastBand(quantile=0.9, step=0.01)
+    for _ in range(20):
+        band.observe("batch", 10.0, 10.0)
+    assert band.level("batch") == pytest.approx(0.9)  # no bound given: nothing graded
+    band.observe("batch", 10.0, 30.0, upper_s=20.0)
+    assert band.level("batch") == pytest.approx(0.9 + 0.01 * 0.9)
+    band.observe("batch", 10.0, 10.0, upper_s=20.0)
+    assert band.level("batch") == pytest.approx(0.9 + 0.01 * 0.9 - 0.01 * 0.1)
+    assert band.level("interactive") == pytest.approx(0.9)
+
+
+def test_a_bound_that_passes_with_no_first_token_is_a_miss_at_once_and_only_once() -> None:
+    band = ForecastBand(quantile=0.9, step=0.01)
+    for _ in range(20):
+        band.observe("batch", 10.0, 10.0)
+    upper_s = band.bound("r1", "batch", arrival_at_s=100.0, forecast_s=10.0)
+    assert upper_s == pytest.approx(10.0)
+    assert band.given("r1") == upper_s
+    band.expire(now_s=109.0)  # its bound has not passed yet
+    assert band.level("batch") == pytest.approx(0.9)
+    band.expire(now_s=111.0)  # passed, no first token: a miss, known now
+    assert band.level("batch") == pytest.approx(0.909)
+    band.expire(now_s=200.0)
+    assert band.level("batch") == pytest.approx(0.909)  # graded once
+    band.first_token("r1", first_token_at_s=150.0)  # its score counts, not a second miss
+    assert band.level("batch") == pytest.approx(0.909)
+    assert band.observed("batch") == 21
+    assert band.awaited() == []
+
+
+def test_a_first_token_within_the_bound_is_a_hold_and_forgotten_ids_grade_nothing() -> None:
+    band = ForecastBand(quantile=0.9, step=0.01)
+    for _ in range(20):
+        band.observe("batch", 10.0, 10.0)
+    band.bound("r1", "batch", arrival_at_s=0.0, forecast_s=10.0)
+    band.bound("r2", "batch", arrival_at_s=0.0, forecast_s=10.0)
+    band.first_token("r1", first_token_at_s=5.0)
+    assert band.level("batch") == pytest.approx(0.899)
+    band.forget("r2")  # refused after its forecast: never graded
+    band.expire(now_s=1000.0)
+    assert band.level("batch") == pytest.approx(0.899)
+    band.first_token("unknown", first_token_at_s=1.0)
+    assert band.observed("batch") == 21
+
+
+def test_awaited_forecasts_are_listed_oldest_first_and_capped_per_class() -> None:
+    band = ForecastBand(awaited_per_class=3)
+    for k in range(5):
+        band.bound(f"b{k}", "batch", arrival_at_s=float(k), forecast_s=1.0)
+    band.bound("i0", "interactive", arrival_at_s=0.0, forecast_s=1.0)
+    assert band.awaited() == [("batch", "b2"), ("batch", "b3"), ("batch", "b4"),
+                              ("interactive", "i0")]  # fmt: skip
+    assert band.awaited(per_class=1) == [("batch", "b2"), ("interactive", "i0")]

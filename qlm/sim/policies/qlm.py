@@ -83,7 +83,6 @@ class QlmPolicy(BasePolicy):
         self._predicted: dict[str, TtftPrediction] = {}
         # The forecasts' bound, learnt as requests finish (as the API learns it live).
         self._band = ForecastBand()
-        self._awaiting: dict[str, tuple[str, float, float]] = {}  # id: class, arrival, forecast
         self._wake_at: dict[str, float] = {}  # instance -> its held-back wake timer
 
     # Hooks
@@ -125,18 +124,19 @@ class QlmPolicy(BasePolicy):
         """The prediction with its bound; the forecast is kept to learn from its outcome."""
         if prediction.predicted_s is None:
             return prediction
-        forecast_s = prediction.predicted_s
-        self._awaiting[request.id] = (request.slo_class, request.arrival_at_s, forecast_s)
-        return replace(prediction, upper_s=self._band.upper_s(request.slo_class, forecast_s))
+        band = self._band
+        band.expire(self.now_s())
+        upper_s = band.bound(
+            request.id, request.slo_class, request.arrival_at_s, prediction.predicted_s
+        )
+        return replace(prediction, upper_s=upper_s)
 
     def _learn(self, events: Sequence[EngineEvent]) -> None:
         """Each finished request's forecast against its first token, for the bound."""
+        self._band.expire(self.now_s())
         for event in events:
             if isinstance(event, RequestFinished):
-                awaited = self._awaiting.pop(event.request_id, None)
-                if awaited is not None:
-                    slo_class, arrival_s, forecast_s = awaited
-                    self._band.observe(slo_class, forecast_s, event.first_token_at_s - arrival_s)
+                self._band.first_token(event.request_id, event.first_token_at_s)
 
     def on_requeued(self, requests: Sequence[Request]) -> Actions:
         driver = self.driver
