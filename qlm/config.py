@@ -112,7 +112,17 @@ class PlannerConfig(StrictModel):
         default=64, ge=1, description="Coarsen to at most this many groups before solving."
     )
     threads: int = Field(default=2, ge=1, le=64, description="Solver worker threads.")
-    warm_start: bool = Field(default=True, description="Start the solver from the EDF plan.")
+    warm_start: bool = Field(
+        default=True, description="Start the solver from the EDF plan improved by local search."
+    )
+    search_s_per_request: float | None = Field(
+        default=0.005,
+        ge=0,
+        description="milp: the solver's budget per re-plan is this many seconds per request no "
+        "earlier plan held, up to time_limit_s (or deterministic_work); under 0.05 s the plan "
+        "is EDF improved by local search alone. Keeps the planner's CPU per request bounded "
+        "where re-plans are many and small. None: always the full budget.",
+    )
     deterministic_work: float | None = Field(
         default=None,
         gt=0,

@@ -92,8 +92,9 @@ class Controller:
         busy = {v.instance_id: v.busy_s for v in instances}
         groups = self._grouping.regroup(queued, now_s)
         requests = {r.id: r for r in queued}
+        new = sum(1 for r in queued if r.id not in self._member_of)  # no earlier plan held
         solved = self._planner.plan(
-            PlanInput(groups, fleet, now_s, busy_s=busy, slo_classes=self._slo)
+            PlanInput(groups, fleet, now_s, busy_s=busy, slo_classes=self._slo, new_requests=new)
         )
         waits, done, steps = self._predictions(solved, groups, fleet, busy)
         self._solved = solved

@@ -1,12 +1,12 @@
 """Group coarsening: keep the MILP small by merging groups before solving.
 
-Only groups that the EDF plan runs back to back on the same instance, with the same model and
-SLO class, are merged (so a unit's lateness weight is its members'), the pair with the fewest
-requests together first, until the count fits the target; only if that is not enough, pairs
-of different classes are merged too. The EDF plan is therefore
-expressible over the merged units, and it is the MILP's warm start, so coarsening never costs
-the MILP its EDF starting point. Pinned groups are never merged. Plans are expanded back to the
-original groups (a unit's members run consecutively, in their EDF order)."""
+Only groups that the start plan (EDF improved by local search, `MilpPlanner`) runs back to back
+on the same instance, with the same model and SLO class, are merged (so a unit's lateness weight
+is its members'), the pair with the fewest requests together first, until the count fits the
+target; only if that is not enough, pairs of different classes are merged too. The start plan
+is therefore expressible over the merged units, and it is the MILP's warm start, so coarsening
+never costs the MILP its starting point. Pinned groups are never merged. Plans are expanded back
+to the original groups (a unit's members run consecutively, in their start-plan order)."""
 
 from __future__ import annotations
 
@@ -20,24 +20,26 @@ from qlm.grouping.group import RequestGroup
 class Coarsened:
     units: tuple[RequestGroup, ...]
     members: Mapping[str, tuple[str, ...]]  # unit id -> original group ids, in run order
-    edf_units: tuple[tuple[str, ...], ...]  # the EDF queues over units, per instance
+    start_units: tuple[tuple[str, ...], ...]  # the start plan's queues over units, per instance
 
     def expand(self, unit_ids: Sequence[str]) -> tuple[str, ...]:
         return tuple(gid for uid in unit_ids for gid in self.members[uid])
 
 
 def coarsen(
-    edf_queues: Sequence[Sequence[RequestGroup]], target: int, keep: frozenset[str] = frozenset()
+    start_queues: Sequence[Sequence[RequestGroup]],
+    target: int,
+    keep: frozenset[str] = frozenset(),
 ) -> Coarsened:
-    """Merge EDF-adjacent groups of one model until at most `target` units remain."""
-    queues = [[[g] for g in queue] for queue in edf_queues]
+    """Merge adjacent groups of one model in the start plan until at most `target` remain."""
+    queues = [[[g] for g in queue] for queue in start_queues]
     count = sum(len(q) for q in queues)
     for same_class in (True, False):  # like with like first; then across classes if needed
         while count > target and _merge_smallest_pair(queues, keep, same_class):
             count -= 1
     members: dict[str, tuple[str, ...]] = {}
     units: list[RequestGroup] = []
-    edf_units: list[tuple[str, ...]] = []
+    start_units: list[tuple[str, ...]] = []
     for queue in queues:
         ids = []
         for parts in queue:
@@ -45,8 +47,8 @@ def coarsen(
             units.append(unit)
             members[unit.id] = tuple(p.id for p in parts)
             ids.append(unit.id)
-        edf_units.append(tuple(ids))
-    return Coarsened(tuple(units), members, tuple(edf_units))
+        start_units.append(tuple(ids))
+    return Coarsened(tuple(units), members, tuple(start_units))
 
 
 def _unit_id(parts: Sequence[RequestGroup]) -> str:

@@ -1,7 +1,9 @@
 """The planner extension point: which instance serves which groups, in which order?
 
 Planners are registered by name (milp, edf, fcfs) and return a frozen Plan. The MILP planner
-coarsens, warm-starts from EDF, honours a wall-time limit and falls back to EDF; see README.md.
+improves the EDF plan by local search, coarsens, warm-starts the solver from that plan within a
+budget that grows with the requests it newly plans, and keeps that plan where the solver does
+no better; see README.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from qlm.registry import Registry
 from qlm.solver.coarsen import Coarsened, coarsen
 from qlm.solver.costs import CostTable, build_cost_table, evaluate
 from qlm.solver.heuristics import edf_queues, fcfs_queues
+from qlm.solver.local_search import improve
 from qlm.solver.milp.backends import MILP_BACKENDS, SolveStatus
 from qlm.solver.milp.formulation import formulate
 from qlm.solver.types import Plan, PlanInput, PlanStatus
@@ -106,6 +109,10 @@ class FcfsPlanner(_HeuristicPlanner):
     schedule = staticmethod(fcfs_queues)
 
 
+# Below this budget the solver is not started: building the model alone costs milliseconds, and
+# CP-SAT's first solution is the hint it was given.
+MIN_SEARCH_S = 0.05
+
 _STATUS = {
     SolveStatus.OPTIMAL: PlanStatus.OPTIMAL,
     SolveStatus.FEASIBLE: PlanStatus.FEASIBLE,
@@ -129,65 +136,84 @@ class MilpPlanner(_HeuristicPlanner):
             )
         edf = edf_queues(full)
         edf_objective = evaluate(full, edf).objective
-        coarse = self._coarsened(full, edf)
-        table = build_cost_table(replace(placeable, groups=coarse.units), self.estimator)
-        index = {g.id: i for i, g in enumerate(table.groups)}
-        edf_units = [[index[u] for u in queue] for queue in coarse.edf_units]
-        formulation = formulate(table, self._slots(table, edf_units))
-        warm = formulation.values_for(edf_units) if self.config.warm_start else None
-        backend = MILP_BACKENDS.create(self.config.backend)
-        budget_s = self.config.time_limit_s
-        if not self._on_work_budget:  # a reproducible solve must not hang on wall time
-            budget_s -= self.clock.monotonic_s() - started
-        outcome = backend.solve(
-            formulation,
-            max(0.05, budget_s),
-            self.config.threads,
-            warm,
-            self.clock,
-            deterministic_work=self.config.deterministic_work,
-        )
-        elapsed = self.clock.monotonic_s() - started
-        extra = {"backend": self.config.backend, "baseline_objective": edf_objective}
+        start = improve(full, edf)  # the solver's start, and the plan where it does no better
+        start_objective = evaluate(full, start).objective
+        budget = self._search_budget(inp)
+        extra = {
+            "backend": self.config.backend,
+            "baseline_objective": edf_objective,
+            "search_s": budget,
+        }
 
-        def fallback(reason: str) -> Plan:
+        def fallback(status: PlanStatus, reason: str) -> Plan:
+            elapsed = self.clock.monotonic_s() - started
             return _plan_of(
-                full, edf, PlanStatus.FALLBACK, self.name, elapsed, unplaced, detail=reason, **extra
+                full, start, status, self.name, elapsed, unplaced, detail=reason, **extra
             )
 
+        if budget < MIN_SEARCH_S:
+            extra["search_s"] = 0.0
+            return fallback(
+                PlanStatus.LOCAL,
+                f"no solver: a {budget:.3f} s budget for {inp.new_requests} new requests",
+            )
+        coarse = self._coarsened(full, start)
+        table = build_cost_table(replace(placeable, groups=coarse.units), self.estimator)
+        index = {g.id: i for i, g in enumerate(table.groups)}
+        start_units = [[index[u] for u in queue] for queue in coarse.start_units]
+        formulation = formulate(table, self._slots(table, start_units))
+        warm = formulation.values_for(start_units) if self.config.warm_start else None
+        backend = MILP_BACKENDS.create(self.config.backend)
+        if self._on_work_budget:  # a reproducible solve must not hang on wall time
+            outcome = backend.solve(
+                formulation, self.config.time_limit_s, 1, warm, self.clock, budget
+            )
+        else:
+            budget_s = max(0.05, budget - (self.clock.monotonic_s() - started))
+            outcome = backend.solve(formulation, budget_s, self.config.threads, warm, self.clock)
         if outcome.values is None:
-            return fallback(f"solver failed: {outcome.detail}")
+            return fallback(PlanStatus.FALLBACK, f"solver failed: {outcome.detail}")
         queues = self._expand(full, table, formulation.queues_from(outcome.values), coarse)
-        if evaluate(full, queues).objective > edf_objective * (1 + 1e-9):
-            return fallback(f"solver ({outcome.status}) did worse than EDF")
+        if evaluate(full, queues).objective > start_objective * (1 + 1e-9):
+            return fallback(
+                PlanStatus.FALLBACK, f"solver ({outcome.status}) did worse than local search"
+            )
+        elapsed = self.clock.monotonic_s() - started
+        status = _STATUS[outcome.status]
         return _plan_of(
-            full,
-            queues,
-            _STATUS[outcome.status],
-            self.name,
-            elapsed,
-            unplaced,
-            detail=outcome.detail,
-            **extra,
+            full, queues, status, self.name, elapsed, unplaced, detail=outcome.detail, **extra
         )
+
+    def _search_budget(self, inp: PlanInput) -> float:
+        """The solver's budget: the configured limit (wall, or CP-SAT work), cut to
+        `search_s_per_request` per request no earlier plan held where that is known."""
+        config = self.config
+        limit = config.time_limit_s
+        if self._on_work_budget:
+            assert config.deterministic_work is not None
+            limit = config.deterministic_work
+        per_request = config.search_s_per_request
+        if per_request is None or inp.new_requests is None:
+            return limit
+        return min(limit, per_request * inp.new_requests)
 
     @property
     def _on_work_budget(self) -> bool:
         """CP-SAT on a deterministic work budget (the only backend that takes one)."""
         return self.config.deterministic_work is not None and self.config.backend == "cpsat"
 
-    def _coarsened(self, full: CostTable, edf: Sequence[Sequence[int]]) -> Coarsened:
+    def _coarsened(self, full: CostTable, start: Sequence[Sequence[int]]) -> Coarsened:
         pinned = frozenset(full.groups[g].id for gs in full.pinned.values() for g in gs)
         target = min(
             self.config.max_planning_groups,
             self.config.max_slots_per_queue * full.num_instances,
         )
-        runs = [[full.groups[g] for g in queue] for queue in edf]
+        runs = [[full.groups[g] for g in queue] for queue in start]
         return coarsen(runs, target, pinned)
 
     def _slots(self, table: CostTable, warm: Sequence[Sequence[int]]) -> int:
-        """Slots per queue: the configured bound, raised to the longest queue of the EDF plan
-        where needed, so the EDF plan is always a feasible point of the MILP."""
+        """Slots per queue: the configured bound, raised to the longest queue of the start plan
+        where needed, so the start plan is always a feasible point of the MILP."""
         longest = max((len(q) for q in warm), default=1)
         return max(1, min(table.num_groups, max(self.config.max_slots_per_queue, longest)))
 

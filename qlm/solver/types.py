@@ -15,8 +15,9 @@ class PlanStatus(StrEnum):
     OPTIMAL = "optimal"  # the solver proved optimality (within its gap)
     FEASIBLE = "feasible"  # a solution, not proved optimal, solver stopped on its own
     TIMEOUT = "timeout"  # the time limit hit; the best solution found is returned
-    FALLBACK = "fallback"  # the solver failed or did worse: the EDF plan is returned
+    FALLBACK = "fallback"  # the solver failed or did worse: its start plan is returned
     HEURISTIC = "heuristic"  # a heuristic planner (edf, fcfs) made the plan
+    LOCAL = "local"  # EDF improved by local search; the MILP had no search budget (milp)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class PlanInput:
     slo_classes: Mapping[str, SloClass] = field(
         default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES}
     )
+    # requests no earlier plan held (None: unknown, as for a one-off plan): the MILP's search
+    # budget grows with them (`PlannerConfig.search_s_per_request`)
+    new_requests: int | None = None
 
     def __post_init__(self) -> None:
         ids = [g.id for g in self.groups]
@@ -83,6 +87,9 @@ class Plan:
     backend: str | None = None
     baseline_objective: float | None = None  # the EDF plan's objective, where computed
     detail: str = ""
+    # the MILP's search budget (seconds, or CP-SAT deterministic seconds on a work budget);
+    # 0 when no solver ran
+    search_s: float = 0.0
 
     @property
     def swaps(self) -> int:

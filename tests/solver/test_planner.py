@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -155,7 +156,7 @@ class _FailingBackend:
         return SolveOutcome(SolveStatus.FAILED, None, 0.0, "infeasible (test)")
 
 
-def test_solver_failure_falls_back_to_edf(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_solver_failure_falls_back_to_its_start_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(MILP_BACKENDS._factories, "failing", _FailingBackend)
     inp = random_input(11, num_groups=6, num_instances=2)
     plan = make_planner(
@@ -163,9 +164,30 @@ def test_solver_failure_falls_back_to_edf(monkeypatch: pytest.MonkeyPatch) -> No
         estimator_for(inp),
     ).plan(inp)
     edf = plan_with(inp, policy="edf")
+    local = plan_with(replace(inp, new_requests=1))  # no budget: the start plan alone
     assert plan.status is PlanStatus.FALLBACK
     assert "infeasible (test)" in plan.detail
-    assert dict(plan.queues) == dict(edf.queues)
+    assert local.status is PlanStatus.LOCAL
+    assert dict(plan.queues) == dict(local.queues)
+    assert plan.objective <= edf.objective
+
+
+@pytest.mark.parametrize(
+    ("new_requests", "per_request_s", "budget_s"),
+    [(None, 0.005, 0.8), (1000, 0.005, 0.8), (40, 0.005, 0.2), (9, 0.005, 0.0), (9, None, 0.8)],
+)
+def test_the_solver_budget_grows_with_the_requests_no_earlier_plan_held(
+    new_requests: int | None, per_request_s: float | None, budget_s: float
+) -> None:
+    inp = replace(random_input(5, num_groups=6, num_instances=2), new_requests=new_requests)
+    plan = plan_with(inp, time_limit_s=0.8, search_s_per_request=per_request_s)
+    assert plan.search_s == pytest.approx(budget_s)
+    if budget_s == 0.0:  # under MIN_SEARCH_S: no solver, EDF improved by local search
+        assert plan.status is PlanStatus.LOCAL
+        assert "no solver" in plan.detail
+    else:
+        assert plan.status is not PlanStatus.LOCAL
+    assert plan.objective <= plan_with(inp, policy="edf").objective
 
 
 @pytest.mark.parametrize("policy", ["edf", "fcfs", "milp"])

@@ -11,10 +11,10 @@ simulator's adapter: it turns driver decisions into timers and agent steps.
 * a round timer fires when the driver has something due (its violation check every
   `qlm.control.tick_s` while anything is queued, a re-plan at the time it allows) and runs
   the live loop's round: check, then re-plan;
-* a re-plan is published `planning_latency_s` later (by default the planner's time limit for
-  `milp`, 0 for heuristic planners); meanwhile agents keep reconciling against the previous
-  plan and arrivals wait for the new one. The solver's real wall time is measured (`wall_s`)
-  but not charged, so runs stay reproducible;
+* a re-plan is published `planning_latency_s` later (by default the solver's budget for that
+  plan with `milp`, 0 when it ran none or for heuristic planners); meanwhile agents keep
+  reconciling against the previous plan and arrivals wait for the new one. The solver's real
+  wall time is measured (`wall_s`) but not charged, so runs stay reproducible;
 * an instance is reconciled when an arrival joins one of its groups, when its engine frees
   capacity (a request ends, a model finishes loading), and when a plan is published.
 
@@ -72,7 +72,7 @@ class QlmPolicy(BasePolicy):
         self._driver: ControlDriver | None = None
         self._priority: dict[str, int] = {}
         self._instance_of_group: dict[str, str] = {}
-        self._latency_s = 0.0
+        self._latency_s: float | None = 0.0  # None: each plan's solver budget
         self._members = 0
         self._round_at_s: float | None = None  # the earliest round timer set
         self._counts: Counter[str] = Counter()
@@ -99,8 +99,8 @@ class QlmPolicy(BasePolicy):
         priority = self._priority = {c.name: c.priority for c in ctx.config.slo_classes}
         self._dispatch_view = SimDispatch(ctx, priority, members, variant.wake_for_backlog)
         latency = variant.planning_latency_s
-        if latency is None:
-            latency = ctx.config.planner.time_limit_s if planner == "milp" else 0.0
+        if latency is None and planner != "milp":
+            latency = 0.0
         self._latency_s = latency
         # The variant's reconcile settings with the bound on queued prefill the live agents
         # read from the same section (`qlm.control.prefill_backlog_s`).
@@ -240,9 +240,12 @@ class QlmPolicy(BasePolicy):
         self._wall_s += self._wall.monotonic_s() - started
         if plan is None:
             return NO_ACTIONS
-        if self._latency_s <= 0:
+        latency_s = self._latency_s
+        if latency_s is None:  # the solver's budget: what it may take live (0 when none ran)
+            latency_s = plan_search_s(self.driver)
+        if latency_s <= 0:
             return self._publish()
-        self.ctx.call_at(now_s + self._latency_s, _PUBLISH)
+        self.ctx.call_at(now_s + latency_s, _PUBLISH)
         return NO_ACTIONS
 
     def _publish(self) -> Actions:
@@ -356,6 +359,12 @@ class QlmPolicy(BasePolicy):
         if self._driver is None:
             raise RuntimeError("qlm policy used before start()")
         return self._driver
+
+
+def plan_search_s(driver: ControlDriver) -> float:
+    """The solver budget of the driver's latest full re-plan (0: none ran)."""
+    solved = driver.controller.last_solve
+    return 0.0 if solved is None else solved.search_s
 
 
 def _qlm(**options: object) -> QlmPolicy:
