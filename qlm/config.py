@@ -118,10 +118,10 @@ class PlannerConfig(StrictModel):
     search_s_per_request: float | None = Field(
         default=0.005,
         ge=0,
-        description="milp: the solver's budget per re-plan is this many seconds per request no "
-        "earlier plan held, up to time_limit_s (or deterministic_work); under 0.05 s the plan "
-        "is EDF improved by local search alone. Keeps the planner's CPU per request bounded "
-        "where re-plans are many and small. None: always the full budget.",
+        description="milp: the solver's budget per re-plan is this many seconds per request "
+        "that arrived since the last full re-plan, up to time_limit_s (or deterministic_work); "
+        "under 0.05 s the plan is EDF improved by local search alone. Bounds the solver's CPU "
+        "per request where re-plans are many and small. None: always the full budget.",
     )
     deterministic_work: float | None = Field(
         default=None,

@@ -71,6 +71,7 @@ class Controller:
         self._late_at_plan: frozenset[str] = frozenset()
         self._up_at_plan: frozenset[str] = frozenset()  # instances the last re-plan could use
         self._member_of: dict[str, str] = {}
+        self._replanned: frozenset[str] = frozenset()  # the requests the last re-plan grouped
         self._placed: frozenset[str] = frozenset()
         self._epoch = 0
 
@@ -92,7 +93,8 @@ class Controller:
         busy = {v.instance_id: v.busy_s for v in instances}
         groups = self._grouping.regroup(queued, now_s)
         requests = {r.id: r for r in queued}
-        new = sum(1 for r in queued if r.id not in self._member_of)  # no earlier plan held
+        # arrived since the last full re-plan (joined a planned group since, or not)
+        new = sum(1 for r in queued if r.id not in self._replanned)
         solved = self._planner.plan(
             PlanInput(groups, fleet, now_s, busy_s=busy, slo_classes=self._slo, new_requests=new)
         )
@@ -101,6 +103,7 @@ class Controller:
         self._late_at_plan = frozenset(solved.late_groups)
         self._up_at_plan = frozenset(v.instance_id for v in instances)
         self._member_of = {rid: g.id for g in groups for rid in g.request_ids}
+        self._replanned = frozenset(self._member_of)
         self._placed = frozenset(g for q in solved.queues.values() for g in q)
         return self._publish(
             PublishedPlan(

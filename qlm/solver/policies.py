@@ -186,7 +186,8 @@ class MilpPlanner(_HeuristicPlanner):
 
     def _search_budget(self, inp: PlanInput) -> float:
         """The solver's budget: the configured limit (wall, or CP-SAT work), cut to
-        `search_s_per_request` per request no earlier plan held where that is known."""
+        `search_s_per_request` per request that arrived since the last full re-plan where
+        that is known."""
         config = self.config
         limit = config.time_limit_s
         if self._on_work_budget:

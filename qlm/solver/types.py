@@ -37,8 +37,8 @@ class PlanInput:
     slo_classes: Mapping[str, SloClass] = field(
         default_factory=lambda: {c.name: c for c in DEFAULT_SLO_CLASSES}
     )
-    # requests no earlier plan held (None: unknown, as for a one-off plan): the MILP's search
-    # budget grows with them (`PlannerConfig.search_s_per_request`)
+    # requests that arrived since the last full re-plan (None: unknown, as for a one-off plan):
+    # the MILP's search budget grows with them (`PlannerConfig.search_s_per_request`)
     new_requests: int | None = None
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ import pytest
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
+from qlm.solver import Plan, PlanInput
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile, make_request
 
@@ -178,3 +179,26 @@ def test_dequeued_requests_leave_grouping() -> None:
     assert ctl.holds(queued[2].id)
     # A pulled request that comes back (evicted) is outside the plan: re-plan.
     assert ctl.needs_replan(queued, [InstanceView("i0", "m7b")], 2.0).needed
+
+
+def test_a_replan_tells_the_planner_how_many_requests_arrived_since_the_last() -> None:
+    # The solver's budget grows with them (PlannerConfig.search_s_per_request): a request
+    # that joined a planned group between re-plans counts, as does one that fit none.
+    ctl, _ = setup("milp")
+    seen: list[int | None] = []
+    planner = ctl._planner
+    solve = planner.plan
+
+    def spy(inp: PlanInput) -> Plan:
+        seen.append(inp.new_requests)
+        return solve(inp)
+
+    planner.plan = spy  # type: ignore[method-assign]
+    queued = [make_request(slo_class="batch-2", ttft_s=3600) for _ in range(4)]
+    ctl.replan(queued, views(), 0.0)
+    joined = make_request(slo_class="batch-2", ttft_s=3600, arrival_at_s=1.0)
+    assert ctl.on_arrival(joined, 1.0) is not None
+    other = make_request(model="m13b", arrival_at_s=1.5)
+    assert ctl.on_arrival(other, 1.5) is None
+    ctl.replan([*queued[1:], joined, other], views(), 2.0)  # queued[0] was served meanwhile
+    assert seen == [4, 2]

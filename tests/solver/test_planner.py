@@ -176,7 +176,7 @@ def test_solver_failure_falls_back_to_its_start_plan(monkeypatch: pytest.MonkeyP
     ("new_requests", "per_request_s", "budget_s"),
     [(None, 0.005, 0.8), (1000, 0.005, 0.8), (40, 0.005, 0.2), (9, 0.005, 0.0), (9, None, 0.8)],
 )
-def test_the_solver_budget_grows_with_the_requests_no_earlier_plan_held(
+def test_the_solver_budget_grows_with_the_requests_since_the_last_plan(
     new_requests: int | None, per_request_s: float | None, budget_s: float
 ) -> None:
     inp = replace(random_input(5, num_groups=6, num_instances=2), new_requests=new_requests)
