@@ -44,10 +44,13 @@ BASELINE_DIGESTS = {
 # when dispatch stopped counting admitted decode as blocking a new request's first token
 # (qlm/agents/drain.py start_blocks_by_rank, pooled by speed) and reconcile stopped evicting
 # for a request the freed room cannot seat: wa-quick unchanged; wb-quick and wc-quick move.
+# And again when the planner started from EDF improved by local search with a solver budget
+# per request arrived since the last re-plan, and the simulator charged each plan that budget
+# as its latency instead of the time limit: every scenario moves.
 QLM_DIGESTS = {
-    "wa-quick": "ff0a7be08026fa20f7d6179c4cba76c7bbb81ac83ed961d5e861b7cc6fe42877",
-    "wb-quick": "06f005101a32474e4ca497ef9b7997ed97f341f4c0a1c8526c0e988db74bb8a8",
-    "wc-quick": "3f495903e248ae0580dc7b9d09a2ef48cb16d370414fe32d7ffa4f5c0da6eefb",
+    "wa-quick": "14e041945175626eb94663c6ea373bf3c163ef2b39517d38612b912717997772",
+    "wb-quick": "285b95259b467989af644ff2bc14d948c19ec0f0e99cb6aa1e2fc14a28223795",
+    "wc-quick": "10db4a35f9c27d3a4c62f7229c70af1fb7ce0cdd7a69b471c2ae60a13b183073",
 }
 
 
