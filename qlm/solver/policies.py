@@ -176,7 +176,8 @@ class MilpPlanner(_HeuristicPlanner):
         queues = self._expand(full, table, formulation.queues_from(outcome.values), coarse)
         if evaluate(full, queues).objective > start_objective * (1 + 1e-9):
             return fallback(
-                PlanStatus.FALLBACK, f"solver ({outcome.status}) did worse than local search"
+                PlanStatus.LOCAL,
+                f"solver ({outcome.status}) found nothing better than local search",
             )
         elapsed = self.clock.monotonic_s() - started
         status = _STATUS[outcome.status]

@@ -15,9 +15,11 @@ class PlanStatus(StrEnum):
     OPTIMAL = "optimal"  # the solver proved optimality (within its gap)
     FEASIBLE = "feasible"  # a solution, not proved optimal, solver stopped on its own
     TIMEOUT = "timeout"  # the time limit hit; the best solution found is returned
-    FALLBACK = "fallback"  # the solver failed or did worse: its start plan is returned
+    FALLBACK = "fallback"  # the solver failed: its start plan is returned
     HEURISTIC = "heuristic"  # a heuristic planner (edf, fcfs) made the plan
-    LOCAL = "local"  # EDF improved by local search; the MILP had no search budget (milp)
+    # milp: EDF improved by local search, the solver's start plan, because the solver had no
+    # budget or found nothing better
+    LOCAL = "local"
 
 
 @dataclass(frozen=True)
