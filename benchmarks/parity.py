@@ -196,6 +196,7 @@ def table(cases: Sequence[dict[str, Any]]) -> str:
         "swaps live/sim", "TTFT p50 live/sim",
         "wait err / held / p90 held live", "wait err / held / p90 held sim",
         "replay errors / arrival lag p99 / faithful", "best sim baseline, live >=", "within",
+        "code",
     ]  # fmt: skip
     rows = []
     for c in cases:
@@ -212,7 +213,7 @@ def table(cases: Sequence[dict[str, Any]]) -> str:
             f"{live['ttft_p50_s'] or 0:.2f} / {sim['ttft_p50_s'] or 0:.2f} s",
             _worst_error(live["prediction"]), _worst_error(sim["prediction"]),
             _replay_health(c), _versus_baselines(c),
-            "yes" if c["within"] else "NO",
+            "yes" if c["within"] else "NO", str(c.get("code", "-")),
         ])  # fmt: skip
     return markdown_table(head, rows)
 
@@ -233,7 +234,8 @@ LEGEND = (
     "bounds, whatever its gap; '-': not measured by that run). "
     "best sim baseline: the simulated baseline with the highest overall attainment on the same "
     "requests, and whether live qlm kept at least as many ('-': not run by that run). "
-    "Bounds: 2 points overall, 3 in every class, swaps within one or 25 %."
+    "Bounds: 2 points overall, 3 in every class, swaps within one or 25 %. "
+    "code: the commit the case ran on (its results file's)."
 )
 
 
@@ -242,8 +244,8 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
     earlier file's of the same scenario and seed: re-runs of some cases at another speedup)."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for report in reports:
-        for case in report["cases"]:
-            merged[(case["case"], case["seed"])] = case
+        for case in report["cases"]:  # each case stamped with its run's code
+            merged[(case["case"], case["seed"])] = {**case, "code": report.get("code", "-")}
     cases = list(merged.values())
     for case in cases:  # results written before faithfulness was measured
         if "faithful" not in case:
