@@ -12,6 +12,7 @@ results/sim_quality_random.json keeps the last run (a new run replaces it).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -254,6 +255,7 @@ def render(doc: dict[str, Any]) -> str:
         scenario_table(scenarios, policies, family.baselines),
         "",
         distribution_line(dist),
+        *qlm_cost_lines(scenarios),
         "",
         "Worst cases (lowest margins):",
         "",
@@ -269,6 +271,27 @@ def render(doc: dict[str, Any]) -> str:
         for e in worst
     ] or ["- none"]
     return "\n".join(parts)
+
+
+def qlm_cost_lines(scenarios: dict[str, Any]) -> list[str]:
+    """qlm's planner wall time per request and its whole run's wall time, worst scenario and
+    median (one process per run; wall time on a shared machine, so an upper bound of CPU)."""
+    runs = [(e["policies"]["qlm"], name) for name, e in scenarios.items() if "qlm" in e["policies"]]
+    if not runs:
+        return []
+    per_request = sorted(
+        (1000 * r["planner_wall_s"] / max(1, r["requests"]), r["sim_wall_s"], name)
+        for r, name in runs
+    )
+    worst = per_request[-1]
+    median_ms = statistics.median(p[0] for p in per_request)
+    longest = max(per_request, key=lambda p: p[1])
+    return [
+        "",
+        f"qlm's planner: median {median_ms:.1f} ms of wall time per request over "
+        f"{len(per_request)} scenarios, at most {worst[0]:.1f} ms ({worst[2]}); its longest "
+        f"run took {longest[1]:.1f} s ({longest[2]}).",
+    ]
 
 
 def distribution_line(dist: dict[str, Any]) -> str:
