@@ -17,7 +17,8 @@ Cases:
   Azure conversation trace over a backlog of 2,000 batch-2) on the paper's fleet (30 A10 + 50
   A100, Mistral-7B), policy qlm with the default planner (MILP, CP-SAT, 0.8 s limit).
 * many-qlm: many models, few GPUs (qlm/sim/fuzz/many_models.py `many:77`: 32 models, each a
-  copy of a packaged 7B/13B/70B profile that must be loaded, on 8 instances; 1,495 requests),
+  copy of a packaged 7B/13B/70B profile that must be loaded, on 8 instances; about 1,500
+  requests at the benchmark's seed),
   policy qlm: the planner-cost target of the many-model issue (a 1,500-request run on a
   30-model, 8-instance fleet in <= 30 s, <= 10 ms of planner time per request).
 * fcfs-1m: 1,000,000 requests, Poisson at 900 req/s (about 85% of what 100 A100s serve at the
