@@ -208,7 +208,7 @@ def _planner_families(r: CollectorRegistry) -> dict[str, Any]:
         ),
         "planner_runs": Counter(
             "qlm_planner_runs_total",
-            "Full re-plans by planner status (optimal, feasible, timeout, fallback, "
+            "Full re-plans by planner status (optimal, feasible, timeout, local, fallback, "
             "heuristic) or failed (the solve raised; the last plan stays).",
             ("policy", "status"),
             registry=r,
