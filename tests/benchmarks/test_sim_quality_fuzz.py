@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.sim_quality.fuzz import distribution, margin_pts, render
+from benchmarks.sim_quality.fuzz import distribution, margin_pts, qlm_cost_lines, render
 
 
 def _policies(**overall: float) -> dict[str, Any]:
@@ -72,3 +72,22 @@ def test_the_many_model_family_counts_the_swapping_baselines() -> None:
     block = render({"family": "many", "commands": ["x"], "machine": "m", "scenarios": scenarios})
     assert "many models, few GPUs" in block
     assert "| -10.0 | serverless |" in block
+
+
+def test_the_planner_cost_line_names_the_worst_scenario_per_request() -> None:
+    def entry(requests: int, planner_s: float, sim_s: float) -> dict[str, Any]:
+        qlm = {"requests": requests, "planner_wall_s": planner_s, "sim_wall_s": sim_s}
+        return {"policies": {"qlm": qlm, "fcfs": {"requests": requests}}}
+
+    lines = qlm_cost_lines(
+        {
+            "many:1": entry(1000, 2.0, 3.0),
+            "many:2": entry(500, 2.0, 9.0),
+            "many:3": {"policies": {}},
+        }
+    )
+    assert lines[1] == (
+        "qlm's planner: median 3.0 ms of wall time per request over 2 scenarios, at most 4.0 ms "
+        "(many:2); its longest run took 9.0 s (many:2)."
+    )
+    assert qlm_cost_lines({"many:1": {"policies": {"qlm": {"requests": 5}}}}) == []
