@@ -259,7 +259,9 @@ async def test_a_waiting_request_with_an_earlier_deadline_starts_first(engine: V
     # deadline scheduling (the default): the server orders what waits by TTFT deadline
     await ready_with(engine, "tiny-a")
     slots = engine.observe().max_num_seqs
-    engine.submit(make_request("short", max_output_tokens=300, prompt_tokens=30))
+    # "short" frees the first slot, and must still be running once both others wait: 600
+    # tokens (300 ran out under a loaded full suite before the second scrape saw two waiting)
+    engine.submit(make_request("short", max_output_tokens=600, prompt_tokens=30))
     for i in range(slots - 1):
         engine.submit(make_request(f"long{i}", max_output_tokens=1200, prompt_tokens=30))
     await collect(engine, lambda ev: len(started(ev)) == slots)
