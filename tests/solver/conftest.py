@@ -54,3 +54,18 @@ def random_input(
 
 def estimator_for(inp: PlanInput) -> RwtEstimator:
     return RwtEstimator(EstimatorConfig(), inp.fleet)
+
+
+def one_swap_case() -> PlanInput:
+    """One instance with model a loaded and three batch-2 groups due a, b, a: EDF orders them by
+    deadline and swaps twice; serving both a groups first swaps once and meets every deadline."""
+    fleet = Fleet.of(
+        [make_instance("i0", loaded_model="a")],
+        [make_profile("a", load_s=60.0), make_profile("b", load_s=60.0)],
+    )
+    groups = (
+        make_group("a1", model="a", deadline_at_s=100.0, slo_class="batch-2"),
+        make_group("b1", model="b", deadline_at_s=200.0, slo_class="batch-2"),
+        make_group("a2", model="a", deadline_at_s=300.0, slo_class="batch-2"),
+    )
+    return PlanInput(groups, fleet, now_s=0.0)

@@ -10,9 +10,7 @@ from qlm.solver import PlanInput
 from qlm.solver.costs import CostTable, build_cost_table, evaluate
 from qlm.solver.heuristics import edf_queues
 from qlm.solver.local_search import improve, queue_cost
-from qlm.types import Fleet
-from tests.factories import make_group, make_instance, make_profile
-from tests.solver.conftest import estimator_for, random_input
+from tests.solver.conftest import estimator_for, one_swap_case, random_input
 
 
 def _table(inp: PlanInput) -> CostTable:
@@ -66,18 +64,8 @@ def test_pinned_groups_keep_their_heads() -> None:
 
 
 def test_it_finds_the_one_swap_plan_edf_misses() -> None:
-    # One instance with model a loaded. EDF orders strictly by deadline (a, b, a) and swaps
-    # twice; moving the second a group ahead of b needs one swap and meets every deadline.
-    fleet = Fleet.of(
-        [make_instance("i0", loaded_model="a")],
-        [make_profile("a", load_s=60.0), make_profile("b", load_s=60.0)],
-    )
-    groups = (
-        make_group("a1", model="a", deadline_at_s=100.0, slo_class="batch-2"),
-        make_group("b1", model="b", deadline_at_s=200.0, slo_class="batch-2"),
-        make_group("a2", model="a", deadline_at_s=300.0, slo_class="batch-2"),
-    )
-    table = _table(PlanInput(groups, fleet, now_s=0.0))
+    # EDF runs a, b, a and swaps twice; moving the second a group ahead of b swaps once.
+    table = _table(one_swap_case())
     edf = edf_queues(table)
     better = improve(table, edf)
     assert [table.groups[g].id for g in better[0]] == ["a1", "a2", "b1"]

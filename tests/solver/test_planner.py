@@ -16,7 +16,7 @@ from qlm.solver.milp.backends import MILP_BACKENDS, SolveOutcome, SolveStatus
 from qlm.solver.milp.formulation import Formulation
 from qlm.types import Fleet
 from tests.factories import make_group, make_instance, make_profile
-from tests.solver.conftest import estimator_for, mixed_fleet, random_input
+from tests.solver.conftest import estimator_for, mixed_fleet, one_swap_case, random_input
 
 BACKENDS = ("cpsat", "pulp-cbc", "pulp-highs")
 
@@ -73,19 +73,9 @@ def test_milp_never_worse_than_edf(backend: str) -> None:
 
 @pytest.mark.solver
 def test_milp_improves_on_edf_by_avoiding_a_swap() -> None:
-    # One instance with model a loaded. EDF orders strictly by deadline (a, b, a) and swaps
-    # twice; serving both a groups first and b last needs one swap and still meets every
-    # deadline, so the MILP finds a strictly lower objective.
-    fleet = Fleet.of(
-        [make_instance("i0", loaded_model="a")],
-        [make_profile("a", load_s=60.0), make_profile("b", load_s=60.0)],
-    )
-    groups = (
-        make_group("a1", model="a", deadline_at_s=100.0, slo_class="batch-2"),
-        make_group("b1", model="b", deadline_at_s=200.0, slo_class="batch-2"),
-        make_group("a2", model="a", deadline_at_s=300.0, slo_class="batch-2"),
-    )
-    inp = PlanInput(groups, fleet, now_s=0.0)
+    # EDF runs a, b, a and swaps twice; serving both a groups first and b last needs one swap
+    # and still meets every deadline, so the MILP finds a strictly lower objective.
+    inp = one_swap_case()
     edf = plan_with(inp, policy="edf")
     milp = plan_with(inp, backend="cpsat", time_limit_s=5.0)
     assert edf.queues["i0"] == ("a1", "b1", "a2")
