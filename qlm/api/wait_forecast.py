@@ -48,7 +48,9 @@ NO_INSTANCE = ""  # the API is no instance: every instance is seen as reported
 # Forecasts read back for the bound at a refresh, per class (the oldest awaiting, the likeliest
 # to have ended): per class, so that a rare class with long waits (wc-quick's batch-1: one
 # request in 35) is not crowded out by a frequent one (one cap for all: no batch-1 bound on the
-# wc-quick replays). At most AWAITED_KEPT per class await (past it the oldest is dropped).
+# wc-quick replays). At most AWAITED_KEPT per class await (past it the oldest is dropped). A
+# class whose oldest forecasts wait long delays the reading of newer ones that ended: their
+# holds count late (a miss counts at once, by its bound's time), which errs towards a wider bound.
 WATCHED = 256
 AWAITED_KEPT = 4096
 NOTED_KEPT = 4096  # ids noted as arrivals kept at least (forgotten past twice the window)

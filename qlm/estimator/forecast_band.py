@@ -56,6 +56,9 @@ DEFAULT_STEP = 0.005
 # Waits below this count as this: the ratio of two near-zero waits says nothing (the API
 # reports waits to the millisecond).
 FLOOR_S = 0.01
+# Stale bound times kept beyond twice the awaited forecasts before the heap is rebuilt
+# (amortises the rebuild over at least this many removals).
+COMPACT_SLACK = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,5 +216,21 @@ class ForecastBand:
         for awaited in self._awaited.values():
             entry = awaited.pop(request_id, None)
             if entry is not None:
+                self._compact()
                 return entry
         return None
+
+    def _compact(self) -> None:
+        """Drop the bound times of forecasts no longer awaited once they outnumber the
+        awaited ones (they are skipped lazily in `expire`; a long bound, a batch class's,
+        would otherwise keep its entry for as long as the bound however soon it ended)."""
+        live = sum(len(awaited) for awaited in self._awaited.values())
+        if len(self._due) <= 2 * live + COMPACT_SLACK:
+            return
+        self._due = [
+            (entry.arrival_at_s + entry.upper_s, rid, c)
+            for c, awaited in self._awaited.items()
+            for rid, entry in awaited.items()
+            if entry.upper_s is not None
+        ]
+        heapq.heapify(self._due)

@@ -186,3 +186,17 @@ def test_awaited_forecasts_are_listed_oldest_first_and_capped_per_class() -> Non
     assert band.awaited() == [("batch", "b2"), ("batch", "b3"), ("batch", "b4"),
                               ("interactive", "i0")]  # fmt: skip
     assert band.awaited(per_class=1) == [("batch", "b2"), ("interactive", "i0")]
+
+
+def test_bound_times_of_ended_forecasts_do_not_pile_up_and_misses_still_grade() -> None:
+    band = ForecastBand(quantile=0.9, step=0.01)
+    for _ in range(20):
+        band.observe("batch-2", 10.0, 10.0)
+    for k in range(5000):  # long bounds, each request's first token soon after its forecast
+        band.bound(f"r{k}", "batch-2", arrival_at_s=float(k), forecast_s=3600.0)
+        band.first_token(f"r{k}", first_token_at_s=k + 1.0)
+    assert len(band._due) <= 2 * len(band.awaited()) + 1024
+    band.bound("late", "batch-2", arrival_at_s=6000.0, forecast_s=10.0)
+    level = band.level("batch-2")
+    band.expire(now_s=7000.0)  # its bound passed with no first token: still graded a miss
+    assert band.level("batch-2") == pytest.approx(level + 0.01 * 0.9)
