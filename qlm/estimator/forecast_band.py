@@ -20,7 +20,8 @@ to 30 s behind the scenario: qlm/replay/README.md).
 Scores are not exchangeable when the load drifts: as a backlog builds, the forecasts' errors
 move, and scores learnt a window ago bound the new forecasts wrongly for as long as the drift
 lasts (wc-quick, seed 0, simulated: the interactive class's bound held for 70 % of requests,
-for 4-50 % through the last 60 s of the run, with a fixed 0.9 level). So the level adapts to
+for 4-50 % through the last 60 s of the run, with a fixed 0.9 level; an ad hoc measurement;
+benchmarks/forecast_bound.py gives the held share per class-run). So the level adapts to
 how the bounds it gave fared (adaptive conformal inference, Gibbs and Candes, NeurIPS 2021):
 each finished request whose forecast had a bound moves the class's level by
 `step` x (missed - (1 - quantile)), up 0.9 `step` on a miss and down 0.1 `step` on a hold.
@@ -31,9 +32,9 @@ that only while even the largest kept score misses). `step` = 0.005 is the paper
 A bound's outcome is known before the request ends when it missed: once a forecast's bound
 has passed with no first token (`expire`), it has missed, and it counts at once; a hold counts
 at the first token. Without that, the correction would come a whole wait late: on wc-quick
-(seed 0, simulated) a backlog grew for 15 s with every bound missing before the first of those
-misses was graded. `bound`, `first_token`, `expire` and `forget` keep each plane's forecasts
-awaiting their first token here, so both grade them the same way.
+(seed 0, simulated, measured ad hoc) a backlog grew for 15 s with every bound missing before
+the first of those misses was graded. `bound`, `first_token`, `expire` and `forget` keep each
+plane's forecasts awaiting their first token here, so both grade them the same way.
 
 With fewer scores than the level needs (9 for 0.9) it gives no bound. Both planes use it the
 same way: the simulator observes every request's first token (qlm/sim/policies/qlm.py); the

@@ -11,7 +11,8 @@ the search ends at a local optimum: no single relocation helps. Pinned groups ke
 Why it sits in front of the MILP (`MilpPlanner`): on the many-model scenarios the re-plans are
 small (5-7 groups on 6 instances for `many:0`) but CP-SAT rarely proves them optimal within its
 0.8 s budget (the lateness rows' relaxation is weak), while the local search ends in under a
-millisecond; over those 230 re-plans its plans were better than the MILP's on 58, equal on 161
+millisecond; over those 230 re-plans (measured ad hoc during development, not by a repository
+script) its plans were better than the MILP's on 58, equal on 161
 and worse on 11, the sum of objectives 0.7 % lower (the MILP's 0.9 % lower than EDF's). Where
 the MILP has time to search (wc-quick: 14 re-plans, each with hundreds of requests) it improves
 on the local optimum (8 of 14), so it starts from it instead of EDF.
