@@ -7,7 +7,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,43 +186,76 @@ class StreamJob:
     timeout_s: float
 
 
+class ChunkFrames:
+    """The SSE frames of one stream's text chunks. A chunk's JSON differs from the stream's
+    other chunks only in its text, so the frame is built once around a marker and each text
+    is JSON-encoded into it (the same bytes as `frame(fmt.chunk(...))`, without building and
+    encoding the envelope per token); chunks with extras are built in full."""
+
+    MARK = "\ue000qlm-text\ue001"
+
+    def __init__(self, fmt: OutputFormat, head: Head) -> None:
+        self._fmt, self._head = fmt, head
+        parts = frame(fmt.chunk(head, self.MARK, None)).split(json.dumps(self.MARK).encode())
+        # A model name or id holding the marker would split in more places: build in full.
+        self._around = (parts[0], parts[1]) if len(parts) == 2 else None
+
+    def text(self, text: str, extras: dict[str, Any] | None) -> bytes:
+        if extras or self._around is None:
+            return frame(self._fmt.chunk(self._head, text, extras))
+        before, after = self._around
+        return before + json.dumps(text).encode() + after
+
+
 async def sse_frames(job: StreamJob) -> AsyncGenerator[bytes, None]:
     """The SSE body: the format's first chunk, one chunk per new text, the final chunk
-    (finish_reason), the usage chunk when asked, then [DONE]. A timeout or a failed or
-    cancelled request ends the stream with an error event and [DONE]."""
+    (finish_reason), the usage chunk when asked, then [DONE]. The chunks of events that
+    arrived together are yielded as one piece, and the last of them with the ending, so
+    that each piece is one write to the client; the last piece ends with DONE_FRAME. A
+    timeout or a failed or cancelled request ends the stream with an error event and
+    [DONE]."""
     first = job.fmt.first_chunk(job.head)
     if first is not None:
         yield frame(first)
-    follow = _Follow(job)
+    follow, chunks = _Follow(job), ChunkFrames(job.fmt, job.head)
+    last = b""
     try:
-        async with contextlib.aclosing(follow.pieces()) as pieces:
-            async for text, extras in pieces:
-                yield frame(job.fmt.chunk(job.head, text, extras))
+        async with contextlib.aclosing(follow.batches()) as batches:
+            async for pieces in batches:
+                body = b"".join(chunks.text(text, extras) for text, extras in pieces)
+                if follow.done:
+                    last = body  # written with the ending
+                elif body:
+                    yield body
     except TimeoutError:
-        yield frame(timeout_error(job.head.id, job.timeout_s).body())
-        yield DONE_FRAME
+        yield frame(timeout_error(job.head.id, job.timeout_s).body()) + DONE_FRAME
         return
     except Exception:
         log.exception("streaming request %s failed", job.head.id)
-        yield frame(ApiError(500, "Internal server error.", type=SERVER_ERROR).body())
-        yield DONE_FRAME
+        yield frame(ApiError(500, "Internal server error.", type=SERVER_ERROR).body()) + DONE_FRAME
         return
+    yield last + _ending(job, follow)
+
+
+def _ending(job: StreamJob, follow: _Follow) -> bytes:
+    """The frames after the last text: the rest of the result, the final and usage chunks
+    and [DONE]; an error event and [DONE] for a request that did not complete."""
     result = follow.result
     if result is None or not is_completed(result):
-        yield frame(failure(result, job.head.id).body())
-        yield DONE_FRAME
-        return
+        return frame(failure(result, job.head.id).body()) + DONE_FRAME
+    frames = []
     rest = follow.forwarder.rest_of(result)
     if rest:
-        yield frame(job.fmt.chunk(job.head, rest, None))
-    yield frame(job.fmt.final_chunk(job.head, result.finish_reason))
+        frames.append(frame(job.fmt.chunk(job.head, rest, None)))
+    frames.append(frame(job.fmt.final_chunk(job.head, result.finish_reason)))
     if job.include_usage:
-        yield frame(
-            job.fmt.usage_chunk(
-                job.head, usage(result.prompt_tokens or job.prompt_tokens, result.output_tokens)
-            )
-        )
-    yield DONE_FRAME
+        tokens = usage(result.prompt_tokens or job.prompt_tokens, result.output_tokens)
+        frames.append(frame(job.fmt.usage_chunk(job.head, tokens)))
+    frames.append(DONE_FRAME)
+    return b"".join(frames)
+
+
+Piece = tuple[str, dict[str, Any] | None]  # new text of a TOKENS event, and its extras
 
 
 class _Follow:
@@ -226,26 +266,37 @@ class _Follow:
         self._job = job
         self.forwarder = TokenForwarder()
         self.result: RequestResult | None = None
+        self.done = False  # the DONE event was read
 
-    async def pieces(self) -> AsyncGenerator[tuple[str, dict[str, Any] | None], None]:
-        """TimeoutError once the request's time is up; never yields inside the timeout scope."""
+    async def batches(self) -> AsyncGenerator[list[Piece], None]:
+        """The pieces of each batch of events read at once (the batch that holds DONE sets
+        `done` and `result` first, and is the last). TimeoutError once the request's time
+        is up; never yields inside the timeout scope."""
         deadline = asyncio.get_running_loop().time() + self._job.timeout_s
-        async with contextlib.aclosing(
-            _generator(self._job.queue.stream(self._job.head.id))
-        ) as events:
+        events = self._job.queue.stream_batches(self._job.head.id)
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
             while True:
                 async with asyncio.timeout_at(deadline):
-                    event = await anext(events, None)
-                if event is None:
+                    batch = await anext(events, None)
+                if batch is None:
                     return
-                if event.kind is StreamKind.TOKENS:
-                    text = self.forwarder.feed(event)
-                    extras = self.forwarder.last_extras
-                    if text or extras:
-                        yield text, extras
-                elif event.kind is StreamKind.DONE:
-                    self.result = event.result
+                pieces = self._pieces(batch)
+                if pieces or self.done:
+                    yield pieces
+                if self.done:
                     return
+
+    def _pieces(self, batch: Sequence[StreamEvent]) -> list[Piece]:
+        pieces: list[Piece] = []
+        for event in batch:
+            if event.kind is StreamKind.TOKENS:
+                text = self.forwarder.feed(event)
+                extras = self.forwarder.last_extras
+                if text or extras:
+                    pieces.append((text, extras))
+            elif event.kind is StreamKind.DONE:
+                self.result, self.done = event.result, True
+        return pieces
 
 
 async def _generator(events: AsyncIterator[StreamEvent]) -> AsyncGenerator[StreamEvent, None]:
@@ -294,9 +345,14 @@ class SseResponse(Response):
             with contextlib.suppress(OSError):  # ASGI 2.4 servers raise on a closed connection
                 async with contextlib.aclosing(self._frames) as frames:
                     async for chunk in frames:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                finished = True
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        finished = chunk.endswith(DONE_FRAME)  # the last piece: end with it
+                        body = {"type": "http.response.body", "body": chunk}
+                        await send({**body, "more_body": not finished})
+                        if finished:
+                            break
+                if not finished:
+                    finished = True
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
             group.cancel_scope.cancel()
         if not finished:
             with anyio.CancelScope(shield=True):

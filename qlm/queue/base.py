@@ -8,12 +8,19 @@ suite (tests/queue/test_contract.py) runs against both.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from qlm.control.plan import PublishedPlan
 from qlm.queue.listing import RecordFilter, RecordPage
-from qlm.queue.records import InstanceStatus, RequestRecord, RequestResult, StreamEvent
+from qlm.queue.records import (
+    InstanceStatus,
+    RequestRecord,
+    RequestResult,
+    StreamEvent,
+    StreamKind,
+)
 from qlm.types import Request, RequestState
 
 
@@ -143,7 +150,16 @@ class GlobalQueue(Protocol):
 
     def stream(self, request_id: str, timeout_s: float | None = None) -> AsyncIterator[StreamEvent]:
         """Every event of a request's output stream from its start; ends after DONE. Raises
-        TimeoutError when nothing arrives for timeout_s."""
+        TimeoutError when nothing arrives for timeout_s. The events of `stream_batches`, one
+        by one (`one_by_one`)."""
+        ...
+
+    def stream_batches(
+        self, request_id: str, timeout_s: float | None = None
+    ) -> AsyncIterator[Sequence[StreamEvent]]:
+        """The same events as `stream`, in the batches that were there to read at once (each
+        non-empty, in order; the last ends with DONE), so that a relay such as the API's
+        token stream writes what arrived together in one piece."""
         ...
 
     async def wait_for_change(self, timeout_s: float) -> bool:
@@ -164,3 +180,19 @@ class GlobalQueue(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def one_by_one(batches: AsyncIterator[Sequence[StreamEvent]]) -> AsyncIterator[StreamEvent]:
+    """A stream's batches as single events; closes the batches when the reader stops early."""
+    async with contextlib.aclosing(batches):  # type: ignore[type-var]
+        async for batch in batches:
+            for event in batch:
+                yield event
+
+
+def through_done(events: Sequence[StreamEvent]) -> tuple[Sequence[StreamEvent], bool]:
+    """`events` up to and including the first DONE, and whether there was one."""
+    for index, event in enumerate(events):
+        if event.kind is StreamKind.DONE:
+            return events[: index + 1], True
+    return events, False

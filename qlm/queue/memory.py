@@ -17,6 +17,7 @@ from qlm.control.plan import PublishedPlan
 from qlm.queue.base import (
     DuplicateRequestError,
     QueueError,
+    one_by_one,
 )
 from qlm.queue.bounds import QueueBounds
 from qlm.queue.listing import RecordFilter, RecordPage, take_page
@@ -250,6 +251,11 @@ class MemoryQueue:
     # -- waiting ------------------------------------------------------------------------
 
     def stream(self, request_id: str, timeout_s: float | None = None) -> AsyncIterator[StreamEvent]:
+        return one_by_one(self._streams.read(request_id, timeout_s))
+
+    def stream_batches(
+        self, request_id: str, timeout_s: float | None = None
+    ) -> AsyncIterator[Sequence[StreamEvent]]:
         return self._streams.read(request_id, timeout_s)
 
     async def wait_for_change(self, timeout_s: float) -> bool:

@@ -3,18 +3,19 @@ requeues, its end) in order, for the API replica that keeps the client's connect
 broadcast wake-up (`Signal`) readers of streams, plans and changes wait on.
 
 A stream is opened when its request is enqueued and dropped with its finished record
-(qlm/queue/memory.py). A reader gets every event from the start, then waits for the next one;
-it ends after the `DONE` event. Like the rest of the embedded queue it relies on asyncio's one
-thread: an append and the wake-up it fires run to the end before any reader resumes.
+(qlm/queue/memory.py). A reader gets every event from the start, in batches of what was
+appended since its last read, then waits for the next one; it ends after the `DONE` event.
+Like the rest of the embedded queue it relies on asyncio's one thread: an append and the
+wake-up it fires run to the end before any reader resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
-from qlm.queue.base import UnknownRequestError
-from qlm.queue.records import StreamEvent, StreamKind
+from qlm.queue.base import UnknownRequestError, through_done
+from qlm.queue.records import StreamEvent
 
 
 class Signal:
@@ -58,20 +59,23 @@ class MemoryStreams:
 
     async def read(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        """The request's events from the first, waiting for each next one at most
-        `timeout_s` (TimeoutError); UnknownRequestError for a request with no stream."""
+    ) -> AsyncIterator[Sequence[StreamEvent]]:
+        """The request's events from the first, in batches: all that were appended since the
+        last batch was read, each batch read without waiting; between batches, waits for
+        the next event at most `timeout_s` (TimeoutError). UnknownRequestError for a request
+        with no stream."""
         events = self._events.get(request_id)
         if events is None:
             raise UnknownRequestError(request_id)
         index = 0
         while True:
-            while index < len(events):
-                event = events[index]
-                index += 1
-                yield event
-                if event.kind is StreamKind.DONE:
+            if index < len(events):
+                batch, done = through_done(events[index:])
+                index += len(batch)
+                yield batch
+                if done:
                     return
+                continue
             signal = self._signals.setdefault(request_id, Signal())
             if not await signal.wait(timeout_s):
                 raise TimeoutError(f"no stream event for {request_id!r} within {timeout_s} s")

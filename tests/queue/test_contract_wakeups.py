@@ -117,3 +117,29 @@ async def test_concurrent_enqueues_each_get_their_own_outcome(queue: GlobalQueue
     assert [o for i, o in enumerate(outcomes) if i != 20] == [None] * 40
     queued_ids = {r.id for r in await queue.queued()}
     assert queued_ids == {"dup", *ids}
+
+
+async def test_stream_batches_hold_what_was_there_together(make: QueueMaker) -> None:
+    """Events written together come as one batch; a batch ends at DONE (nothing written
+    after it is read); the batches flattened are `stream`'s events."""
+    producer, reader = await make(), await make()
+    await enqueue_n(producer, 1)
+    await producer.pull("i0", ["r0"], lease_s=5.0, now_s=0.0)
+    first = [StreamEvent("r0", StreamKind.TOKENS, 1, float(i), f"a{i}", 1, i) for i in range(3)]
+    await producer.emit_many(first)
+    batches = reader.stream_batches("r0", timeout_s=5.0)
+    assert list(await anext(batches)) == first  # all three were there at the first read
+    waiting = asyncio.create_task(anext(batches))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # nothing new: the reader waits
+    second = [StreamEvent("r0", StreamKind.TOKENS, 1, 5.0 + i, f"b{i}", 1, 3 + i) for i in (0, 1)]
+    await producer.emit_many(second)
+    assert list(await asyncio.wait_for(waiting, 5.0)) == second
+    await producer.emit(StreamEvent("r0", StreamKind.TOKENS, 1, 8.0, "c", 1, 5))
+    await producer.complete(result("r0", "i0"))
+    last = list(await asyncio.wait_for(anext(batches), 5.0))
+    assert [e.text for e in last[:-1]] == ["c"]
+    assert last[-1].kind is StreamKind.DONE
+    assert await anext(batches, None) is None  # ended after DONE
+    flat = [e for batch in [first, second, last] for e in batch]
+    assert await collect(reader, "r0") == flat

@@ -21,7 +21,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from qlm.control.plan import PublishedPlan
-from qlm.queue.base import DuplicateRequestError, QueueError, QueueUnavailableError
+from qlm.queue.base import (
+    DuplicateRequestError,
+    QueueError,
+    QueueUnavailableError,
+    one_by_one,
+)
 from qlm.queue.listing import RecordFilter, RecordPage
 from qlm.queue.records import (
     InstanceStatus,
@@ -313,6 +318,11 @@ class RedisQueue:
         await self._streams.emit_many(events)
 
     def stream(self, request_id: str, timeout_s: float | None = None) -> AsyncIterator[StreamEvent]:
+        return one_by_one(self._streams.read(request_id, timeout_s))
+
+    def stream_batches(
+        self, request_id: str, timeout_s: float | None = None
+    ) -> AsyncIterator[Sequence[StreamEvent]]:
         return self._streams.read(request_id, timeout_s)
 
     # -- the control loop's wake-up and leadership ---------------------------------------

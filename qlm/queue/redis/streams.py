@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import redis.asyncio as redis
 
-from qlm.queue.base import QueueError, UnknownRequestError
+from qlm.queue.base import QueueError, UnknownRequestError, through_done
 from qlm.queue.records import StreamEvent, StreamKind
 from qlm.queue.redis.batching import ReplicaWait, ScriptCall, pipelined, write
 from qlm.queue.redis.codec import event_args, event_from_fields
@@ -71,13 +71,13 @@ class OutputStreams:
 
     async def read(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncIterator[Sequence[StreamEvent]]:
         """Read from the last entry each time the stream is poked, and on a timer should a
-        poke be lost (reads woken together share one XREAD: stream_reads.py). Ends after
-        DONE; UnknownRequestError once the record is gone, TimeoutError after `timeout_s`
-        without an event. A read that got less than a full page waits for the next poke: the
-        poke was cleared before the read, so whatever was added since pokes again (reading
-        again at once cost an empty read per chunk)."""
+        poke be lost (reads woken together share one XREAD: stream_reads.py); each read's
+        entries are one batch. Ends after DONE; UnknownRequestError once the record is gone,
+        TimeoutError after `timeout_s` without an event. A read that got less than a full page
+        waits for the next poke: the poke was cleared before the read, so whatever was added
+        since pokes again (reading again at once cost an empty read per chunk)."""
         record_key, stream_key = self._keys.record(request_id), self._keys.stream(request_id)
         if not await self._redis.exists(record_key):
             raise UnknownRequestError(request_id)
@@ -87,13 +87,13 @@ class OutputStreams:
             while True:
                 poke.clear()
                 entries = await self._reads.after(stream_key, last_id)
-                for entry_id, fields in entries:
-                    last_id = entry_id
-                    event = event_from_fields(request_id, fields)
-                    yield event
-                    if event.kind is StreamKind.DONE:
-                        return
                 if entries:
+                    last_id = entries[-1][0]
+                    events = [event_from_fields(request_id, fields) for _, fields in entries]
+                    batch, done = through_done(events)
+                    yield batch
+                    if done:
+                        return
                     waited_s = 0.0
                     if len(entries) >= READ_COUNT or not self._pokes.subscribed:
                         continue
