@@ -31,6 +31,7 @@ from benchmarks.control_plane.engines import (
     start_plane,
     stop_group,
 )
+from benchmarks.control_plane.hops import HopSampler, hop_rows
 from benchmarks.control_plane.streams import (
     PHASES,
     Workload,
@@ -63,8 +64,10 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
     wait0 = sum(map(runqueue_wait_s, target.qlm_pids))
     vllm0 = sum(map(process_cpu_s, target.vllm_pids))
     steps0 = await _engine_steps(target.engine_url)
+    sampled = target.qlm_pids if target.vllm_url is not None else ()  # runs through QLM
     started = time.monotonic()
-    samples = await run_workload(target.base_url, workload, repeat + 1, target.in_flight)
+    with HopSampler(sampled) as hops:
+        samples = await run_workload(target.base_url, workload, repeat + 1, target.in_flight)
     wall = time.monotonic() - started
     summary = summarise_stream(samples)
     print(
@@ -83,6 +86,7 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
         "qlm_runq_wait_share": (sum(map(runqueue_wait_s, target.qlm_pids)) - wait0) / wall,
         "vllm_cpu_cores": (sum(map(process_cpu_s, target.vllm_pids)) - vllm0) / wall,
         "vllm_steps": steps,
+        "hop_samples": dict(hops.counts),
         **summary,
         **await qlm_phases(target.base_url, samples),
     }
@@ -182,6 +186,7 @@ def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
         "workloads": [asdict(burst), asdict(replace(burst, name="poisson", rate_per_s=rate))],
         "runs": [{k: v for k, v in r.items() if k not in SAMPLE_LISTS} for r in runs],
         "summary": summarise_overhead(runs),
+        "hops": hop_rows(runs),
     }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.tables import markdown_table
+from benchmarks.control_plane.hops import HOPS
 from benchmarks.report import DOCS_PATH, format_loads, header_lines, markers, write_docs_block
 
 DOCS_BLOCK = "control-plane"
@@ -78,7 +79,16 @@ def render(report: Mapping[str, Any]) -> str:
             "",
         ]
         parts.append(markdown_table(overhead["summary"], OVERHEAD_COLUMNS, _fmt))
+        parts += _hop_table(overhead.get("hops") or [])
     return "\n".join(parts)
+
+
+def _hop_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    columns = ("variant", "workload", "samples", "qlm_cpu_ms_per_req", *HOPS)
+    return ["", "#### qlm CPU per streamed request, by hop (ms)", "", HOPS_NOTE, "",
+            markdown_table(rows, columns, _fmt)]  # fmt: skip
 
 
 def _measured_line(section: Mapping[str, Any]) -> list[str]:
@@ -159,6 +169,16 @@ OVERHEAD_NOTE = (
     "vllm_steps: the engine steps vLLM ran during the run (its `vllm:iteration_tokens_total` "
     "histogram's count), median over runs: every variant produces the same tokens, so more "
     "steps means steps that ran with free sequence slots."
+)
+HOPS_NOTE = (
+    "Each QLM run's qlm CPU (the median over runs, as above) split by where py-spy "
+    "(--nonblocking, 250 samples/s, pooled over the runs) found the process: queue (any frame "
+    "in qlm/queue/), token streaming (the SSE response: events to the client, socket writes "
+    "included), admission (the rest of the HTTP server: parsing, validation, admission, wait "
+    "estimate), control loop, agent, engine client (the vLLM adapter: submits, reading "
+    "vLLM's token streams, metrics scrapes), other. Samples in uvloop's own C code (its wait "
+    "is not told apart from its work) are spread in proportion: statistical shares "
+    "(benchmarks/control_plane/hops.py)."
 )
 
 

@@ -15,6 +15,7 @@ ADMISSION_RATE = 2000.0  # target: requests/s sustained ...
 ADMISSION_P99_MS = 10.0  # ... with p99 enqueue latency at most this
 THROUGHPUT_RATIO = 0.95  # target: QLM's throughput at least this share of bare vLLM's
 ADDED_TTFT_MS = 20.0  # target: added median TTFT at most this
+CPU_MS_PER_REQ = {"QLM memory": 2.0, "QLM redis": 4.0}  # target: qlm CPU per streamed request
 SUSTAINED = 0.99  # an open-loop step sustains its rate when achieved >= this x offered
 KNEE_SHARE = 0.8  # target: at this share of the saturation (closed-loop) rate ...
 KNEE_P99_MS = 20.0  # ... p99 enqueue latency at most this
@@ -121,4 +122,14 @@ def overhead_targets(summary: Sequence[Mapping[str, Any]]) -> list[dict[str, str
                 None if added is None else added <= ADDED_TTFT_MS,
             )
         )
+        out += _cpu_target(row, subject)
     return out
+
+
+def _cpu_target(row: Mapping[str, Any], subject: str) -> list[dict[str, str]]:
+    """qlm CPU per streamed request (median over runs) within the queue kind's bound."""
+    bound, cpu = CPU_MS_PER_REQ.get(row["variant"]), row.get("qlm_cpu_ms_per_req")
+    if bound is None or cpu is None:
+        return []
+    target = f"qlm CPU per streamed request <= {bound:g} ms"
+    return [target_row(target, subject, f"{cpu:.2f} ms", cpu <= bound)]

@@ -150,7 +150,8 @@ def test_overhead_compares_qlm_with_the_vllm_run_beside_it() -> None:
     assert rows["vLLM beside QLM memory"]["baseline"] == ALONE
     assert rows[ALONE]["baseline"] is None
     verdicts = overhead_targets(list(rows.values()))
-    assert [v["result"] for v in verdicts] == ["MISS", "PASS"]  # 0.89 < 0.95; +15 ms <= 20
+    # 0.89 < 0.95; +15 ms <= 20; the runs' qlm CPU per request (run()'s) within 2 ms
+    assert [v["result"] for v in verdicts] == ["MISS", "PASS", "PASS"]
 
 
 def test_an_engine_backlog_sweep_shares_one_baseline_and_sets_no_verdict() -> None:
