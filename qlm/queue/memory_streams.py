@@ -76,6 +76,8 @@ class MemoryStreams:
                 if done:
                     return
                 continue
-            signal = self._signals.setdefault(request_id, Signal())
+            signal = self._signals.get(request_id)
+            if signal is None:
+                signal = self._signals[request_id] = Signal()
             if not await signal.wait(timeout_s):
                 raise TimeoutError(f"no stream event for {request_id!r} within {timeout_s} s")

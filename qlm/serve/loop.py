@@ -30,6 +30,7 @@ from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")
 TICK_S = 0.05  # while a solve runs, a round at least this often (and on every queue change)
+LEASE_SWEEP_S = 0.5  # expired request leases are looked for at most this often
 
 
 @dataclass
@@ -79,6 +80,8 @@ class ControlLoop:
         self._liveness = InstanceLiveness(
             (i.id for i in fleet.instances), settings.instance_timeout_s, clock.monotonic_s()
         )
+        self._renew_at_s = float("-inf")  # monotonic: when the leader lease is renewed next
+        self._sweep_at_s = float("-inf")  # monotonic: when expired leases are looked for next
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -99,6 +102,21 @@ class ControlLoop:
             if rest_s > 0:
                 await asyncio.sleep(rest_s)
 
+    async def _lead(self) -> bool:
+        """Whether this node leads: the lease is renewed once a third of it has passed (a
+        round every few milliseconds need not write it each time), and asked for every round
+        while another node holds it. The lease runs from before the renewal was sent, so
+        the renewal is always due before the queue's copy of the lease ends. A lease lost
+        while held (a store restarted without it) is noticed at the next renewal: another
+        node may plan meanwhile, for a third of a lease at most."""
+        sent_s = self.clock.monotonic_s()
+        if sent_s < self._renew_at_s:
+            return True
+        lease_s = self.settings.leader_lease_s
+        leading = await self.queue.try_lead(self.node_id, lease_s)
+        self._renew_at_s = sent_s + lease_s / 3 if leading else float("-inf")
+        return leading
+
     def _wait_s(self) -> float:
         """Until the next round at the latest: the driver's next check or held-back re-plan,
         and a tick at most (leases expire, agents' reports age)."""
@@ -110,13 +128,15 @@ class ControlLoop:
 
     async def step(self) -> PublishedPlan | None:
         self.counters.rounds += 1
-        leading = await self.queue.try_lead(self.node_id, self.settings.leader_lease_s)
+        leading = await self._lead()
         self.counters.leading = leading
         self.metrics.leadership(leading)
         if not leading:
             return None
         now_s = self.clock.now_s()
-        self.counters.expired += len(await self.queue.expire_leases(now_s))
+        if self.clock.monotonic_s() >= self._sweep_at_s:
+            self._sweep_at_s = self.clock.monotonic_s() + LEASE_SWEEP_S
+            self.counters.expired += len(await self.queue.expire_leases(now_s))
         queued = await self.queue.queued()
         statuses = await self.queue.instances()
         views = self._views(statuses)

@@ -244,3 +244,45 @@ def test_an_arrival_that_asks_for_a_held_back_replan_is_shown_to_agents_at_once(
     assert replans == 1  # still held back
     assert plan is not None
     assert plan.groups["waiting:m13b"].request_ids == ("chat",)
+
+
+class _CountingQueue(MemoryQueue):
+    """Counts the leader-lease renewals and lease sweeps a loop sends."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(clock=clock)
+        self.leads = 0
+        self.sweeps = 0
+
+    async def try_lead(self, node_id: str, lease_s: float) -> bool:
+        self.leads += 1
+        return await super().try_lead(node_id, lease_s)
+
+    async def expire_leases(self, now_s: float) -> tuple[str, ...]:
+        self.sweeps += 1
+        return await super().expire_leases(now_s)
+
+
+def test_rounds_renew_the_leader_lease_once_a_third_of_it_passed() -> None:
+    """Rounds 0.125 s apart over 3 s with a 5 s lease: renewals at 0 and 1.75 s (past 5 / 3),
+    not every round; lease sweeps every 0.5 s. Another node's lease is asked for every round."""
+
+    async def run() -> tuple[int, int, int]:
+        clock = VirtualClock(100.0)
+        queue = _CountingQueue(clock)
+        loop = _loop(queue, clock, interval_s=1.0)
+        for _ in range(24):
+            await loop.step()
+            assert loop.counters.leading
+            clock.advance_by(0.125)
+        leads, sweeps = queue.leads, queue.sweeps
+        rival = _loop(queue, clock, interval_s=1.0)
+        for _ in range(3):
+            await rival.step()
+            assert not rival.counters.leading
+        return leads, sweeps, queue.leads - leads
+
+    leads, sweeps, rival_asks = asyncio.run(run())
+    assert leads == 2  # at 0 and 1.75 s
+    assert sweeps == 6  # every 0.5 s from 0 to 2.875 s
+    assert rival_asks == 3  # the rival does not lead: it asks every round

@@ -1,7 +1,8 @@
 """How a request's output events are written to its Redis Stream and read back.
 
-Writes go through the EMIT script, which appends only while the request is live (so no token
-lands after DONE) and PUBLISHes a poke. Readers read from the first entry, so a reader that
+Writes go through the EMIT script, one call per batch of events (an agent's round), which
+appends each only while its request is live (so no token lands after DONE) and PUBLISHes a
+poke. Readers read from the first entry, so a reader that
 connects late, or on another API replica, sees the whole stream (readers woken together
 share one XREAD, qlm/queue/redis/stream_reads.py); they wait for the next entry on a poke
 (qlm/queue/redis/pokes.py) and re-read on a timer should one be lost.
@@ -17,7 +18,7 @@ import redis.asyncio as redis
 
 from qlm.queue.base import QueueError, UnknownRequestError, through_done
 from qlm.queue.records import StreamEvent, StreamKind
-from qlm.queue.redis.batching import ReplicaWait, ScriptCall, pipelined, write
+from qlm.queue.redis.batching import ReplicaWait, write
 from qlm.queue.redis.codec import event_args, event_from_fields
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.lua import scripts
@@ -48,26 +49,21 @@ class OutputStreams:
         self._reads = CoalescedReads(client, READ_COUNT)
 
     async def emit(self, event: StreamEvent) -> None:
-        if event.kind is StreamKind.DONE:
-            raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
-        await write(self._redis, self._emit, self._emit_call(event), self._wait)
+        await self.emit_many([event])
 
     async def emit_many(self, events: Sequence[StreamEvent]) -> None:
-        """The events in one pipeline; the first error raises once all have run."""
-        if len(events) <= 1:
-            for event in events:
-                await self.emit(event)
+        """The events in one EMIT call (in order; each appended only while its request is
+        live); with replicas to acknowledge, once they hold them."""
+        if not events:
             return
         if any(event.kind is StreamKind.DONE for event in events):
             raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
-        calls = [self._emit_call(event) for event in events]
-        for result in await pipelined(self._redis, self._emit, calls, self._wait):
-            if isinstance(result, Exception):
-                raise result
-
-    def _emit_call(self, event: StreamEvent) -> ScriptCall:
-        rid = event.request_id
-        return [self._keys.record(rid), self._keys.stream(rid)], event_args(event)
+        keys: list[str] = []
+        args: list[str | int] = []
+        for event in events:
+            keys += [self._keys.record(event.request_id), self._keys.stream(event.request_id)]
+            args += event_args(event)
+        await write(self._redis, self._emit, (keys, args), self._wait)
 
     async def read(
         self, request_id: str, timeout_s: float | None = None

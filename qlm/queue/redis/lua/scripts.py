@@ -204,23 +204,30 @@ return 1
 
 # Every append to a request's stream is also PUBLISHed on a channel named like the stream:
 # readers (qlm/queue/redis/pokes.py) hold one pattern subscription per process instead of one
-# blocking XREAD connection per open stream.
-# KEYS: record, stream
-# ARGV: kind, attempt, time, text, tokens, offset, extras JSON ('' for none)
-# Appends unless the request is unknown or finished. Returns 1 when appended.
+# blocking XREAD connection per open stream. One call appends a whole round of events (an
+# agent's token chunks of one engine step): one command to pack, send and parse, not one per
+# stream.
+# KEYS: record, stream, per event
+# ARGV: kind, attempt, time, text, tokens, offset, extras JSON ('' for none), per event
+# Appends each event unless its request is unknown or finished. Returns how many it appended.
 EMIT = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state or state == 'completed' or state == 'cancelled' or state == 'failed' then
-  return 0
+local appended = 0
+for i = 1, #KEYS, 2 do
+  local state = redis.call('HGET', KEYS[i], 'state')
+  if state and state ~= 'completed' and state ~= 'cancelled' and state ~= 'failed' then
+    local a = (i - 1) / 2 * 7
+    local fields = {'k', ARGV[a + 1], 'a', ARGV[a + 2], 't', ARGV[a + 3], 'x', ARGV[a + 4],
+                    'n', ARGV[a + 5], 'o', ARGV[a + 6]}
+    if ARGV[a + 7] ~= '' then
+      table.insert(fields, 'e')
+      table.insert(fields, ARGV[a + 7])
+    end
+    redis.call('XADD', KEYS[i + 1], '*', unpack(fields))
+    redis.call('PUBLISH', KEYS[i + 1], ARGV[a + 1])
+    appended = appended + 1
+  end
 end
-local fields = {'k', ARGV[1], 'a', ARGV[2], 't', ARGV[3], 'x', ARGV[4], 'n', ARGV[5], 'o', ARGV[6]}
-if ARGV[7] ~= '' then
-  table.insert(fields, 'e')
-  table.insert(fields, ARGV[7])
-end
-redis.call('XADD', KEYS[2], '*', unpack(fields))
-redis.call('PUBLISH', KEYS[2], ARGV[1])
-return 1
+return appended
 """
 
 # KEYS: record...
