@@ -143,3 +143,12 @@ async def test_stream_batches_hold_what_was_there_together(make: QueueMaker) -> 
     assert await anext(batches, None) is None  # ended after DONE
     flat = [e for batch in [first, second, last] for e in batch]
     assert await collect(reader, "r0") == flat
+
+
+async def test_changes_made_while_nobody_waited_wake_once(make: QueueMaker) -> None:
+    loop_queue, api_queue = await make(), await make()
+    await loop_queue.wait_for_change(0.0)  # forget what came before
+    for i in range(5):
+        await api_queue.enqueue(make_request(id=f"c{i}"))
+    assert await loop_queue.wait_for_change(1.0)  # one round takes all five
+    assert not await loop_queue.wait_for_change(0.05)

@@ -40,7 +40,6 @@ from qlm.queue.records import (
 )
 from qlm.queue.redis.batching import GroupCommit, ReplicaWait, write
 from qlm.queue.redis.codec import (
-    Entries,
     as_hash,
     as_strs,
     block_ms,
@@ -63,6 +62,7 @@ from qlm.types import Request, RequestState
 
 _LIVE = (RequestState.DISPATCHED, RequestState.RUNNING)
 _READ_BATCH = 1000  # requests per pipelined read
+CHANGES_PER_READ = 1024  # changes-stream entries one wait_for_change reads (it keeps ~1,000)
 
 
 class RedisQueue:
@@ -330,11 +330,15 @@ class RedisQueue:
     async def wait_for_change(self, timeout_s: float) -> bool:
         streams: dict[KeyT, StreamIdT] = {self._keys.changes: self._last_change}
         block = block_ms(timeout_s) if timeout_s > 0 else None  # None: do not block
-        reply = xread_entries(await self._blocking.xread(streams, count=1, block=block))
+        # One read takes every change since the last call (the stream is trimmed to about
+        # 1,000 entries), so the next call waits for a new one; no second round trip to
+        # look up the newest.
+        reply = xread_entries(
+            await self._blocking.xread(streams, count=CHANGES_PER_READ, block=block)
+        )
         if not reply:
             return False
-        newest = cast(Entries, await self._redis.xrevrange(self._keys.changes, count=1))
-        self._last_change = (newest or reply)[-1][0]
+        self._last_change = reply[-1][0]
         return True
 
     async def try_lead(self, node_id: str, lease_s: float) -> bool:
