@@ -35,8 +35,12 @@ before the engine starts and the rest; vllm_steps (the engine steps vLLM ran, fr
 one in-memory plane per `agent.engine_backlog` value, paired with each other and with one
 vLLM server driven directly (diagnosis only: these rows get no verdict).
 
-Modules: load (the admission load generator), cpu (CPU accounting from /proc), admission
-(the admission steps), streams (streamed completions and their timing), engines (vLLM and
-`qlm serve` in front of it), overhead (QLM against vLLM), targets (PASS / MISS), render
-(the tables and the docs block), main (the command line).
+Each QLM run's qlm CPU per request is also split by hop (hops.py: py-spy samples of the
+qlm process, given to queue, token streaming, admission, control loop, agent, engine client
+or other), the table under the overhead table.
+
+Modules: load (the admission load generator), cpu (CPU accounting from /proc), hops (the
+per-hop split), admission (the admission steps), streams (streamed completions and their
+timing), engines (vLLM and `qlm serve` in front of it), overhead (QLM against vLLM), targets
+(PASS / MISS), render (the tables and the docs block), main (the command line).
 """
