@@ -21,15 +21,24 @@ def process_cpu_s(pid: int) -> float:
     /proc/PID/stat's figure is the fallback where schedstat is missing."""
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks) / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
+    except OSError:
+        tasks = []
+    if tasks:
+        return sum(map(_thread_cpu_ns, tasks)) / 1e9
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0.0
     fields = text[text.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _thread_cpu_ns(task: Path) -> int:
+    """One thread's nanoseconds on a CPU; 0 for a thread that ended since it was listed."""
+    try:
+        return int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def runqueue_wait_s(pid: int) -> float:

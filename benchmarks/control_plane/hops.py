@@ -104,6 +104,7 @@ class HopSampler:
         self._procs: list[tuple[subprocess.Popen[bytes], Path]] = []
         self._dir = Path(tempfile.mkdtemp(prefix="qlm-hops-"))
         self.counts: Counter[str] = Counter()
+        self.errors: list[str] = []  # what py-spy said when it wrote nothing
 
     def __enter__(self) -> HopSampler:
         spy = py_spy()
@@ -122,11 +123,13 @@ class HopSampler:
                 _, err = popen.communicate(timeout=30.0)
             except subprocess.TimeoutExpired:
                 popen.kill()
+                popen.wait()
                 continue
             if out.exists():
                 self.counts += hop_counts(out.read_text().splitlines())
             elif err:
-                print(f"    py-spy: {err.decode(errors='replace').strip()[-200:]}", file=sys.stderr)
+                self.errors.append(err.decode(errors="replace").strip()[-200:])
+                print(f"    py-spy: {self.errors[-1]}", file=sys.stderr)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 

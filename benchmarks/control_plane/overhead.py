@@ -68,13 +68,16 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
     started = time.monotonic()
     with HopSampler(sampled) as hops:
         samples = await run_workload(target.base_url, workload, repeat + 1, target.in_flight)
-    wall = time.monotonic() - started
+        # Read before py-spy stops: its exit waits for the sampler to write its output.
+        wall = time.monotonic() - started
+        qlm_cpu_s = sum(map(process_cpu_s, target.qlm_pids)) - qlm0
+        wait_s = sum(map(runqueue_wait_s, target.qlm_pids)) - wait0
+        vllm_cpu_s = sum(map(process_cpu_s, target.vllm_pids)) - vllm0
     summary = summarise_stream(samples)
     print(
         f"    {target.variant}, {workload.name} #{repeat}: {_brief_stream(summary)}",
         file=sys.stderr,
     )
-    qlm_cpu_s = sum(map(process_cpu_s, target.qlm_pids)) - qlm0
     steps1 = await _engine_steps(target.engine_url)
     steps = None if steps0 is None or steps1 is None else steps1 - steps0
     return {
@@ -83,8 +86,8 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
         "repeat": repeat,
         "qlm_cpu_cores": qlm_cpu_s / wall,
         "qlm_cpu_ms_per_req": 1e3 * qlm_cpu_s / workload.num_requests,
-        "qlm_runq_wait_share": (sum(map(runqueue_wait_s, target.qlm_pids)) - wait0) / wall,
-        "vllm_cpu_cores": (sum(map(process_cpu_s, target.vllm_pids)) - vllm0) / wall,
+        "qlm_runq_wait_share": wait_s / wall,
+        "vllm_cpu_cores": vllm_cpu_s / wall,
         "vllm_steps": steps,
         "hop_samples": dict(hops.counts),
         **summary,

@@ -171,7 +171,8 @@ OVERHEAD_NOTE = (
     "steps means steps that ran with free sequence slots."
 )
 HOPS_NOTE = (
-    "Each QLM run's qlm CPU (the median over runs, as above) split by where py-spy "
+    "Each QLM run's qlm CPU (the median over the runs py-spy sampled: as above unless it "
+    "failed on some) split by where py-spy "
     "(--nonblocking, 250 samples/s, pooled over the runs) found the process: queue (any frame "
     "in qlm/queue/), token streaming (the SSE response: events to the client, socket writes "
     "included), admission (the rest of the HTTP server: parsing, validation, admission, wait "

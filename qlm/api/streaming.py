@@ -296,6 +296,7 @@ class _Follow:
                     pieces.append((text, extras))
             elif event.kind is StreamKind.DONE:
                 self.result, self.done = event.result, True
+                break  # queues end a batch at DONE; nothing after it counts regardless
         return pieces
 
 

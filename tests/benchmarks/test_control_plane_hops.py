@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from benchmarks.control_plane.hops import HopSampler, hop_counts, hop_of, hop_rows, py_spy
 from benchmarks.control_plane.targets import overhead_targets
 
@@ -102,4 +104,6 @@ def test_py_spy_samples_a_running_process() -> None:
     finally:
         proc.kill()
         proc.wait()
+    if not sampler.counts and any("ermission" in e for e in sampler.errors):
+        pytest.skip(f"py-spy may not attach here (ptrace): {sampler.errors}")
     assert sampler.counts["other"] > 50  # ~250 samples a second of a busy Python frame

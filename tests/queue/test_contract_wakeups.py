@@ -152,3 +152,24 @@ async def test_changes_made_while_nobody_waited_wake_once(make: QueueMaker) -> N
         await api_queue.enqueue(make_request(id=f"c{i}"))
     assert await loop_queue.wait_for_change(1.0)  # one round takes all five
     assert not await loop_queue.wait_for_change(0.05)
+
+
+async def test_one_write_of_live_and_finished_streams_appends_only_the_live(
+    queue: GlobalQueue,
+) -> None:
+    """A round's events for a finished request and a live one, interleaved, more than one
+    Redis EMIT call holds: the live stream gets all of its own in order, the finished none."""
+    await enqueue_n(queue, 2)
+    await queue.pull("i0", ["r0", "r1"], lease_s=5.0, now_s=0.0)
+    await queue.complete(result("r0", "i0"))
+    events = [
+        StreamEvent(rid, StreamKind.TOKENS, 1, float(i), f"{rid}-{i}", 1, i)
+        for i in range(200)
+        for rid in ("r0", "r1")
+    ]
+    await queue.emit_many(events)
+    await queue.complete(result("r1", "i0"))
+    assert [e.kind for e in await collect(queue, "r0")] == [StreamKind.DONE]
+    live = await collect(queue, "r1")
+    assert [e.text for e in live[:-1]] == [f"r1-{i}" for i in range(200)]
+    assert live[-1].kind is StreamKind.DONE

@@ -18,7 +18,7 @@ import redis.asyncio as redis
 
 from qlm.queue.base import QueueError, UnknownRequestError, through_done
 from qlm.queue.records import StreamEvent, StreamKind
-from qlm.queue.redis.batching import ReplicaWait, write
+from qlm.queue.redis.batching import ReplicaWait, ScriptCall, pipelined, write
 from qlm.queue.redis.codec import event_args, event_from_fields
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.lua import scripts
@@ -27,6 +27,7 @@ from qlm.queue.redis.stream_reads import START_ID, CoalescedReads
 
 UNSUBSCRIBED_POLL_S = 0.05  # stream re-read period while the poke subscription is down
 READ_COUNT = 256  # entries per read
+EMIT_BATCH = 256  # events per EMIT call: a script runs alone on Redis, so a huge round is split
 
 
 class OutputStreams:
@@ -52,18 +53,30 @@ class OutputStreams:
         await self.emit_many([event])
 
     async def emit_many(self, events: Sequence[StreamEvent]) -> None:
-        """The events in one EMIT call (in order; each appended only while its request is
-        live); with replicas to acknowledge, once they hold them."""
+        """The events in one EMIT call per EMIT_BATCH (in order; each appended only while
+        its request is live), the calls in one pipeline; with replicas to acknowledge, once
+        they hold them."""
         if not events:
             return
         if any(event.kind is StreamKind.DONE for event in events):
             raise QueueError("DONE is emitted by complete() or cancel(), not by emit()")
+        calls = [
+            self._emit_call(events[i : i + EMIT_BATCH]) for i in range(0, len(events), EMIT_BATCH)
+        ]
+        if len(calls) == 1:
+            await write(self._redis, self._emit, calls[0], self._wait)
+            return
+        for result in await pipelined(self._redis, self._emit, calls, self._wait):
+            if isinstance(result, Exception):
+                raise result  # the first error, once every call has run
+
+    def _emit_call(self, events: Sequence[StreamEvent]) -> ScriptCall:
         keys: list[str] = []
         args: list[str | int] = []
         for event in events:
             keys += [self._keys.record(event.request_id), self._keys.stream(event.request_id)]
             args += event_args(event)
-        await write(self._redis, self._emit, (keys, args), self._wait)
+        return keys, args
 
     async def read(
         self, request_id: str, timeout_s: float | None = None
