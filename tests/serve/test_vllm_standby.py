@@ -59,9 +59,11 @@ async def served(
     return max(predicted.values())
 
 
-async def reported_standby(plane: Plane) -> tuple[str, ...]:
+async def reported_after_load(plane: Plane, model: str, standby: tuple[str, ...]) -> bool:
+    """The instance's last report was sent with `model` loaded and serving (not loading)
+    and `standby` asleep."""
     (status,) = await plane.queue.instances()
-    return status.standby_models
+    return status.model == model and status.state == "ready" and status.standby_models == standby
 
 
 async def test_a_swap_back_is_planned_and_served_as_a_wake(
@@ -78,7 +80,10 @@ async def test_a_swap_back_is_planned_and_served_as_a_wake(
             to_b = await served(plane, http, "tiny-b")
             cold_s = engine.last_load_s
             async with asyncio.timeout(10):
-                while await reported_standby(plane) != ("tiny-a",):
+                # A report sent while tiny-b loaded shows tiny-a asleep already, and the
+                # instance busy for the rest of a cold load: wait for one sent after the load,
+                # which the controller prices the swap back from.
+                while not await reported_after_load(plane, "tiny-b", ("tiny-a",)):
                     await asyncio.sleep(0.05)
             back = await served(plane, http, "tiny-a")
             wake_s = engine.last_load_s
