@@ -274,7 +274,7 @@ class _Follow:
         is up; never yields inside the timeout scope."""
         deadline = asyncio.get_running_loop().time() + self._job.timeout_s
         events = self._job.queue.stream_batches(self._job.head.id)
-        async with contextlib.aclosing(events):  # type: ignore[type-var]
+        async with contextlib.aclosing(events):
             while True:
                 async with asyncio.timeout_at(deadline):
                     batch = await anext(events, None)

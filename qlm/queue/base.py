@@ -9,7 +9,7 @@ suite (tests/queue/test_contract.py) runs against both.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from qlm.control.plan import PublishedPlan
@@ -156,7 +156,7 @@ class GlobalQueue(Protocol):
 
     def stream_batches(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[Sequence[StreamEvent]]:
+    ) -> AsyncGenerator[Sequence[StreamEvent], None]:
         """The same events as `stream`, in the batches that were there to read at once (each
         non-empty, in order; the last ends with DONE), so that a relay such as the API's
         token stream writes what arrived together in one piece."""
@@ -182,9 +182,11 @@ class GlobalQueue(Protocol):
     async def close(self) -> None: ...
 
 
-async def one_by_one(batches: AsyncIterator[Sequence[StreamEvent]]) -> AsyncIterator[StreamEvent]:
+async def one_by_one(
+    batches: AsyncGenerator[Sequence[StreamEvent], None],
+) -> AsyncIterator[StreamEvent]:
     """A stream's batches as single events; closes the batches when the reader stops early."""
-    async with contextlib.aclosing(batches):  # type: ignore[type-var]
+    async with contextlib.aclosing(batches):
         async for batch in batches:
             for event in batch:
                 yield event

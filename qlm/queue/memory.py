@@ -9,7 +9,7 @@ Use one MemoryQueue from one event loop.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from qlm.clock import Clock, WallClock
@@ -255,7 +255,7 @@ class MemoryQueue:
 
     def stream_batches(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[Sequence[StreamEvent]]:
+    ) -> AsyncGenerator[Sequence[StreamEvent], None]:
         return self._streams.read(request_id, timeout_s)
 
     async def wait_for_change(self, timeout_s: float) -> bool:

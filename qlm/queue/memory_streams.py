@@ -12,7 +12,7 @@ wake-up it fires run to the end before any reader resumes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from qlm.queue.base import UnknownRequestError, through_done
 from qlm.queue.records import StreamEvent
@@ -59,7 +59,7 @@ class MemoryStreams:
 
     async def read(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[Sequence[StreamEvent]]:
+    ) -> AsyncGenerator[Sequence[StreamEvent], None]:
         """The request's events from the first, in batches: all that were appended since the
         last batch was read, each batch read without waiting; between batches, waits for
         the next event at most `timeout_s` (TimeoutError). UnknownRequestError for a request

@@ -134,8 +134,8 @@ class ControlLoop:
         if not leading:
             return None
         now_s = self.clock.now_s()
-        if self.clock.monotonic_s() >= self._sweep_at_s:
-            self._sweep_at_s = self.clock.monotonic_s() + LEASE_SWEEP_S
+        if (at_s := self.clock.monotonic_s()) >= self._sweep_at_s:
+            self._sweep_at_s = at_s + LEASE_SWEEP_S
             self.counters.expired += len(await self.queue.expire_leases(now_s))
         queued = await self.queue.queued()
         statuses = await self.queue.instances()

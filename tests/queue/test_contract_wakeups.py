@@ -19,6 +19,16 @@ make = contract.make  # the contract suite's fixtures: every implementation
 queue = contract.queue
 
 
+def interleaved(request_ids: tuple[str, ...], count: int) -> list[StreamEvent]:
+    """`count` one-token chunks per request, the requests' chunks taking turns; texts
+    `<id>-<offset>`."""
+    return [
+        StreamEvent(rid, StreamKind.TOKENS, 1, float(i), f"{rid}-{i}", 1, i)
+        for i in range(count)
+        for rid in request_ids
+    ]
+
+
 def _plan() -> PublishedPlan:
     group = PlannedGroup("g", "m7b", "interactive", ("r0",))
     return PublishedPlan(0, 0.0, {"i0": ("g",)}, {"g": group})
@@ -27,11 +37,7 @@ def _plan() -> PublishedPlan:
 async def test_emit_many_keeps_each_streams_order(queue: GlobalQueue) -> None:
     await enqueue_n(queue, 2)
     await queue.pull("i0", ["r0", "r1"], lease_s=5.0, now_s=0.0)
-    events = [
-        StreamEvent(rid, StreamKind.TOKENS, 1, float(i), f"{rid}-{i}", 1, i)
-        for i in range(4)
-        for rid in ("r0", "r1")
-    ]
+    events = interleaved(("r0", "r1"), 4)
     await queue.emit_many(events)
     await queue.complete(result("r0", "i0"))
     await queue.emit_many([StreamEvent("r0", StreamKind.TOKENS, 1, 9.0, "late", 1, 4)])
@@ -162,11 +168,7 @@ async def test_one_write_of_live_and_finished_streams_appends_only_the_live(
     await enqueue_n(queue, 2)
     await queue.pull("i0", ["r0", "r1"], lease_s=5.0, now_s=0.0)
     await queue.complete(result("r0", "i0"))
-    events = [
-        StreamEvent(rid, StreamKind.TOKENS, 1, float(i), f"{rid}-{i}", 1, i)
-        for i in range(200)
-        for rid in ("r0", "r1")
-    ]
+    events = interleaved(("r0", "r1"), 200)
     await queue.emit_many(events)
     await queue.complete(result("r1", "i0"))
     assert [e.kind for e in await collect(queue, "r0")] == [StreamKind.DONE]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import redis.asyncio as redis
@@ -322,7 +322,7 @@ class RedisQueue:
 
     def stream_batches(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[Sequence[StreamEvent]]:
+    ) -> AsyncGenerator[Sequence[StreamEvent], None]:
         return self._streams.read(request_id, timeout_s)
 
     # -- the control loop's wake-up and leadership ---------------------------------------

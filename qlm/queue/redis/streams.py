@@ -2,9 +2,9 @@
 
 Writes go through the EMIT script, one call per batch of events (an agent's round), which
 appends each only while its request is live (so no token lands after DONE) and PUBLISHes a
-poke. Readers read from the first entry, so a reader that
-connects late, or on another API replica, sees the whole stream (readers woken together
-share one XREAD, qlm/queue/redis/stream_reads.py); they wait for the next entry on a poke
+poke. Readers read from the first entry, so a reader that connects late, or on another API
+replica, sees the whole stream (readers woken together share one XREAD,
+qlm/queue/redis/stream_reads.py); they wait for the next entry on a poke
 (qlm/queue/redis/pokes.py) and re-read on a timer should one be lost.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import redis.asyncio as redis
 
@@ -80,7 +80,7 @@ class OutputStreams:
 
     async def read(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[Sequence[StreamEvent]]:
+    ) -> AsyncGenerator[Sequence[StreamEvent], None]:
         """Read from the last entry each time the stream is poked, and on a timer should a
         poke be lost (reads woken together share one XREAD: stream_reads.py); each read's
         entries are one batch. Ends after DONE; UnknownRequestError once the record is gone,
