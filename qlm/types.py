@@ -142,9 +142,9 @@ class Request:
     estimated_wait_p90_s: float | None = field(default=None, hash=False, compare=False)
     # The prompt's leading blocks that other prompts may share, in prompt order (their tokens
     # add up to at most prompt_tokens; the rest of the prompt is its own). Engines with a
-    # prefix cache compute only what they do not hold (qlm/engine/prefix_cache.py).
+    # prefix cache compute only what they do not hold (qlm/prefixes/cache.py).
     prefix: tuple[PrefixBlock, ...] = field(default=(), hash=False, compare=False)
-    # A batch job's plan (qlm/batch/prefix_plan.py): the part of the job it is planned in (the
+    # A batch job's plan (qlm/prefixes/job_plan.py): the part of the job it is planned in (the
     # group the planner places) and its key in the job's serving order. None outside jobs.
     job_group: str | None = field(default=None, hash=False, compare=False)
     job_order: str | None = field(default=None, hash=False, compare=False)

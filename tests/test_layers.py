@@ -45,6 +45,7 @@ CORE = [
     "sim/runner.py",
     "sim/policies",
     "programs",
+    "prefixes",
 ]
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {

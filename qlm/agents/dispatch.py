@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 
 from qlm.agents.job_gate import LeaderGate
 from qlm.agents.pacing import Pacing
-from qlm.agents.prefix_affinity import HOLD
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.virtual_queue import planned_items
 from qlm.control.plan import PublishedPlan
 from qlm.perf.profile import Profile
+from qlm.prefixes.affinity import HOLD
 from qlm.types import Fleet
 
 LATE_CLASS = "late"  # the class dispatch gives requests it cannot keep (ranks lowest)
@@ -149,7 +149,7 @@ def job_of(item: QueuedItem, rate: PoolRate) -> Job:
     """A request's place in the schedule. A planned batch job's request is due done by its
     deadline (the job's window bounds its whole output, not only its first token), so all
     the job's requests are due alike and go in the job's planned order
-    (qlm/batch/prefix_plan.py: by shared prefix, long decodes first)."""
+    (qlm/prefixes/job_plan.py: by shared prefix, long decodes first)."""
     cost_s, prefill_s = rate.cost_s(item)
     if item.job_order is not None:
         return item.ttft_deadline_at_s, item.job_order, cost_s, item
@@ -271,7 +271,7 @@ def by_affinity(
     in schedule order, so an instance serves what it holds first and leaves another's to it
     unless it has nothing else on time (work-conserving: a hot prefix spills over). A
     request another instance holds and is still worth waiting for (`HOLD`,
-    qlm/agents/prefix_affinity.py) is left out. The schedule's order between requests is
+    qlm/prefixes/affinity.py) is left out. The schedule's order between requests is
     kept only within each of the three tiers."""
     own: list[QueuedItem] = []
     rest: list[QueuedItem] = []

@@ -1,4 +1,4 @@
-"""May this planned batch job's request start on this engine now? (qlm/batch/prefix_plan.py)
+"""May this planned batch job's request start on this engine now? (qlm/prefixes/job_plan.py)
 
 A job's part shares a prefix; its first member, the leader, computes it. An engine caches a
 prompt's blocks when its prefill ends, so a member admitted beside its leader would compute

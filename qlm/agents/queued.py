@@ -20,10 +20,10 @@ class QueuedItem:
     slo_class: str = ""  # the request's own class; "" means the group's
     ttft_deadline_at_s: float = math.inf  # when its first token is due (dispatch order)
     arrival_at_s: float = -math.inf  # when it arrived (-inf: unknown; pacing reads it)
-    # Its key in a planned batch job's serving order (qlm/batch/prefix_plan.py), else None:
+    # Its key in a planned batch job's serving order (qlm/prefixes/job_plan.py), else None:
     # such a request is due done by its deadline and served in the job's order.
     job_order: str | None = None
-    # The request of its job part that computes the shared prefix (qlm/batch/prefix_plan.py):
+    # The request of its job part that computes the shared prefix (qlm/prefixes/job_plan.py):
     # dispatch holds this one while that one is queued or prefilling on the same engine.
     job_leader: str | None = None
 

@@ -15,12 +15,12 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from qlm.api.errors import ApiError, from_pydantic
-from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.schemas import Body, ChatBody
 from qlm.api.settings import ApiAppConfig, ModelConfig
 from qlm.api.slo import SloResolver
 from qlm.api.tokens import TokenCounter
 from qlm.engine.openai_fields import CHAT_TEMPLATE_ENGINES, unsupported
+from qlm.prefixes.blocks import prompt_prefix
 from qlm.types import Request
 
 T = TypeVar("T")

@@ -27,8 +27,8 @@ from qlm.api.formats import CHAT, COMPLETION, Head, OutputFormat, usage
 from qlm.api.slo import HEADER_CLASS
 from qlm.batch.jobs import BatchJob, BatchStatus, LineError, StoredFile
 from qlm.batch.lines import InputLine, NotJsonlError, parse_input
-from qlm.batch.prefix_plan import UNBOUNDED, PlanBudget, plan_job, with_plan
 from qlm.batch.store import BatchStore
+from qlm.prefixes.job_plan import UNBOUNDED, PlanBudget, plan_job, with_plan
 from qlm.queue.records import RequestRecord
 from qlm.types import Request, RequestState
 
@@ -93,7 +93,7 @@ class BatchRunner:
         return job.moved(BatchStatus.IN_PROGRESS, now_s, **changes)
 
     async def _planned(self, job: BatchJob, requests: list[Request]) -> list[Request]:
-        """The job's requests planned as a whole (qlm/batch/prefix_plan.py), one plan per
+        """The job's requests planned as a whole (qlm/prefixes/job_plan.py), one plan per
         model, each part within what the smallest instance on the model holds (from the
         published plan; unbounded before there is one). Deterministic, so a repeated step
         plans alike while the fleet stays the same."""

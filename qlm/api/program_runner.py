@@ -25,8 +25,8 @@ from qlm.aio import first_done
 from qlm.api.context import ApiContext
 from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import COMPLETION
-from qlm.api.prefix_blocks import prompt_prefix
 from qlm.api.slo import HEADER_CLASS
+from qlm.prefixes.blocks import prompt_prefix
 from qlm.programs.graph import ProgramCall, ProgramGraph, render
 from qlm.programs.state import CallState, Program, ProgramStatus
 from qlm.programs.store import ProgramStore

@@ -90,7 +90,7 @@ class BatchApiConfig(StrictModel):
     prefix_planning: bool = Field(
         default=True,
         description="Plan each job as a whole before queueing it: groups by shared prefix, "
-        "long decodes first, parts one engine batch holds (qlm/batch/prefix_plan.py).",
+        "long decodes first, parts one engine batch holds (qlm/prefixes/job_plan.py).",
     )
 
 

@@ -19,7 +19,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from qlm.batch.prefix_plan import job_budget
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan, planned_group
@@ -27,6 +26,7 @@ from qlm.estimator import make_estimator
 from qlm.grouping import make_grouping
 from qlm.grouping.group import RequestGroup
 from qlm.perf.profile import Profile
+from qlm.prefixes.job_plan import job_budget
 from qlm.solver import Plan, PlanInput, make_planner
 from qlm.types import Fleet, Request
 
@@ -282,7 +282,7 @@ def _planned(group: RequestGroup, by_id: Mapping[str, Request]) -> PlannedGroup:
 
 def _job_budgets(fleet: Fleet, group_requests: int) -> dict[str, tuple[int, int, int]]:
     """Per model of the fleet, what one batch job part may hold and one planning group of a
-    job (qlm/batch/prefix_plan.py)."""
+    job (qlm/prefixes/job_plan.py)."""
     budgets = {}
     for model in fleet.models:
         budget = job_budget(fleet, model, group_requests)

@@ -29,7 +29,7 @@ class PlannedGroup:
     arrivals_at_s: tuple[float, ...] = ()  # each member's arrival (pacing reads it)
     # each member's key in its batch job's planned order ("" outside a planned job)
     job_orders: tuple[str, ...] = ()
-    # each member's job part leader ("" for none; qlm/batch/prefix_plan.py)
+    # each member's job part leader ("" for none; qlm/prefixes/job_plan.py)
     job_leaders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -183,14 +183,14 @@ class PublishedPlan:
     # takes its tokens times this after its first token.
     group_step_s: Mapping[str, float] = field(default_factory=dict)
     # Per request with a prompt prefix some instance probably caches: the prompt tokens each
-    # such instance holds (from the agents' reports; qlm/agents/prefix_affinity.py reads it).
+    # such instance holds (from the agents' reports; qlm/prefixes/affinity.py reads it).
     prefix_held: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Per model and SLO class, the requests queued when the plan was cut for agents: those
     # past the published head too (pacing counts the work agents do not see).
     queued_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Per model, what one part of a batch job may hold, (KV tokens, requests), on the
     # smallest instance on the model, and the requests of one planning group (the
-    # grouping's largest): qlm/batch/prefix_plan.py's PlanBudget; the Batch API reads it.
+    # grouping's largest): qlm/prefixes/job_plan.py's PlanBudget; the Batch API reads it.
     job_budgets: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     # Per instance with a standby tier, the model it should read into the tier now and the
     # one whose place it takes (None: a free place); qlm/agents/warming.py decides.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qlm.engine.decode_batch import DecodeBatch
-from qlm.engine.prefix_cache import PrefixCache
+from qlm.prefixes.cache import PrefixCache
 
 
 @dataclass(slots=True)

@@ -39,11 +39,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from qlm.engine.priority_groups import by_priority_groups
 from qlm.engine.segment import Chunk, Segment
 from qlm.engine.seq_queues import SeqQueues
 from qlm.engine.sequence import Seq, SeqPhase
 from qlm.engine.types import EngineEvent, FirstToken, RequestFinished
+from qlm.prefixes.local_order import by_priority_groups
 
 SRPT_CANDIDATES = 256  # waiting sequences srpt-mlfq orders per iteration (bounds the cost)
 

@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from qlm.engine.config import EngineConfig
 from qlm.engine.decode_batch import DecodeBatch
 from qlm.engine.kv_cache import KvCache
-from qlm.engine.prefix_cache import PrefixCache
 from qlm.engine.sequence import Seq, SeqPhase
 from qlm.engine.stats import EngineCounters
 from qlm.engine.types import EngineRequest
+from qlm.prefixes.cache import PrefixCache
 
 
 class SeqQueues:

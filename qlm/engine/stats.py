@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qlm.engine.prefix_cache import PrefixCounters
+from qlm.prefixes.cache import PrefixCounters
 
 
 @dataclass(frozen=True, slots=True)

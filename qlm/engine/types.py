@@ -53,7 +53,7 @@ class EngineObservation:
     supports_kv_swap: bool = False
     at_s: float = 0.0
     # Since the engine started: prompt tokens it admitted with a prefix, and of those, found
-    # in its prefix cache (qlm/engine/prefix_cache.py). None: the engine does not say.
+    # in its prefix cache (qlm/prefixes/cache.py). None: the engine does not say.
     prefix_prompt_tokens: int | None = None
     prefix_hit_tokens: int | None = None
     standby_models: tuple[str, ...] = ()  # models asleep here, fast to wake (tiers.py)

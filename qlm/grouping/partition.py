@@ -42,7 +42,7 @@ def group_id(key: GroupKey, part: int) -> str:
 
 
 def job_key(request: Request) -> GroupKey | None:
-    """A planned batch job's part is its own key (qlm/batch/prefix_plan.py: the job's plan
+    """A planned batch job's part is its own key (qlm/prefixes/job_plan.py: the job's plan
     already grouped it by shared prefix and sized it to an engine batch); None otherwise."""
     return None if request.job_group is None else (request.model, f"job:{request.job_group}")
 

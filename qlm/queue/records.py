@@ -190,7 +190,7 @@ class InstanceStatus:
     prefix_prompt_tokens: int | None = None
     prefix_hit_tokens: int | None = None
     # The prompt-prefix blocks (Request.prefix keys) most recently sent to the engine, most
-    # recent first, at most qlm.agents.prefix_index.REPORTED_KEYS: what its prefix cache
+    # recent first, at most qlm.prefixes.index.REPORTED_KEYS: what its prefix cache
     # probably holds, for the control loop's `prefix_held` (the agent's own PrefixIndex).
     prefix_keys: tuple[int, ...] = ()
     standby_models: tuple[str, ...] = ()  # models asleep there (EngineObservation)

@@ -30,10 +30,10 @@ from qlm.engine.types import (
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
+from qlm.prefixes.live import EARLY_REPORT_S, AgentPrefixes
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.agent_events import EventWriter
-from qlm.serve.agent_prefixes import EARLY_REPORT_S, AgentPrefixes
 from qlm.serve.agent_reports import instance_status
 from qlm.serve.config import AgentConfig
 from qlm.serve.engine_loads import ModelLoads, RefillBacklog
@@ -173,7 +173,7 @@ class Agent:
         now_s = self.clock.now_s()
         model = obs.model
         profile = None if model is None else self.fleet.profile(model, self.instance)
-        affinity = self.prefixes.affinity(plan, profile, now_s)
+        affinity = self.prefixes.affinity(plan.prefix_held, profile, now_s)
         limit = obs.max_num_seqs + self._backlog.size  # what one round may pull
         rest = (now_s, limit, affinity, self.pacing, prefilling_ids(obs))
         view = ReportedFleet(self.fleet, self.instance.id, obs, self.priority, self.peers.reports)

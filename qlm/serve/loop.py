@@ -20,11 +20,11 @@ from qlm.control.driver import ControlDriver
 from qlm.control.liveness import InstanceLiveness
 from qlm.control.plan import PlannedGroup, PublishedPlan, planned_group
 from qlm.metrics import NO_METRICS, MetricsHooks
+from qlm.prefixes.live import PrefixHeld
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerConfig
 from qlm.serve.pool_scaling import PoolScaling
-from qlm.serve.prefix_held import PrefixHeld
 from qlm.serve.warming import LiveWarming
 from qlm.types import Fleet, Request
 
@@ -176,8 +176,15 @@ class ControlLoop:
         view = cut_for_agents(plan, queued_ids, self.members)
         view = replace(view, groups={**view.groups, **waiting_groups(waiting)})
         up = {v.instance_id for v in views}
-        view = self._prefix_held.on(view, queued, [s for s in statuses if s.instance_id in up])
-        view = replace(view, queued_counts=queued_counts(queued), standby_fetches=self._fetches)
+        members = {rid for group in view.groups.values() for rid in group.request_ids}
+        up_statuses = [s for s in statuses if s.instance_id in up]
+        held = self._prefix_held.on(members, queued, up_statuses)
+        view = replace(
+            view,
+            prefix_held=held,
+            queued_counts=queued_counts(queued),
+            standby_fetches=self._fetches,
+        )
         waiting_ids = tuple(r.id for r in waiting)
         seen = (shown(view), dict(view.prefix_held), waiting_ids, self._fetches)
         if seen == self._shown and plan.epoch == self._published_epoch:

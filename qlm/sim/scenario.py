@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from qlm.batch.prefix_plan import PlanBudget, job_budget
 from qlm.config import (
     ConfigError,
     Problem,
@@ -25,6 +24,7 @@ from qlm.config import (
 )
 from qlm.engine.config import EngineConfig
 from qlm.fleet_config import FleetConfig
+from qlm.prefixes.job_plan import PlanBudget, job_budget
 from qlm.sim.fuzz import draw_scenario, parse_random_name
 from qlm.sim.fuzz.many_models import draw_many_models, parse_many_name
 from qlm.sim.workload import StreamConfig, iter_requests
@@ -167,7 +167,7 @@ class Scenario(StrictModel):
         )
 
     def plan_budget(self, model: str) -> PlanBudget:
-        """What a batch job's part of `model` may hold (qlm/batch/prefix_plan.py)."""
+        """What a batch job's part of `model` may hold (qlm/prefixes/job_plan.py)."""
         return job_budget(self.fleet(), model, self.config.grouping.max_group_size)
 
     def requests(self, seed: int | None = None) -> list[Request]:

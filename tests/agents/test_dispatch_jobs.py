@@ -1,4 +1,4 @@
-"""Dispatch of a planned batch job (qlm/batch/prefix_plan.py): the job's order, leaders
+"""Dispatch of a planned batch job (qlm/prefixes/job_plan.py): the job's order, leaders
 first, one part at a time per engine."""
 
 from __future__ import annotations

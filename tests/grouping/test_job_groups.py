@@ -1,4 +1,4 @@
-"""A planned batch job's parts (qlm/batch/prefix_plan.py) stay groups of their own, whatever
+"""A planned batch job's parts (qlm/prefixes/job_plan.py) stay groups of their own, whatever
 the policy would cluster them into, on a regroup and on inserts alike."""
 
 from __future__ import annotations

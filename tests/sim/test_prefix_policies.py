@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from qlm.agents.prefix_index import PrefixIndex
 from qlm.config import QlmConfig
+from qlm.prefixes.index import PrefixIndex
 from qlm.sim.result import SimResult
 from qlm.sim.runner import simulate
 from qlm.sim.scenario import load_scenario

@@ -17,7 +17,7 @@ blocks run out. Chosen by name (`LOCAL_POLICIES`):
   among those.
 * `prefix-groups` (Preble): running prompts first, then waiting sequences in priority
   groups by the share of their prompt the prefix cache holds now, each group admitted in
-  proportion to its priority (qlm/engine/priority_groups.py, shared with the engine model):
+  proportion to its priority (qlm/prefixes/local_order.py, shared with the engine model):
   sequences that would compute little go first, yet those that hit nothing keep a share of
   every round of one step. Rounds restart every step, so while hits keep coming the top
   group would always be first: a sequence waiting `max_wait_steps` or more goes first (oldest
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from qlm.engine.native.sequence import Seq
-from qlm.engine.priority_groups import by_priority_groups
+from qlm.prefixes.local_order import by_priority_groups
 
 CachedTokens = Callable[[Seq], int]  # leading tokens of a sequence the prefix cache holds
 

@@ -10,7 +10,7 @@ default profile (prefix 3, queue 2).
 
 from __future__ import annotations
 
-from qlm.agents.prefix_index import PrefixIndex
+from qlm.prefixes.index import PrefixIndex
 from qlm.sim.policies.base import SIM_POLICIES, Actions, SimContext
 from qlm.sim.policies.llmd import LlmdPolicy
 from qlm.types import Request

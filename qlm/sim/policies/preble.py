@@ -33,8 +33,8 @@ from types import MappingProxyType
 
 from qlm.agents.actions import Pull
 from qlm.agents.dispatch import PoolMember
-from qlm.agents.prefix_index import PrefixIndex
 from qlm.engine.types import EngineEvent, RequestFinished
+from qlm.prefixes.index import PrefixIndex
 from qlm.sim.policies.base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
 

@@ -268,7 +268,7 @@ class QlmPolicy(BasePolicy):
     def _reconcile(self, instance_id: str) -> tuple[Action, ...]:
         """The agent's step for one instance, and a timer for when a request its dispatch
         held back may start: one left to the instance holding its prefix
-        (qlm/agents/prefix_affinity.py), or a paced one (qlm/agents/pacing.py)."""
+        (qlm/prefixes/affinity.py), or a paced one (qlm/agents/pacing.py)."""
         actions = self._step(instance_id)
         at_s = self.dispatch.hold_ends.pop(instance_id, None)
         if at_s is not None and self._wake_at.get(instance_id, math.inf) > at_s:

@@ -18,13 +18,13 @@ from qlm.agents.dispatch import (
 )
 from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.pacing import Pacing, unheld
-from qlm.agents.prefix_affinity import PrefixAffinity
-from qlm.agents.prefix_index import PrefixIndex
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
 from qlm.agents.virtual_queue import head_model, virtual_queue
 from qlm.agents.warming import fleet_fetches, hosts_of
 from qlm.control.plan import PublishedPlan
+from qlm.prefixes.affinity import PrefixAffinity
+from qlm.prefixes.index import PrefixIndex
 from qlm.sim.policies.base import SimContext
 from qlm.sim.result import TtftPrediction
 from qlm.types import Request
@@ -174,10 +174,12 @@ class SimDispatch:
         queued = self._queues.queued(model)
         return unheld(queued, kept.kept, kept.due_and_cost, self._pacing, now_s)
 
-    def _affinity(self, instance_id: str, pool: tuple[str, ...]) -> PrefixAffinity | None:
+    def _affinity(
+        self, instance_id: str, pool: tuple[str, ...]
+    ) -> PrefixAffinity[QueuedItem] | None:
         """Prefix locality for `by_affinity` (None until a request with a prefix arrives):
         Preble's exploit rule over the `PrefixIndex`, with the rent-or-buy hold
-        (qlm/agents/prefix_affinity.py); the earliest hold's end goes to `hold_ends`."""
+        (qlm/prefixes/affinity.py); the earliest hold's end goes to `hold_ends`."""
         index = self._prefixes
         if index is None or len(pool) < 2:
             return None

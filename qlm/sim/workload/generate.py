@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qlm.batch.prefix_plan import PlanBudget, plan_job, with_plan
+from qlm.prefixes.job_plan import PlanBudget, plan_job, with_plan
 from qlm.sim.workload.arrivals import TraceArrivals, arrival_times
 from qlm.sim.workload.lengths import IntArray, LengthSampler, ReplayLengths
 from qlm.sim.workload.prefixes import Blocks, PrefixSampler
@@ -127,7 +127,7 @@ def planned_job(
     spec: StreamConfig, requests: Iterator[Request], budget: Callable[[str], PlanBudget]
 ) -> Iterator[Request]:
     """A `job_plan` stream's requests carrying their place in the job's plan
-    (qlm/batch/prefix_plan.py), one plan per model, ids `<stream name>:<model>`; the
+    (qlm/prefixes/job_plan.py), one plan per model, ids `<stream name>:<model>`; the
     backlog's order is kept."""
     backlog = list(requests)
     placed: dict[str, Request] = {}

@@ -13,7 +13,7 @@ Two sources, set per stream (`prefixes:`):
 
 Either way a request carries `Request.prefix`: its leading blocks, each keyed by the prompt up
 to its end (a key is a hash of the block's id and the key before it), so equal keys mean equal
-text so far (qlm/engine/prefix_cache.py).
+text so far (qlm/prefixes/cache.py).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class StreamConfig(StrictModel):
         default=False,
         description="Plan this backlog as one batch job, as the Batch API does: groups by "
         "shared prefix, long decodes first, parts sized to an engine batch "
-        "(qlm/batch/prefix_plan.py).",
+        "(qlm/prefixes/job_plan.py).",
     )
 
     @model_validator(mode="after")

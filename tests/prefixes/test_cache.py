@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from qlm.engine.config import EngineConfig
 from qlm.engine.model import EngineModel
-from qlm.engine.prefix_cache import PrefixCache, PrefixCounters
 from qlm.engine.scheduler import prefix_order
 from qlm.engine.sequence import Seq, SeqPhase
+from qlm.prefixes.cache import PrefixCache, PrefixCounters
 from qlm.types import PrefixBlock, Request
 from tests.engine.helpers import (
     OPERATIONS,

@@ -7,7 +7,7 @@ character blocks) and keys each block by a hash of the text from the start to th
 equal keys, equal text so far. A block carries its share of the prompt's token count (the
 counter's, rounded down, so the blocks never hold more than the prompt). The trailing part
 shorter than a block is the request's own. Routers and engine models read these blocks
-(qlm/agents/prefix_index.py, qlm/engine/prefix_cache.py); real engines cache by their own
+(qlm/prefixes/index.py, qlm/prefixes/cache.py); real engines cache by their own
 tokens.
 """
 

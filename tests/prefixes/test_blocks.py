@@ -1,12 +1,10 @@
-"""The API's prompt prefix blocks (qlm/api/prefix_blocks.py): equal text so far, equal keys;
-token shares that never exceed the prompt; and requests admitted through the API carry them."""
+"""Prompt prefix blocks (qlm/prefixes/blocks.py): equal text so far, equal keys; token shares
+that never exceed the prompt; cuts where a template ends. That requests admitted through the
+API carry them: tests/api/test_prefix_admission.py."""
 
 from __future__ import annotations
 
-import httpx
-
-from qlm.api.prefix_blocks import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, prompt_prefix
-from qlm.queue.memory import MemoryQueue
+from qlm.prefixes.blocks import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, prompt_prefix
 
 SYSTEM = "You are a careful assistant. " * 40  # 1,160 characters: four whole blocks
 
@@ -31,25 +29,6 @@ def test_blocks_hold_their_share_of_tokens_and_never_more_than_the_prompt() -> N
     assert len(prompt_prefix("y" * PREFIX_BLOCK_CHARS * (MAX_PREFIX_BLOCKS + 3), 10**6)) == (
         MAX_PREFIX_BLOCKS
     )
-
-
-async def test_requests_admitted_through_the_api_carry_their_prompt_blocks(
-    client: httpx.AsyncClient, queue: MemoryQueue
-) -> None:
-    ids = []
-    for question in ("What is the capital of France?", "Summarise this contract."):
-        body = {"kind": "completion", "model": "m7b", "prompt": SYSTEM + question}
-        resp = await client.post("/v1/qlm/requests", json={**body, "max_tokens": 2})
-        assert resp.status_code == 202, resp.text
-        ids.append(resp.json()["id"])
-    records = [await queue.get(request_id) for request_id in ids]
-    prefixes = [record.request.prefix for record in records if record is not None]
-    assert len(prefixes) == 2
-    assert len(prefixes[0]) == len(prefixes[1]) == len(SYSTEM) // PREFIX_BLOCK_CHARS
-    assert prefixes[0] == prefixes[1]  # the questions are shorter than a block: own parts
-    first = records[0]
-    assert first is not None
-    assert sum(b.tokens for b in prefixes[0]) <= first.request.prompt_tokens
 
 
 def test_a_cut_ends_a_block_where_a_template_ends_its_shared_text() -> None:

@@ -1,4 +1,4 @@
-"""The loop's `prefix_held` (qlm/serve/prefix_held.py): what each instance holds of each
+"""The loop's `prefix_held` (qlm/prefixes/live.py, `PrefixHeld`): what each instance holds of each
 shown request's prompt, from the agents' reports, kept only while the reports stay."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.agents.prefix_affinity import HeldByReports, held_by_reports
-from qlm.control.plan import PublishedPlan, planned_group
+from qlm.prefixes.affinity import HeldByReports, held_by_reports
+from qlm.prefixes.live import PrefixHeld
 from qlm.queue.records import InstanceStatus
-from qlm.serve.prefix_held import PrefixHeld
 from qlm.types import PrefixBlock
 from tests.factories import make_request
 
@@ -27,19 +26,17 @@ def test_held_follows_the_reports_and_only_shown_requests_get_it() -> None:
         replace(make_request(id=f"r{k}", model="m7b"), prefix=(*SHARED, PrefixBlock(100 + k, 50)))
         for k in range(6)
     ]
-    view = PublishedPlan(1, 0.0, {}, {"g": planned_group("g", "m7b", queued[:4])})
+    shown = {r.id for r in queued[:4]}
     held = PrefixHeld()
-    first = held.on(view, queued, [status("a", (1, 2, 101)), status("b", (2,))])
-    assert dict(first.prefix_held) == {rid: {"a": 200} for rid in ("r0", "r2", "r3")} | {
-        "r1": {"a": 250}
-    }
+    first = held.on(shown, queued, [status("a", (1, 2, 101)), status("b", (2,))])
+    assert first == {rid: {"a": 200} for rid in ("r0", "r2", "r3")} | {"r1": {"a": 250}}
     # the reports move on: the answers are made anew from them
     reports = [status("a", (1,)), status("b", (1, 2, 103))]
-    second = held.on(view, queued, reports)
+    second = held.on(shown, queued, reports)
     reported = {s.instance_id: frozenset(s.prefix_keys) for s in reports}
     expected = {r.id: held_by_reports(reported, r.prefix) for r in queued[:4]}
-    assert dict(second.prefix_held) == expected
-    assert held.on(replace(view), queued, []) == view  # no reports: nothing held
+    assert second == expected
+    assert held.on(shown, queued, []) == {}  # no reports: nothing held
 
 
 def test_a_report_that_changes_renews_only_that_instances_answers(
@@ -49,7 +46,7 @@ def test_a_report_that_changes_renews_only_that_instances_answers(
         replace(make_request(id=f"r{k}", model="m7b"), prefix=(*SHARED, PrefixBlock(100 + k, 50)))
         for k in range(3)
     ]
-    view = PublishedPlan(1, 0.0, {}, {"g": planned_group("g", "m7b", queued)})
+    shown = {r.id for r in queued}
     walks: list[frozenset[str]] = []
     walk = HeldByReports.held
 
@@ -59,14 +56,14 @@ def test_a_report_that_changes_renews_only_that_instances_answers(
 
     monkeypatch.setattr(HeldByReports, "held", counted)
     held = PrefixHeld()
-    held.on(view, queued, [status("a", (1, 2)), status("b", (1,))])
+    held.on(shown, queued, [status("a", (1, 2)), status("b", (1,))])
     assert len(walks) == 6  # every shown prompt, once per instance
     walks.clear()
-    held.on(view, queued, [status("a", (1, 2)), status("b", (1,))])
+    held.on(shown, queued, [status("a", (1, 2)), status("b", (1,))])
     assert walks == []  # nothing changed: every answer kept
-    after = held.on(view, queued, [status("a", (1, 2)), status("b", (1, 2, 102))])
+    after = held.on(shown, queued, [status("a", (1, 2)), status("b", (1, 2, 102))])
     assert walks == [frozenset({"b"})] * 3  # only b's report changed
-    assert dict(after.prefix_held) == {"r0": {"a": 200, "b": 200}, "r1": {"a": 200, "b": 200},
+    assert after == {"r0": {"a": 200, "b": 200}, "r1": {"a": 200, "b": 200},
                                        "r2": {"a": 200, "b": 250}}  # fmt: skip
 
 
@@ -84,7 +81,7 @@ def test_answers_kept_by_difference_match_a_walk_from_scratch_every_round() -> N
     held = PrefixHeld()
     for _ in range(60):
         queued = rng.sample(pool, 25)
-        view = PublishedPlan(1, 0.0, {}, {"g": planned_group("g", "m7b", queued[:18])})
+        shown = {r.id for r in queued[:18]}
         statuses = [
             replace(
                 status(i, tuple(rng.sample(range(1, 13), rng.randrange(0, 12)))),
@@ -93,7 +90,7 @@ def test_answers_kept_by_difference_match_a_walk_from_scratch_every_round() -> N
             for i in ("a", "b", "c")
             if rng.random() < 0.9
         ]
-        got = dict(held.on(view, queued, statuses).prefix_held)
+        got = held.on(shown, queued, statuses)
         expected = {}
         for request in queued[:18]:
             reported = {

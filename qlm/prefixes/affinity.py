@@ -28,10 +28,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Generic, Protocol, TypeVar
 
-from qlm.agents.prefix_index import leading_tokens
-from qlm.agents.queued import QueuedItem
+from qlm.prefixes.index import leading_tokens
 from qlm.types import PrefixBlock
+
+
+class Queued(Protocol):
+    """What affinity reads of a queued item (qlm.agents.queued.QueuedItem fits it)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def ttft_deadline_at_s(self) -> float: ...
+
 
 OWN = 1  # this instance holds the most of the prompt, and that outweighs the rest
 ANY = 0  # nobody holds enough of it to matter
@@ -48,7 +60,10 @@ def owner_side(instance_id: str, held: Mapping[str, int], prompt_tokens: int) ->
     return OWN if held.get(instance_id, 0) >= most else THEIRS
 
 
-class PrefixAffinity:
+Q = TypeVar("Q", bound=Queued)
+
+
+class PrefixAffinity(Generic[Q]):
     """The side of each queued request for `instance_id` at `now_s`, with the rent-or-buy
     hold (module docstring). `deferred` (request id -> when this instance first held it
     back) is the caller's, kept between rounds; `prune` keeps only the requests seen since
@@ -57,7 +72,7 @@ class PrefixAffinity:
     def __init__(
         self,
         instance_id: str,
-        held_of: Callable[[QueuedItem], Mapping[str, int] | None],
+        held_of: Callable[[Q], Mapping[str, int] | None],
         prefill_s: Callable[[int], float],
         deferred: MutableMapping[str, float],
         now_s: float,
@@ -70,7 +85,7 @@ class PrefixAffinity:
         self.now_s = now_s
         self.wake_at_s = math.inf  # when the earliest hold seen so far ends
 
-    def __call__(self, item: QueuedItem) -> int:
+    def __call__(self, item: Q) -> int:
         held = self._held_of(item)
         if not held:
             return ANY
@@ -83,7 +98,7 @@ class PrefixAffinity:
         self.wake_at_s = min(self.wake_at_s, until_s)
         return HOLD
 
-    def _hold_until_s(self, item: QueuedItem, held: Mapping[str, int]) -> float:
+    def _hold_until_s(self, item: Q, held: Mapping[str, int]) -> float:
         prompt = item.prompt_tokens
         missed_here = prompt - held.get(self.instance_id, 0)
         missed_there = prompt - max(held.values())

@@ -4,7 +4,7 @@ Routers cannot see inside engines cheaply, so they keep their own model of each 
 prefix cache from where they sent requests (llm-d's approximate prefix-cache index, Preble's
 global radix tree): every request sent to an instance puts its prefix blocks there; each
 instance holds at most `capacity_tokens` of them and forgets the least recently used first,
-as the engine's cache does (qlm/engine/prefix_cache.py). An instance that loads another model
+as the engine's cache does (qlm/prefixes/cache.py). An instance that loads another model
 forgets everything. Pure; the simulator's policies and the live router use it alike.
 """
 

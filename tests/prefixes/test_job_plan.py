@@ -1,4 +1,4 @@
-"""A batch job planned as a whole (qlm/batch/prefix_plan.py): groups by the deepest shared
+"""A batch job planned as a whole (qlm/prefixes/job_plan.py): groups by the deepest shared
 prefix, siblings by decode ratio, parts within the budget, leaders first."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qlm.batch.prefix_plan import PlanBudget, job_budget, plan_job, with_plan
+from qlm.prefixes.job_plan import PlanBudget, job_budget, plan_job, with_plan
 from qlm.types import Fleet, PrefixBlock, Request
 from tests.factories import make_instance, make_profile
 

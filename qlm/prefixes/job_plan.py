@@ -27,7 +27,7 @@ luck of an LRU cache seeing them one by one.
    member with the shortest output (its first token comes soonest and it is the last one
    the schedule drops under overload); dispatch holds the others while it is queued or
    prefilling on the engine that pulled it (qlm/agents/job_gate.py), and the prefix
-   locality of qlm/agents/prefix_affinity.py leaves them to that engine.
+   locality of qlm/prefixes/affinity.py leaves them to that engine.
 
 Pure and deterministic: the same job gives the same plan, so a runner that repeats a step
 after a restart plans it alike.

@@ -1,4 +1,4 @@
-"""Prefix locality for one instance's dispatch queue (qlm/agents/prefix_affinity.py): Preble's
+"""Prefix locality for one instance's dispatch queue (qlm/prefixes/affinity.py): Preble's
 exploit rule, and the rent-or-buy hold that leaves another instance's request to it for at
 most the prefill it would save."""
 
@@ -9,7 +9,8 @@ import math
 import pytest
 
 from qlm.agents.dispatch import by_affinity
-from qlm.agents.prefix_affinity import (
+from qlm.agents.queued import QueuedItem
+from qlm.prefixes.affinity import (
     ANY,
     HOLD,
     OWN,
@@ -18,7 +19,6 @@ from qlm.agents.prefix_affinity import (
     held_by_reports,
     owner_side,
 )
-from qlm.agents.queued import QueuedItem
 from qlm.types import PrefixBlock
 
 PREFILL_TOKENS_PER_S = 1000.0
@@ -109,7 +109,7 @@ def test_reports_give_the_leading_blocks_each_instance_holds() -> None:
 def test_held_for_many_prompts_is_held_by_reports_for_each() -> None:
     import random
 
-    from qlm.agents.prefix_affinity import HeldByReports
+    from qlm.prefixes.affinity import HeldByReports
 
     rng = random.Random(9)
     # prompts as paths in a tree of chained keys: shared heads, own tails
