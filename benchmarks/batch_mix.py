@@ -11,7 +11,7 @@ throughput (its requests over the time its last one took) and the prefix-token r
 Verdicts (qlm): >= 95 % of the job on time, interactive p99 TTFT within 1.5x of its
 interactive-only run.
 
-Then the job's throughput with and without planning it as a whole (qlm/batch/prefix_plan.py):
+Then the job's throughput with and without planning it as a whole (qlm/prefixes/job_plan.py):
 sims/batch-job.yaml (a 2,000-request job alone, shared document prefixes, varied answer
 lengths, due far ahead so the fleet runs it as fast as it can) under qlm with its `job_plan` on
 and off, fcfs and llmd beside (they ignore the plan), with each run's prefix-token reuse and the
@@ -192,7 +192,7 @@ def render_throughput(points: list[dict[str, Any]]) -> list[str]:
         "",
         "The job alone (2,000 requests, 4 instructions x 150 documents of 2,000 tokens, Azure "
         "answer lengths), due far ahead: `job rps` is its requests over its makespan. qlm with "
-        "the job's plan (qlm/batch/prefix_plan.py: groups by shared prefix, long decodes "
+        "the job's plan (qlm/prefixes/job_plan.py: groups by shared prefix, long decodes "
         "first, parts one engine holds, a leader per part computing the prefix first) and "
         "without; fcfs and llmd ignore the plan. `reuse`: prompt tokens found cached.",
         "",
