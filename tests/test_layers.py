@@ -61,6 +61,10 @@ ADAPTERS: dict[str, set[str]] = {
     "queue/redis/batch_store.py": {"redis"},
     "queue/redis/program_store.py": {"redis"},
     "programs/client.py": {"httpx"},
+    # the live agent process beside the pure decision it runs (qlm/agents/README.md)
+    "agents/agent.py": {"asyncio"},
+    "agents/agent_events.py": {"asyncio"},
+    "agents/leases.py": {"asyncio"},
     "queue/memory.py": {"asyncio"},
     "queue/memory_streams.py": {"asyncio"},
     "queue/base.py": {"asyncio"},

@@ -52,7 +52,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("token streaming", ("SseResponse.__call__ ",)),
     ("admission", ("(qlm/api/", "(uvicorn/", "(starlette/", "(fastapi/")),
     ("control loop", ("ControlLoop.", "(qlm/control/")),
-    ("agent", ("(qlm/serve/agent", "(qlm/agents/", "(qlm/serve/rounds.py")),
+    ("agent", ("(qlm/agents/",)),
     ("engine client", ("(qlm/engine/", "(aiohttp/")),
 )
 # A stack that ends in one of these is an idle thread: py-spy's idle detection does not know

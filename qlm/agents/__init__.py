@@ -1,7 +1,10 @@
 """Per-instance agents: turn a published plan into LLM serving operations (LSOs).
 
-The pure reconcile step (plan + observed engine state -> actions) and its adapters arrive with
-the simulator and the live control plane; the action vocabulary is shared already.
+The pure part, which the simulator's agents and the live ones both run: the dispatch decision
+(decision.py, dispatch.py), the reconcile step (plan + observed engine state -> actions,
+reconcile.py) and the action vocabulary (actions.py). Beside it, the live agent process
+(agent.py and the files it names: events to queue writes, status reports, leases, standby
+fetches). README.md lists both.
 """
 
 from qlm.agents.actions import Action, Evict, LoadModel, Pull, SwapKv

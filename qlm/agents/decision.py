@@ -5,7 +5,7 @@ follows the plan to another model.
 recent arrivals, pool prices: caches, no I/O) and answers for any instance from a `FleetView`,
 the declared input of everything the decision reads besides the queue. The simulator's `qlm`
 policy (qlm/sim/policies/qlm_dispatch.py) and the live agent (qlm/agents/live_queue.py, called
-by qlm/serve/agent.py) each build a `FleetView` and carry out the answer; no rule lives on one
+by qlm/agents/agent.py) each build a `FleetView` and carry out the answer; no rule lives on one
 side only. Where the live plane cannot know a thing exactly, its view says how it knows it
 (qlm/agents/README.md, "Inputs and where each plane gets them").
 

@@ -1,7 +1,7 @@
 """The live plane's `FleetView` (qlm/agents/decision.py): the fleet as its agents report it.
 
 Every agent writes its instance's status (`InstanceStatus`: its model, whether it is loading,
-its standby tier, the per-class start blocks of its admitted work; qlm/serve/agent_reports.py)
+its standby tier, the per-class start blocks of its admitted work; qlm/agents/agent_reports.py)
 every `agent.status_every_s`; `PeerReports` reads them back at the same period, so a report is
 at most about two periods old, and one older than `stale_after_s` (its agent stopped
 reporting: the instance is down) counts as no instance, as the control loop's liveness check

@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qlm.agents.reconcile import ReconcileConfig
+from qlm.agents.settings import AgentConfig
 from qlm.api.settings import ApiConfig, ModelConfig
 from qlm.config import Problem, QlmConfig, StrictModel, fail_at
 from qlm.engine.openai_fields import EngineKind
@@ -134,50 +134,6 @@ class ControllerConfig(StrictModel):
             for name in ("tick_s", "min_replan_interval_s", "published_members_per_instance")
         }
     )
-
-
-class AgentConfig(StrictModel):
-    poll_s: float = Field(
-        default=0.25,
-        gt=0,
-        description="Longest sleep between agent rounds; engine events and new plans wake "
-        "the agent before that.",
-    )
-    lease_s: float = Field(
-        default=30.0, gt=0, description="A pulled request returns to the queue if not renewed."
-    )
-    status_every_s: float = Field(default=0.5, gt=0, description="Instance status report period.")
-    allow_evict: bool = True
-    allow_model_swap: bool = True
-    allow_kv_swap: bool = True
-
-    max_dispatches: int = Field(
-        default=3,
-        ge=1,
-        description="A request its engine aborted (not an eviction) this many times fails "
-        "instead of going back to the queue again.",
-    )
-    engine_backlog: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
-        default="auto",
-        description="Requests admitted beyond the engine's sequence slots (they wait inside "
-        "the engine, so a finished sequence is replaced at the engine's next step, not the "
-        "agent's next round). auto: as many as ended between two agent rounds, the last "
-        "time any did (qlm/serve/engine_loads.py); 0 keeps all waiting in the global queue.",
-    )
-
-    def reconcile_options(
-        self, engine_backlog: int, prefill_backlog_s: float | None = 1.0
-    ) -> ReconcileConfig:
-        """Reconcile's settings, with the backlog the agent uses this round (the configured
-        number, or its measured one under auto: qlm/serve/engine_loads.py) and the bound on
-        queued prefill (`qlm.control.prefill_backlog_s`, the simulator's too)."""
-        return ReconcileConfig(
-            allow_evict=self.allow_evict,
-            allow_model_swap=self.allow_model_swap,
-            allow_kv_swap=self.allow_kv_swap,
-            engine_backlog=engine_backlog,
-            prefill_backlog_s=prefill_backlog_s,
-        )
 
 
 class LiveEngineConfig(StrictModel):

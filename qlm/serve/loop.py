@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from qlm.agents.live_warming import LiveWarming
 from qlm.agents.virtual_queue import cut_for_agents, shown, subset
 from qlm.aio import first_done
 from qlm.clock import Clock
@@ -25,7 +26,6 @@ from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerConfig
 from qlm.serve.pool_scaling import PoolScaling
-from qlm.serve.warming import LiveWarming
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")

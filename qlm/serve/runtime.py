@@ -13,6 +13,7 @@ from typing import Protocol
 
 import uvicorn
 
+from qlm.agents.agent import Agent
 from qlm.agents.pacing import Pacing
 from qlm.api.app import create_app
 from qlm.api.settings import ApiAppConfig
@@ -25,7 +26,6 @@ from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
 from qlm.registry import Registry
 from qlm.serve import secrets
-from qlm.serve.agent import Agent
 from qlm.serve.config import ServeConfig
 from qlm.serve.heap import freeze_startup_heap
 from qlm.serve.loop import ControlLoop

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from qlm.agents.agent_reports import instance_status
 from qlm.agents.live_queue import AgentQueue
 from qlm.agents.reported_fleet import ReportedFleet
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.control.plan import PublishedPlan, planned_group
 from qlm.engine.types import EngineObservation, EngineRequest, EngineState
-from qlm.serve.agent_reports import instance_status
 from qlm.sim.policies.qlm_dispatch import SimDispatch
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
+from qlm.agents.agent_reports import instance_status
 from qlm.agents.decision import Forecast
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.queue.memory import MemoryQueue
-from qlm.serve.agent_reports import instance_status
 from qlm.sim.policies.qlm_dispatch import SimDispatch
 from tests.agents.test_one_decision import PRIORITY, TTFT_S, draw_state
 from tests.factories import make_request

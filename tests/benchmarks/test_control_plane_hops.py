@@ -32,7 +32,7 @@ def test_a_stack_belongs_to_the_first_hop_its_task_frames_name() -> None:
     assert hop_of([*ROOT, *API, "ApiContext.admit (qlm/api/context.py:90)"]) == "admission"
     sse = [*ROOT, *API, "SseResponse.__call__ (qlm/api/streaming.py:330)", "send (x.py:1)"]
     assert hop_of(sse) == "token streaming"
-    assert hop_of([*ROOT, "Agent.run (qlm/serve/agent.py:120)"]) == "agent"
+    assert hop_of([*ROOT, "Agent.run (qlm/agents/agent.py:120)"]) == "agent"
     assert hop_of([*ROOT, "ControlLoop.run (qlm/serve/loop.py:60)"]) == "control loop"
     vllm = [*ROOT, "RequestStreams._stream (qlm/engine/vllm/streaming.py:99)"]
     assert hop_of(vllm) == "engine client"
@@ -48,7 +48,7 @@ def test_idle_stacks_are_not_counted() -> None:
 
 def test_raw_lines_count_samples_per_hop() -> None:
     lines = [
-        ";".join([*ROOT, "Agent.run (qlm/serve/agent.py:120)"]) + " 7",
+        ";".join([*ROOT, "Agent.run (qlm/agents/agent.py:120)"]) + " 7",
         ";".join(ROOT) + " 50",
         ";".join([*ROOT, *API, "ApiContext.admit (qlm/api/context.py:90)"]) + " 3",
         "garbage",

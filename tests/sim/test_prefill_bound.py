@@ -1,14 +1,14 @@
 """`qlm.control.prefill_backlog_s` is a setting of the decision both planes read: the simulated
 agents bound the prefill they queue in an engine by it as the live agents do
-(qlm/serve/agent.py passes it to reconcile; the replay scales it with the speedup,
+(qlm/agents/agent.py passes it to reconcile; the replay scales it with the speedup,
 tests/replay/test_parts.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from qlm.agents.settings import AgentConfig
 from qlm.replay.cli import simulate_same
-from qlm.serve.config import AgentConfig
 from qlm.sim.scenario import Scenario, load_scenario
 from tests.factories import make_request
 

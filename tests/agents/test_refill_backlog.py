@@ -1,4 +1,4 @@
-"""The live agent's engine backlog (qlm/serve/engine_loads.py): under `auto` it admits beyond
+"""The live agent's engine backlog (qlm/agents/engine_loads.py): under `auto` it admits beyond
 the sequence slots as many requests as ended between two of its rounds the last time any did,
 so a batch that ends together is replaced at the engine's next step; a number fixes it."""
 
@@ -9,13 +9,13 @@ from typing import Literal
 
 import pytest
 
+from qlm.agents.agent import Agent
+from qlm.agents.engine_loads import RefillBacklog
+from qlm.agents.settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import FirstToken, RequestFinished
 from qlm.queue.memory import MemoryQueue
-from qlm.serve.agent import Agent
-from qlm.serve.config import AgentConfig
-from qlm.serve.engine_loads import RefillBacklog
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile, make_request
 from tests.serve.engines import ScriptedEngine

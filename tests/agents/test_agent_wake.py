@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+from qlm.agents.agent import Agent
+from qlm.agents.settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
-from qlm.serve.agent import Agent
-from qlm.serve.config import AgentConfig
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile, make_request
 from tests.serve.engines import ScriptedEngine

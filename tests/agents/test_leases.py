@@ -1,14 +1,14 @@
-"""The agent's lease keeper (qlm/serve/leases.py) on the in-memory queue."""
+"""The agent's lease keeper (qlm/agents/leases.py) on the in-memory queue."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
+from qlm.agents.leases import LeaseKeeper
+from qlm.agents.rounds import Held
 from qlm.clock import VirtualClock
 from qlm.queue.memory import MemoryQueue
-from qlm.serve.leases import LeaseKeeper
-from qlm.serve.rounds import Held
 from tests.factories import make_request
 
 

@@ -2,7 +2,7 @@
 same the simulator runs): the control loop notes each request the first time it sees it
 queued (its model's recent arrivals and TTFT budgets), and each round names the fetch every
 tiered instance that is up should start; the plan it publishes carries them
-(`PublishedPlan.standby_fetches`) and each agent starts its own (qlm/serve/agent.py). With no
+(`PublishedPlan.standby_fetches`) and each agent starts its own (qlm/agents/agent.py). With no
 tiered instance reporting, a round costs one pass over the reports."""
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ import asyncio
 
 import pytest
 
+from qlm.agents.agent import Agent
+from qlm.agents.settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import RequestFinished
 from qlm.queue.memory import MemoryQueue
-from qlm.serve.agent import Agent
-from qlm.serve.config import AgentConfig
 from qlm.types import Fleet, Request, RequestState
 from tests.factories import make_instance, make_profile, make_request
 from tests.serve.engines import ScriptedEngine

@@ -1,4 +1,4 @@
-"""The standby tiers filled live (qlm/serve/warming.py): the control loop notes arrivals and
+"""The standby tiers filled live (qlm/agents/live_warming.py): the control loop notes arrivals and
 names a fetch for each tiered instance in the plan it publishes; each agent starts its own on
 its (emulated) engine; instances without a tier fetch nothing."""
 
@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from qlm.agents.live_warming import LiveWarming, start_fetch
 from qlm.clock import WallClock
 from qlm.control.plan import PublishedPlan
 from qlm.engine.config import EngineConfig
@@ -19,7 +20,6 @@ from qlm.engine.types import EngineState
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import Plane, running_plane
-from qlm.serve.warming import LiveWarming, start_fetch
 from qlm.types import Request
 from tests.serve.test_plane import PROFILE
 

@@ -9,14 +9,14 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from qlm.agents.actions import LoadModel
+from qlm.agents.agent import Agent
+from qlm.agents.settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.types import ModelLoaded, RequestFinished
 from qlm.metrics import PlaneMetrics
 from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import RequestResult
-from qlm.serve.agent import Agent
-from qlm.serve.config import AgentConfig
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request
 from tests.serve.engines import ScriptedEngine

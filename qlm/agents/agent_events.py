@@ -20,6 +20,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from qlm.agents.engine_loads import ModelLoads
+from qlm.agents.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
 from qlm.clock import Clock
 from qlm.engine.types import (
     Aborted,
@@ -33,8 +35,6 @@ from qlm.engine.types import (
 from qlm.metrics import MetricsHooks
 from qlm.output_extras import merge_extras
 from qlm.queue.base import GlobalQueue
-from qlm.serve.engine_loads import ModelLoads
-from qlm.serve.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
 
 log = logging.getLogger("qlm.agent")
 

@@ -15,9 +15,9 @@ import contextlib
 import logging
 from collections.abc import Mapping
 
+from qlm.agents.rounds import Held
 from qlm.clock import Clock
 from qlm.queue.base import GlobalQueue
-from qlm.serve.rounds import Held
 
 log = logging.getLogger("qlm.agent")
 

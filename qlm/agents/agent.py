@@ -12,12 +12,19 @@ import logging
 from collections.abc import Awaitable, Mapping, Sequence
 
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
+from qlm.agents.agent_events import EventWriter
+from qlm.agents.agent_reports import instance_status
 from qlm.agents.drain import engine_timing, load_left_s
+from qlm.agents.engine_loads import ModelLoads, RefillBacklog
 from qlm.agents.job_gate import prefilling_ids
+from qlm.agents.leases import LeaseKeeper
 from qlm.agents.live_queue import AgentQueue
+from qlm.agents.live_warming import start_fetch
 from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
 from qlm.agents.reported_fleet import PeerReports, ReportedFleet
+from qlm.agents.rounds import AgentCounters, Held
+from qlm.agents.settings import AgentConfig
 from qlm.aio import first_done
 from qlm.clock import Clock
 from qlm.config import ControlConfig
@@ -33,13 +40,6 @@ from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.prefixes.live import EARLY_REPORT_S, AgentPrefixes
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
-from qlm.serve.agent_events import EventWriter
-from qlm.serve.agent_reports import instance_status
-from qlm.serve.config import AgentConfig
-from qlm.serve.engine_loads import ModelLoads, RefillBacklog
-from qlm.serve.leases import LeaseKeeper
-from qlm.serve.rounds import AgentCounters, Held
-from qlm.serve.warming import start_fetch
 from qlm.types import Fleet, Instance, Request
 
 log = logging.getLogger("qlm.agent")
