@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.report import RESULTS_DIR, write_results
-from qlm.engine.model import EngineModel
-from qlm.engine.output_length import lognormal_params
+from qlm.engine.model.core import EngineModel
+from qlm.engine.model.output_length import lognormal_params
 from qlm.engine.profiling.library import profile_named
 from qlm.perf.profile import Profile
 from qlm.types import DEFAULT_GPU_TYPES, Instance, Request

@@ -45,7 +45,7 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.clock import WallClock
-from qlm.engine.config import EngineConfig
+from qlm.engine.model.config import EngineConfig
 from qlm.engine.native.config import NativeEngineConfig
 from qlm.engine.native.engine import NativeEngine
 from qlm.engine.types import EngineFailed, FirstToken, RequestFinished

@@ -1,5 +1,5 @@
 """The engine model's half of benchmarks/local_policy.py: the same arrivals served by the
-simulator's engine model (qlm/engine/model.py) with the same local orders, its step time
+simulator's engine model (qlm/engine/model/core.py) with the same local orders, its step time
 fitted to the native runner's own steps, so simulated and native ratios sit side by side.
 
 `fit_step_time` times native runner steps of known shapes (prompt chunks of 32-256 tokens,
@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from qlm.engine.config import EngineConfig
-from qlm.engine.model import EngineModel
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.core import EngineModel
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.runner import NativeRunner, RunnerConfig
 from qlm.engine.native.sequence import Sampling

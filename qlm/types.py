@@ -244,7 +244,7 @@ class Instance:
     gpu_count: int
     gpu_memory_bytes: int  # per GPU: this engine's share of it
     loaded_model: str | None = None
-    # Models asleep on it (the standby tier, qlm/engine/tiers.py): they wake in the
+    # Models asleep on it (the standby tier, qlm/engine/model/tiers.py): they wake in the
     # profile's wake_s instead of loading in load_s.
     standby_models: tuple[str, ...] = ()
     standby_capacity: int = 0  # models the tier holds at most (the one it leaves sleeps)

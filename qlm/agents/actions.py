@@ -56,7 +56,7 @@ class LoadModel:
 class FetchStandby:
     """Read a model's weights into a free place of the instance's standby tier while it
     serves another (a later swap to it wakes it instead of loading it cold;
-    qlm/agents/warming.py decides, qlm/engine/tiers.py keeps the tier); `replacing`: the
+    qlm/agents/warming.py decides, qlm/engine/model/tiers.py keeps the tier); `replacing`: the
     sleeping model whose place it takes (it goes cold at once), when the tier has none free."""
 
     instance_id: str

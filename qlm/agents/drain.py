@@ -27,7 +27,7 @@ def drain_estimate_s(
 
 def load_left_s(profile: Profile | None, warm: bool, elapsed_s: float) -> float | None:
     """What is left of a load that began `elapsed_s` ago: from the standby tier (`warm`) or
-    cold (qlm/engine/tiers.py)."""
+    cold (qlm/engine/model/tiers.py)."""
     return None if profile is None else max(0.0, profile.load_time_s(warm) - elapsed_s)
 
 

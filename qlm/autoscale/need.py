@@ -45,7 +45,7 @@ class Pool:
     instances: tuple[Instance, ...]
     min_replicas: int
     cost_per_hour: float
-    # Models each instance keeps asleep (the standby tier, qlm/engine/tiers.py): one that
+    # Models each instance keeps asleep (the standby tier, qlm/engine/model/tiers.py): one that
     # slept there comes back in the profile's wake_s instead of its cold load_s.
     standby_slots: int = 0
 

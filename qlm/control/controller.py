@@ -39,7 +39,7 @@ class InstanceView:
     instance_id: str
     loaded_model: str | None
     busy_s: float = 0.0
-    standby_models: tuple[str, ...] = ()  # asleep there, fast to wake (qlm/engine/tiers.py)
+    standby_models: tuple[str, ...] = ()  # asleep there, fast to wake (qlm/engine/model/tiers.py)
     standby_capacity: int = 0  # models its tier holds at most
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qlm.config import EstimatorConfig
-from qlm.engine.tiers import StandbyTier
+from qlm.engine.model.tiers import StandbyTier
 from qlm.grouping.group import RequestGroup
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance
@@ -172,7 +172,7 @@ class RwtEstimator:
             rates = self.rates(group, instance)
             if rates is None:
                 raise ValueError(f"instance {instance.id} cannot serve model {group.model}")
-            if group.model != model:  # the tier as the engine keeps it (engine/model.py)
+            if group.model != model:  # the tier as the engine keeps it (engine/model/core.py)
                 warm = tier.wake(group.model)
                 if model is not None:
                     tier.sleep(model)

@@ -47,8 +47,8 @@ ENGINE_KINDS: Registry[LiveEngine] = Registry("engine")
 
 @ENGINE_KINDS.register("emulated")
 def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
-    from qlm.engine.config import EngineConfig
     from qlm.engine.emulated import EmulatedEngine
+    from qlm.engine.model.config import EngineConfig
 
     engine: LiveEngine = EmulatedEngine(
         instance,

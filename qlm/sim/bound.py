@@ -3,7 +3,7 @@
 `attainment_bound(fleet, requests, config)` knows the whole trace (arrival times, prompt and true
 output lengths) and returns, overall and per SLO class, the largest share of requests that could
 possibly meet their SLO on this fleet. It prices work exactly as the simulated engine does
-(qlm/engine/model.py, scheduler.py, segment.py and the profiles' step-time model in
+(qlm/engine/model/core.py, scheduler.py, segment.py and the profiles' step-time model in
 qlm/perf/step.py), with the default engine settings unless `engine` says otherwise, and assumes
 the runner's default output-length policy ("cap": a request generates max_output_tokens, capped
 by the instance's KV capacity).
@@ -75,7 +75,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from qlm.config import QlmConfig
-from qlm.engine.config import EngineConfig
+from qlm.engine.model.config import EngineConfig
 from qlm.perf.profile import Profile
 from qlm.sim.bound_pricing import (
     prefill_lower_bound_s,

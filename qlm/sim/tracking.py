@@ -11,7 +11,7 @@ from typing import Protocol
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.engine.client import EngineClient
-from qlm.engine.stats import EngineStats
+from qlm.engine.model.stats import EngineStats
 from qlm.engine.types import EngineState
 from qlm.sim.dependencies import Dependency
 from qlm.sim.events import EventKey

@@ -14,8 +14,8 @@ import pytest
 from qlm.agents.live_warming import LiveWarming, start_fetch
 from qlm.clock import WallClock
 from qlm.control.plan import PublishedPlan
-from qlm.engine.config import EngineConfig
 from qlm.engine.emulated import EmulatedEngine
+from qlm.engine.model.config import EngineConfig
 from qlm.engine.types import EngineState
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ServeConfig

@@ -22,8 +22,8 @@ import pytest
 
 from qlm.clock import VirtualClock, WallClock
 from qlm.engine.client import EngineClient
-from qlm.engine.config import EngineConfig
 from qlm.engine.emulated import EmulatedEngine
+from qlm.engine.model.config import EngineConfig
 from qlm.engine.simulated import SimulatedEngine
 from qlm.engine.types import EngineEvent
 from qlm.perf.profile import Profile

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterable
 from dataclasses import replace
 
-from qlm.engine.config import EngineConfig
-from qlm.engine.model import EngineModel
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.core import EngineModel
 from qlm.engine.types import Aborted, EngineError, EngineEvent, FirstToken, RequestFinished
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime

@@ -1,7 +1,8 @@
 """A deliberately naive reference engine for tests: one Python step per iteration, plain lists,
-recompute preemption only. It follows the scheduling rules stated in qlm/engine/scheduler.py and
-shares none of EngineModel's bookkeeping (no decode counter, no heap, no fast-forward), so
-agreement between the two checks the fast path against the rules."""
+recompute preemption only. It follows the scheduling rules stated in
+qlm/engine/model/scheduler.py and shares none of EngineModel's bookkeeping (no decode counter,
+no heap, no fast-forward), so agreement between the two checks the fast path against the
+rules."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qlm.engine.config import EngineConfig
-from qlm.engine.model import EngineModel
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.core import EngineModel
 from qlm.engine.types import (
     Aborted,
     EngineError,

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.engine.output_length import OUTPUT_LENGTHS, lognormal_params
+from qlm.engine.model.output_length import OUTPUT_LENGTHS, lognormal_params
 from qlm.registry import UnknownPolicyError
 from tests.factories import make_profile, make_request
 

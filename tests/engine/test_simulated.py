@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qlm.clock import VirtualClock
-from qlm.engine.model import EngineModel
+from qlm.engine.model.core import EngineModel
 from qlm.engine.simulated import SimulatedEngine
 from qlm.engine.types import EngineEvent, RequestFinished
 from tests.engine.helpers import exact_instance, exact_profile, req

@@ -1,4 +1,4 @@
-"""Filling the standby tier while serving (qlm/engine/tiers.py `fetch`, EngineModel
+"""Filling the standby tier while serving (qlm/engine/model/tiers.py `fetch`, EngineModel
 `fetch_standby`): a fetched model sleeps there once its weights are read (its load_s), in a
 free place only, and is cold until then."""
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.engine.config import EngineConfig
-from qlm.engine.tiers import StandbyTier
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.tiers import StandbyTier
 from qlm.engine.types import EngineError, ModelLoaded
 from tests.engine.helpers import engine, exact_profile
 

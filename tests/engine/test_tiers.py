@@ -1,4 +1,4 @@
-"""The standby tier (qlm/engine/tiers.py) and what it changes: a model that sleeps on an
+"""The standby tier (qlm/engine/model/tiers.py) and what it changes: a model that sleeps on an
 instance wakes in the profile's wake_s instead of loading in load_s, in the engine model and
 in the estimator the planner prices swaps with."""
 
@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from qlm.config import EstimatorConfig
-from qlm.engine.config import EngineConfig
-from qlm.engine.tiers import StandbyTier
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.tiers import StandbyTier
 from qlm.engine.types import ModelLoaded
 from qlm.estimator import RwtEstimator
 from qlm.types import Fleet

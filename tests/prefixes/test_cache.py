@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qlm.engine.config import EngineConfig
-from qlm.engine.model import EngineModel
-from qlm.engine.scheduler import prefix_order
-from qlm.engine.sequence import Seq, SeqPhase
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.core import EngineModel
+from qlm.engine.model.scheduler import prefix_order
+from qlm.engine.model.sequence import Seq, SeqPhase
 from qlm.prefixes.cache import PrefixCache, PrefixCounters
 from qlm.types import PrefixBlock, Request
 from tests.engine.helpers import (

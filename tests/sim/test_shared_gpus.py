@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from qlm.clock import VirtualClock
-from qlm.engine.shared import SharedEngineModel
+from qlm.engine.model.shared import SharedEngineModel
 from qlm.engine.simulated import SimulatedEngine
 from qlm.engine.types import RequestFinished
 from qlm.fleet_config import FleetConfig

@@ -34,7 +34,7 @@ from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.config import NativeEngineConfig
 from qlm.engine.native.live import LiveRequest, decode
 from qlm.engine.native.runner import Emitted, NativeRunner, StepResult
-from qlm.engine.native.settings import sampling_of, stops_of
+from qlm.engine.native.sampling import sampling_of, stops_of
 from qlm.engine.types import (
     Aborted,
     EngineError,

@@ -8,7 +8,7 @@ reaper at its head (reaper.py) takes the whole group down. Stopping is SIGTERM t
 a grace period, then SIGKILL. `Supervisor` holds the engine's current
 server: a model load parks it and starts another (`park`, `start`); an exit nobody asked for
 is reported to `on_exit` with the tail of the server's log. With `standby_models`, a parked
-server keeps running idle (the standby tier, qlm/engine/tiers.py: the least recently served
+server keeps running idle (the standby tier, qlm/engine/model/tiers.py: the least recently served
 one beyond the capacity stops), and `start` of its model switches back to it after a health
 check instead of launching a process. `fetch` fills a place of the tier while the engine
 serves: a server of another model starts in the background and parks once healthy (a later
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import aiohttp
 
-from qlm.engine.tiers import StandbyTier
+from qlm.engine.model.tiers import StandbyTier
 from qlm.engine.types import EngineError
 from qlm.engine.vllm.config import VllmEngineConfig, serve_argv
 

@@ -18,7 +18,7 @@ recompute), chosen for prefix reuse and load together.
 
 * Local scheduler: its engines admit waiting requests by Preble's priority groups of prefix-
   cache hit share (`engine_settings`: waiting_order prefix-groups, whatever the scenario's
-  engine section says; qlm/engine/scheduler.py).
+  engine section says; qlm/engine/model/scheduler.py).
 
 Not modelled: Preble's decode-heavy shortcut for explored requests and its autoscaling of hot
 prefixes (replicas of a subtree). Models stay where they were loaded; no swaps, no eviction.

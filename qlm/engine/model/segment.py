@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from qlm.engine.seq_queues import SeqQueues
-from qlm.engine.sequence import Seq
+from qlm.engine.model.seq_queues import SeqQueues
+from qlm.engine.model.sequence import Seq
 from qlm.perf.profile import Profile
 from qlm.perf.step import DecodeRun
 

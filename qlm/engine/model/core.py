@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from qlm.engine.config import EngineConfig
 from qlm.engine.engine_profiles import profiles_for
-from qlm.engine.scheduler import complete, schedule
-from qlm.engine.segment import Segment, plan_segment
-from qlm.engine.seq_queues import SeqQueues
-from qlm.engine.sequence import Seq, SeqPhase
-from qlm.engine.stats import EngineCounters, EngineStats
-from qlm.engine.tiers import StandbyTier
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.scheduler import complete, schedule
+from qlm.engine.model.segment import Segment, plan_segment
+from qlm.engine.model.seq_queues import SeqQueues
+from qlm.engine.model.sequence import Seq, SeqPhase
+from qlm.engine.model.stats import EngineCounters, EngineStats
+from qlm.engine.model.tiers import StandbyTier
 from qlm.engine.types import (
     Aborted,
     EngineError,

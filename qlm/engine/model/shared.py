@@ -20,7 +20,7 @@ With one turn and nothing lent it is an EngineModel.
 
 from __future__ import annotations
 
-from qlm.engine.model import EngineModel
+from qlm.engine.model.core import EngineModel
 
 
 class SharedEngineModel(EngineModel):

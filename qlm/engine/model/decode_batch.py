@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from qlm.engine.sequence import Seq, SeqPhase
+from qlm.engine.model.sequence import Seq, SeqPhase
 
 
 @dataclass(slots=True)

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from qlm.engine.config import EngineConfig
-from qlm.engine.decode_batch import DecodeBatch
-from qlm.engine.kv_cache import KvCache
-from qlm.engine.sequence import Seq, SeqPhase
-from qlm.engine.stats import EngineCounters
+from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.decode_batch import DecodeBatch
+from qlm.engine.model.kv_cache import KvCache
+from qlm.engine.model.sequence import Seq, SeqPhase
+from qlm.engine.model.stats import EngineCounters
 from qlm.engine.types import EngineRequest
 from qlm.prefixes.cache import PrefixCache
 

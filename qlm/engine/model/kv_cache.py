@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qlm.engine.decode_batch import DecodeBatch
+from qlm.engine.model.decode_batch import DecodeBatch
 from qlm.prefixes.cache import PrefixCache
 
 

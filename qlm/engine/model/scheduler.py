@@ -39,9 +39,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from qlm.engine.segment import Chunk, Segment
-from qlm.engine.seq_queues import SeqQueues
-from qlm.engine.sequence import Seq, SeqPhase
+from qlm.engine.model.segment import Chunk, Segment
+from qlm.engine.model.seq_queues import SeqQueues
+from qlm.engine.model.sequence import Seq, SeqPhase
 from qlm.engine.types import EngineEvent, FirstToken, RequestFinished
 from qlm.prefixes.local_order import by_priority_groups
 

@@ -77,7 +77,7 @@ class EngineConfig(StrictModel):
         description="Models an instance keeps asleep beside the one it serves (weights in host "
         "memory: vLLM sleep mode level 1, or co-resident standby servers): loading one takes "
         "the profile's wake_s instead of load_s; the least recently served goes cold when "
-        "the tier is full (qlm/engine/tiers.py). 0: every load is cold.",
+        "the tier is full (qlm/engine/model/tiers.py). 0: every load is cold.",
     )
 
     @model_validator(mode="after")
