@@ -103,7 +103,7 @@ class PlanObserver:
                         plan_s=plan.created_at_s,
                         ttft_mean_s=float(mean),
                         ttft_p_s=float(p),
-                        annotated_mean_s=plan.predicted_wait_s.get(rid),
+                        annotated_mean_s=plan.forecast.predicted_wait_s.get(rid),
                     )
 
 

@@ -328,9 +328,9 @@ def unseen_paced(
     plan: PublishedPlan, model: str, items: Iterable[QueuedItem], pacing: Pacing | None
 ) -> int:
     """Queued requests of paced classes of `model` that the published head does not show
-    (`PublishedPlan.queued_counts`): their work counts when pacing."""
+    (`PublishedPlan.notes.queued_counts`): their work counts when pacing."""
     if pacing is None:
         return 0
-    counts = plan.queued_counts.get(model, {})
+    counts = plan.notes.queued_counts.get(model, {})
     queued = sum(counts.get(name, 0) for name in pacing.classes)
     return max(0, queued - sum(it.slo_class in pacing.classes for it in items))

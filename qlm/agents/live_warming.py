@@ -2,7 +2,7 @@
 same the simulator runs): the control loop notes each request the first time it sees it
 queued (its model's recent arrivals and TTFT budgets), and each round names the fetch every
 tiered instance that is up should start; the plan it publishes carries them
-(`PublishedPlan.standby_fetches`) and each agent starts its own (qlm/agents/agent.py). With no
+(`PublishedPlan.notes.standby_fetches`) and each agent starts its own (qlm/agents/agent.py). With no
 tiered instance reporting, a round costs one pass over the reports."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def start_fetch(engine: EngineClient, instance_id: str, plan: PublishedPlan) -> 
     """An agent's part: start the fetch the plan names for its instance, unless the engine
     has no tier to fetch into (no `StandbyFetcher`), is loading, fetches already, or holds
     the model (a stale directive: the loop sees the change once the agent reports it)."""
-    wanted = plan.standby_fetches.get(instance_id)
+    wanted = plan.notes.standby_fetches.get(instance_id)
     if wanted is None or not isinstance(engine, StandbyFetcher):
         return False
     model, replacing = wanted

@@ -85,30 +85,31 @@ def cut_for_agents(plan: PublishedPlan, queued_ids: set[str], members: int) -> P
     last member (`group_wait_s`, for the API's SLO gate). Keeps each publish, and each agent's
     read of it, small however long the queue."""
     groups: dict[str, PlannedGroup] = {}
+    forecast = plan.forecast
     group_wait_s: dict[str, float] = {}
     for instance_id in plan.queues:
         for group, keep in queued_members(plan, instance_id, queued_ids.__contains__, members):
             whole = len(keep) == len(group.request_ids)
             groups[group.group_id] = group if whole else subset(group, keep)
-            member_waits = [plan.predicted_wait_s.get(rid) for rid in group.request_ids]
+            member_waits = [forecast.predicted_wait_s.get(rid) for rid in group.request_ids]
             if known := [w for w in member_waits if w is not None]:
                 group_wait_s[group.group_id] = max(known)
     waits = {
-        rid: plan.predicted_wait_s[rid]
+        rid: forecast.predicted_wait_s[rid]
         for group in groups.values()
         for rid in group.request_ids
-        if rid in plan.predicted_wait_s
+        if rid in forecast.predicted_wait_s
     }
-    done = {g: plan.group_done_s[g] for g in groups if g in plan.group_done_s}
-    steps = {g: plan.group_step_s[g] for g in groups if g in plan.group_step_s}
-    return replace(
-        plan,
-        groups=groups,
+    done = {g: forecast.group_done_s[g] for g in groups if g in forecast.group_done_s}
+    steps = {g: forecast.group_step_s[g] for g in groups if g in forecast.group_step_s}
+    cut = replace(
+        forecast,
         predicted_wait_s=waits,
         group_wait_s=group_wait_s,
         group_done_s=done,
         group_step_s=steps,
     )
+    return replace(plan, groups=groups, forecast=cut)
 
 
 def shown(view: PublishedPlan) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -100,7 +100,7 @@ class BatchRunner:
         if not self.ctx.settings.api.batch.prefix_planning:
             return requests
         published = await self.ctx.queue.current_plan()
-        budgets = {} if published is None else published.job_budgets
+        budgets = {} if published is None else published.jobs.by_model
         out: dict[str, Request] = {}
         for model in dict.fromkeys(r.model for r in requests):
             mine = [r for r in requests if r.model == model]
@@ -147,14 +147,14 @@ class BatchRunner:
         planned group's last member is predicted to end (`group_done_s`), a running one no
         sooner than now; None while a queued line is in no planned group."""
         plan = await self.ctx.queue.current_plan()
-        base_s = None if plan is None else plan.waits_at_s or plan.created_at_s
+        base_s = None if plan is None else plan.forecast.waits_at_s or plan.created_at_s
         eta_s = now_s
         for record in records:
             if record.state.is_terminal:
                 continue
             if record.state is not RequestState.QUEUED:
                 continue  # in an engine: ends soon, as far as the plan knows
-            done_s = None if plan is None else plan.group_done_s.get(record.group_id or "")
+            done_s = None if plan is None else plan.forecast.group_done_s.get(record.group_id or "")
             if base_s is None or done_s is None:
                 return None
             eta_s = max(eta_s, base_s + done_s)

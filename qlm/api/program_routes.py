@@ -104,7 +104,7 @@ class _Routes:
         program = Program(f"prog-{uuid.uuid4().hex}", tenant, now_s, body.slo_class,
                           body.deadline_s, calls, dict(body.inputs))  # fmt: skip
         plan = await self.ctx.queue.current_plan()
-        times, tokens = self._dry_run(program, graph, {} if plan is None else plan.lone)
+        times, tokens = self._dry_run(program, graph, {} if plan is None else plan.forecast.lone)
         if body.deadline_s is not None:
             program = replace(program, deadlines=call_deadlines(graph, times, body.deadline_s))
         charge = self.ctx.quotas.charge(tenant, tokens)  # the whole program, at once

@@ -36,7 +36,7 @@ A request's estimate is that time minus its arrival (never below 0), with a `bas
 * `idle`: the plan is fresh but holds no group of its model and class, so nothing of its
   kind waits ahead of it: the next control round places it, and it takes what it takes alone
   on the fleet's fastest live instance for its model, preferring one that holds it
-  (`PublishedPlan.lone`): the model's load if none holds it, its prefill to the first token,
+  (`PublishedPlan.forecast.lone`): the model's load if none holds it, its prefill to the first token,
   then its output (`max_tokens` with `ignore_eos`, else the profile's mean
   output capped by `max_tokens`) at the batch-1 decode step; 0 s and no completion when the
   plan knows no instance for its model;
@@ -121,10 +121,11 @@ def newcomer_times(plan: PublishedPlan) -> Mapping[Key, _Times]:
     """(model, class) -> a newcomer's times in the group whose last member gets its first
     token earliest."""
     table: dict[Key, _Times] = {}
-    waits = plan.predicted_wait_s
+    forecast = plan.forecast
+    waits = forecast.predicted_wait_s
     origin_s = _waits_origin_s(plan)
     for group in plan.groups.values():
-        last_wait_s = plan.group_wait_s.get(group.group_id)  # plans cut for agents
+        last_wait_s = forecast.group_wait_s.get(group.group_id)  # plans cut for agents
         if last_wait_s is None:
             member_waits = [waits[rid] for rid in group.request_ids if rid in waits]
             if not member_waits:
@@ -133,8 +134,8 @@ def newcomer_times(plan: PublishedPlan) -> Mapping[Key, _Times]:
         at_s = origin_s + last_wait_s
         key = (group.model, group.slo_class)
         if key not in table or at_s < table[key].first_token_at_s:
-            done_s = plan.group_done_s.get(group.group_id)
-            step_s = plan.group_step_s.get(group.group_id)
+            done_s = forecast.group_done_s.get(group.group_id)
+            step_s = forecast.group_step_s.get(group.group_id)
             table[key] = _Times(at_s, None if done_s is None else origin_s + done_s, step_s)
     return MappingProxyType(table)
 
@@ -211,7 +212,7 @@ class WaitEstimator:
             plan = await self._queue.current_plan()
             if plan is not None and (self._plan is None or plan.epoch != self._plan.epoch):
                 self._table = newcomer_times(plan)
-                self._lone = plan.lone
+                self._lone = plan.forecast.lone
             self._plan = plan
         plan = self._plan
         if plan is None or self._clock.now_s() - _waits_origin_s(plan) > self._max_age_s:
@@ -263,4 +264,5 @@ def refuse_unattainable(request: Request, estimate: WaitEstimate) -> None:
 
 
 def _waits_origin_s(plan: PublishedPlan) -> float:
-    return plan.created_at_s if plan.waits_at_s is None else plan.waits_at_s
+    waits_at_s = plan.forecast.waits_at_s
+    return plan.created_at_s if waits_at_s is None else waits_at_s

@@ -21,7 +21,14 @@ from dataclasses import dataclass, replace
 
 from qlm.clock import Clock
 from qlm.config import QlmConfig
-from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan, planned_group
+from qlm.control.plan import (
+    JobBudgets,
+    LoneSpeed,
+    PlanForecast,
+    PlannedGroup,
+    PublishedPlan,
+    planned_group,
+)
 from qlm.estimator import make_estimator
 from qlm.grouping import make_grouping
 from qlm.grouping.group import RequestGroup
@@ -113,12 +120,14 @@ class Controller:
                 groups={g.id: _planned(g, requests) for g in groups},
                 policy=solved.policy,
                 status=str(solved.status),
-                predicted_wait_s=waits,
-                waits_at_s=now_s,
-                group_done_s=done,
-                lone=lone_speeds(fleet),
-                group_step_s=steps,
-                job_budgets=_job_budgets(fleet, self.config.grouping.max_group_size),
+                forecast=PlanForecast(
+                    predicted_wait_s=waits,
+                    waits_at_s=now_s,
+                    group_done_s=done,
+                    lone=lone_speeds(fleet),
+                    group_step_s=steps,
+                ),
+                jobs=JobBudgets(_job_budgets(fleet, self.config.grouping.max_group_size)),
             )
         )
 

@@ -157,17 +157,21 @@ class LoneSpeed:
         return self.first_token_s(prompt_tokens) + output_tokens * self.decode_step_s
 
 
-@dataclass(frozen=True)
-class PublishedPlan:
-    """Virtual queues as the control loop publishes them. `epoch` grows with every publish;
-    agents ignore plans older than the one they hold."""
+def _freeze(section: Any, names: Sequence[str]) -> None:
+    """Wrap a frozen section's mappings read-only (once: a section derived from another shares
+    the mappings it did not change, so copying them again would make each arrival cost the
+    size of the whole plan)."""
+    for name in names:
+        object.__setattr__(section, name, _read_only(getattr(section, name)))
 
-    epoch: int
-    created_at_s: float
-    queues: Mapping[str, tuple[str, ...]]  # instance id -> group ids, in order
-    groups: Mapping[str, PlannedGroup]
-    policy: str = ""
-    status: str = ""
+
+@dataclass(frozen=True)
+class PlanForecast:
+    """What the plan predicts. Written by the controller at each re-plan and each arrival it
+    places (qlm/control/controller.py); `group_wait_s` by the cut for agents
+    (qlm/agents/virtual_queue.py). Read by the API's wait estimate (qlm/api/wait_estimate.py),
+    the Batch API's runner, program deadlines, the request records and the metrics."""
+
     predicted_wait_s: Mapping[str, float] = field(default_factory=dict)  # by request id
     # When the predicted waits were computed (the last full re-plan): plans derived since
     # (arrivals inserted) move created_at_s but not the waits. None: created_at_s.
@@ -182,28 +186,66 @@ class PublishedPlan:
     # Per group, one decode iteration of its batch on its instance: a newcomer's own output
     # takes its tokens times this after its first token.
     group_step_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = ("predicted_wait_s", "group_wait_s", "group_done_s", "lone", "group_step_s")
+        _freeze(self, names)
+
+
+@dataclass(frozen=True)
+class JobBudgets:
+    """What one part of a batch job may hold, per model: (KV tokens, requests) on the smallest
+    instance on the model, and the requests of one planning group (the grouping's largest).
+    Written by the controller from the fleet; read by the Batch API's runner when it plans a
+    job (qlm/prefixes/job_plan.py's PlanBudget)."""
+
+    by_model: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _freeze(self, ("by_model",))
+
+
+@dataclass(frozen=True)
+class AgentNotes:
+    """What the live control loop adds when it cuts the plan for agents (qlm/serve/loop.py),
+    from the whole queue and the agents' reports; read by the agents. The simulator's agents
+    read the same facts from its exact state instead (qlm/agents/README.md)."""
+
     # Per request with a prompt prefix some instance probably caches: the prompt tokens each
-    # such instance holds (from the agents' reports; qlm/prefixes/affinity.py reads it).
+    # such instance holds (qlm/prefixes/live.py writes it, qlm/prefixes/affinity.py reads it).
     prefix_held: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Per model and SLO class, the requests queued when the plan was cut for agents: those
     # past the published head too (pacing counts the work agents do not see).
     queued_counts: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # Per model, what one part of a batch job may hold, (KV tokens, requests), on the
-    # smallest instance on the model, and the requests of one planning group (the
-    # grouping's largest): qlm/prefixes/job_plan.py's PlanBudget; the Batch API reads it.
-    job_budgets: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     # Per instance with a standby tier, the model it should read into the tier now and the
     # one whose place it takes (None: a free place); qlm/agents/warming.py decides.
     standby_fetches: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # A plan derived from another (new epoch, one group grown) shares the mappings it
-        # did not change: they are read-only views already, so copying them again would make
-        # each arrival cost the size of the whole plan.
-        names = ("queues", "groups", "predicted_wait_s", "group_wait_s", "group_done_s")
-        more = ("lone", "group_step_s", "prefix_held", "queued_counts", "job_budgets")
-        for name in (*names, *more, "standby_fetches"):
-            object.__setattr__(self, name, _read_only(getattr(self, name)))
+        _freeze(self, ("prefix_held", "queued_counts", "standby_fetches"))
+
+
+@dataclass(frozen=True)
+class PublishedPlan:
+    """Virtual queues as the control loop publishes them: the plan itself (`queues`,
+    `groups`, the planner's `policy` and `status`), then one typed section per writer:
+    `forecast` (the controller's predictions), `jobs` (the controller's batch-job budgets)
+    and `notes` (the live loop's additions for agents). `epoch` grows with every publish;
+    agents ignore plans older than the one they hold. On the wire (`to_json`) the sections'
+    fields sit flat beside the plan's, as before they were sections."""
+
+    epoch: int
+    created_at_s: float
+    queues: Mapping[str, tuple[str, ...]]  # instance id -> group ids, in order
+    groups: Mapping[str, PlannedGroup]
+    policy: str = ""
+    status: str = ""
+    forecast: PlanForecast = field(default_factory=PlanForecast)
+    jobs: JobBudgets = field(default_factory=JobBudgets)
+    notes: AgentNotes = field(default_factory=AgentNotes)
+
+    def __post_init__(self) -> None:
+        _freeze(self, ("queues", "groups"))
 
     def with_epoch(self, epoch: int) -> PublishedPlan:
         return replace(self, epoch=epoch)
@@ -218,6 +260,7 @@ class PublishedPlan:
         return None
 
     def to_json(self) -> str:
+        forecast, notes = self.forecast, self.notes
         return json.dumps(
             {
                 "epoch": self.epoch,
@@ -226,16 +269,16 @@ class PublishedPlan:
                 "groups": {k: g.to_dict() for k, g in self.groups.items()},
                 "policy": self.policy,
                 "status": self.status,
-                "predicted_wait_s": dict(self.predicted_wait_s),
-                "waits_at_s": self.waits_at_s,
-                "group_wait_s": dict(self.group_wait_s),
-                "group_done_s": dict(self.group_done_s),
-                "lone": {m: asdict(s) for m, s in self.lone.items()},
-                "group_step_s": dict(self.group_step_s),
-                "prefix_held": {r: dict(h) for r, h in self.prefix_held.items()},
-                "queued_counts": {m: dict(c) for m, c in self.queued_counts.items()},
-                "job_budgets": {m: list(b) for m, b in self.job_budgets.items()},
-                "standby_fetches": {i: list(f) for i, f in self.standby_fetches.items()},
+                "predicted_wait_s": dict(forecast.predicted_wait_s),
+                "waits_at_s": forecast.waits_at_s,
+                "group_wait_s": dict(forecast.group_wait_s),
+                "group_done_s": dict(forecast.group_done_s),
+                "lone": {m: asdict(s) for m, s in forecast.lone.items()},
+                "group_step_s": dict(forecast.group_step_s),
+                "prefix_held": {r: dict(h) for r, h in notes.prefix_held.items()},
+                "queued_counts": {m: dict(c) for m, c in notes.queued_counts.items()},
+                "job_budgets": {m: list(b) for m, b in self.jobs.by_model.items()},
+                "standby_fetches": {i: list(f) for i, f in notes.standby_fetches.items()},
             },
             separators=(",", ":"),
         )
@@ -247,32 +290,41 @@ class PublishedPlan:
             epoch=data["epoch"],
             created_at_s=data["created_at_s"],
             queues={k: tuple(v) for k, v in data["queues"].items()},
-            groups={
-                k: PlannedGroup(
-                    g["group_id"],
-                    g["model"],
-                    g["slo_class"],
-                    tuple(g["request_ids"]),
-                    tuple(g.get("prompt_tokens", ())),
-                    tuple(g.get("max_output_tokens", ())),
-                    tuple(g.get("slo_classes", ())),
-                    tuple(g.get("ttft_deadlines_at_s", ())),
-                    tuple(g.get("arrivals_at_s", ())),
-                    tuple(g.get("job_orders", ())),
-                    tuple(g.get("job_leaders", ())),
-                )
-                for k, g in data["groups"].items()
-            },
+            groups={k: _group_from_dict(g) for k, g in data["groups"].items()},
             policy=data.get("policy", ""),
             status=data.get("status", ""),
-            predicted_wait_s=data.get("predicted_wait_s", {}),
-            waits_at_s=data.get("waits_at_s"),
-            group_wait_s=data.get("group_wait_s", {}),
-            group_done_s=data.get("group_done_s", {}),
-            lone={m: LoneSpeed(**s) for m, s in data.get("lone", {}).items()},
-            group_step_s=data.get("group_step_s", {}),
-            prefix_held=data.get("prefix_held", {}),
-            queued_counts=data.get("queued_counts", {}),
-            job_budgets={m: (b[0], b[1], b[2]) for m, b in data.get("job_budgets", {}).items()},
-            standby_fetches={i: (f[0], f[1]) for i, f in data.get("standby_fetches", {}).items()},
+            forecast=PlanForecast(
+                predicted_wait_s=data.get("predicted_wait_s", {}),
+                waits_at_s=data.get("waits_at_s"),
+                group_wait_s=data.get("group_wait_s", {}),
+                group_done_s=data.get("group_done_s", {}),
+                lone={m: LoneSpeed(**s) for m, s in data.get("lone", {}).items()},
+                group_step_s=data.get("group_step_s", {}),
+            ),
+            jobs=JobBudgets(
+                {m: (b[0], b[1], b[2]) for m, b in data.get("job_budgets", {}).items()}
+            ),
+            notes=AgentNotes(
+                prefix_held=data.get("prefix_held", {}),
+                queued_counts=data.get("queued_counts", {}),
+                standby_fetches={
+                    i: (f[0], f[1]) for i, f in data.get("standby_fetches", {}).items()
+                },
+            ),
         )
+
+
+def _group_from_dict(g: Mapping[str, Any]) -> PlannedGroup:
+    return PlannedGroup(
+        g["group_id"],
+        g["model"],
+        g["slo_class"],
+        tuple(g["request_ids"]),
+        tuple(g.get("prompt_tokens", ())),
+        tuple(g.get("max_output_tokens", ())),
+        tuple(g.get("slo_classes", ())),
+        tuple(g.get("ttft_deadlines_at_s", ())),
+        tuple(g.get("arrivals_at_s", ())),
+        tuple(g.get("job_orders", ())),
+        tuple(g.get("job_leaders", ())),
+    )

@@ -269,7 +269,7 @@ class PlaneMetrics:
         if solve is not None:
             f.planner_runs.labels(self._policy, str(solve.status)).inc()
             f.solve.labels(self._policy).observe(solve.solve_wall_s)
-        waits = plan.predicted_wait_s
+        waits = plan.forecast.predicted_wait_s
         for request in queued:
             wait_s = waits.get(request.id)
             if wait_s is None or request.id in self._predicted_at_s:

@@ -36,7 +36,7 @@ from qlm.prefixes.affinity import HeldByReports, PrefixAffinity, Queued
 from qlm.prefixes.index import PrefixIndex
 from qlm.types import PrefixBlock, Request
 
-# request id -> instance id -> prompt tokens that instance holds (PublishedPlan.prefix_held)
+# request id -> instance id -> prompt tokens that instance holds (PublishedPlan.notes.prefix_held)
 Held = Mapping[str, Mapping[str, int]]
 
 

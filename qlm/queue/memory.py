@@ -223,7 +223,7 @@ class MemoryQueue:
     async def annotate(self, plan: PublishedPlan) -> None:
         for group in plan.groups.values():
             for rid in group.request_ids:
-                self._annotate_one(rid, group.group_id, plan.predicted_wait_s.get(rid))
+                self._annotate_one(rid, group.group_id, plan.forecast.predicted_wait_s.get(rid))
 
     async def publish_plan(self, plan: PublishedPlan) -> PublishedPlan:
         self._epoch += 1

@@ -19,7 +19,7 @@ from qlm.config import QlmConfig
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver
 from qlm.control.liveness import InstanceLiveness
-from qlm.control.plan import PlannedGroup, PublishedPlan, planned_group
+from qlm.control.plan import AgentNotes, PlannedGroup, PublishedPlan, planned_group
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.prefixes.live import PrefixHeld
 from qlm.queue.base import GlobalQueue
@@ -179,14 +179,10 @@ class ControlLoop:
         members = {rid for group in view.groups.values() for rid in group.request_ids}
         up_statuses = [s for s in statuses if s.instance_id in up]
         held = self._prefix_held.on(members, queued, up_statuses)
-        view = replace(
-            view,
-            prefix_held=held,
-            queued_counts=queued_counts(queued),
-            standby_fetches=self._fetches,
-        )
+        notes = AgentNotes(held, queued_counts(queued), self._fetches)
+        view = replace(view, notes=notes)
         waiting_ids = tuple(r.id for r in waiting)
-        seen = (shown(view), dict(view.prefix_held), waiting_ids, self._fetches)
+        seen = (shown(view), dict(notes.prefix_held), waiting_ids, self._fetches)
         if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
         published = await self.queue.publish_plan(view)
@@ -219,7 +215,7 @@ class ControlLoop:
         current: dict[str, tuple[str, float | None]] = {}
         for gid, group in plan.groups.items():
             for i, rid in enumerate(group.request_ids):
-                mark = (gid, plan.predicted_wait_s.get(rid))
+                mark = (gid, plan.forecast.predicted_wait_s.get(rid))
                 current[rid] = mark
                 if self._annotated.get(rid) != mark:
                     changed.setdefault(gid, []).append(i)
@@ -300,7 +296,7 @@ def waiting_groups(waiting: Sequence[Request]) -> dict[str, PlannedGroup]:
 
 
 def queued_counts(queued: Sequence[Request]) -> dict[str, dict[str, int]]:
-    """Per model and class, how many requests are queued (PublishedPlan.queued_counts)."""
+    """Per model and class, how many requests are queued (PublishedPlan.notes.queued_counts)."""
     counts: dict[str, dict[str, int]] = {}
     for request in queued:
         by_class = counts.setdefault(request.model, {})

@@ -13,7 +13,7 @@ import pytest
 
 from qlm.agents.live_warming import LiveWarming, start_fetch
 from qlm.clock import WallClock
-from qlm.control.plan import PublishedPlan
+from qlm.control.plan import AgentNotes, PublishedPlan
 from qlm.engine.emulated import EmulatedEngine
 from qlm.engine.model.config import EngineConfig
 from qlm.engine.types import EngineState
@@ -96,8 +96,13 @@ async def test_without_a_tier_nothing_is_fetched() -> None:
         await traffic(client, 5)
         plan = await plane.queue.current_plan()
     assert plan is not None
-    assert dict(plan.standby_fetches) == {}
+    assert dict(plan.notes.standby_fetches) == {}
     assert [a.counters.fetches for a in plane.agents] == [0, 0]
+
+
+def fetching(epoch: int, fetches: dict[str, tuple[str, str | None]]) -> PublishedPlan:
+    """An empty plan that tells agents to fetch these models into their standby tiers."""
+    return PublishedPlan(epoch, 0.0, {}, {}, notes=AgentNotes(standby_fetches=fetches))
 
 
 def request(rid: str, model: str, at_s: float) -> Request:
@@ -128,9 +133,9 @@ async def test_an_agent_skips_a_stale_or_busy_directive() -> None:
     engine = EmulatedEngine(fleet.instance("i-m-a"), fleet.profiles.values(), WallClock(),
                             config=EngineConfig(standby_models=1), speedup=4.0)  # fmt: skip
     async with engine:
-        plan = PublishedPlan(1, 0.0, {}, {}, standby_fetches={"i-m-a": ("m-a", None)})
+        plan = fetching(1, {"i-m-a": ("m-a", None)})
         assert not start_fetch(engine, "i-m-a", plan)  # it serves m-a already
-        plan = PublishedPlan(2, 0.0, {}, {}, standby_fetches={"i-m-a": ("m-b", None)})
+        plan = fetching(2, {"i-m-a": ("m-b", None)})
         assert not start_fetch(engine, "i-m-b", plan)  # not this instance's
         assert start_fetch(engine, "i-m-a", plan)
         assert engine.observe().fetching_models == ("m-b",)
@@ -145,10 +150,11 @@ def test_a_standby_tier_on_other_engines_is_refused_naming_the_field() -> None:
 
 def test_the_fetches_travel_in_the_stored_plan() -> None:
     fetches = {"i-m-a": ("m-b", None), "i-m-b": ("m-c", "m-a")}
-    plan = PublishedPlan(3, 0.0, {}, {}, standby_fetches=fetches)
-    assert dict(PublishedPlan.from_json(plan.to_json()).standby_fetches) == fetches
+    plan = fetching(3, fetches)
+    assert dict(PublishedPlan.from_json(plan.to_json()).notes.standby_fetches) == fetches
     assert (
-        dict(PublishedPlan.from_json(PublishedPlan(4, 0.0, {}, {}).to_json()).standby_fetches) == {}
+        dict(PublishedPlan.from_json(PublishedPlan(4, 0.0, {}, {}).to_json()).notes.standby_fetches)
+        == {}
     )
 
 

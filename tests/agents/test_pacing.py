@@ -11,6 +11,7 @@ import pytest
 from qlm.agents.pacing import Pacing, held_back
 from qlm.agents.queued import QueuedItem
 from qlm.config import QlmConfig, SloClassConfig
+from qlm.control.plan import AgentNotes
 from qlm.sim.runner import simulate
 from qlm.types import Request
 from tests.sim.cases import two_model_fleet
@@ -125,7 +126,7 @@ def test_the_live_agent_paces_on_the_whole_queue_not_only_the_published_head() -
 
     assert pulled_now(shown) == []  # alone, `a` can wait: it is due by 500 s
     # the plan says 1,000,000 such requests are queued behind it: `a` must start now
-    crowded = replace(shown, queued_counts={"m7b": {"job": 1_000_000}})
+    crowded = replace(shown, notes=AgentNotes(queued_counts={"m7b": {"job": 1_000_000}}))
     assert pulled_now(crowded) == ["a"]
 
 

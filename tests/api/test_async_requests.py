@@ -10,7 +10,7 @@ import httpx
 from qlm.api import create_app
 from qlm.api.settings import ApiAppConfig
 from qlm.clock import VirtualClock
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.types import RequestState
 from tests.api.conftest import NOW_S, wait_until
@@ -60,7 +60,9 @@ async def test_lifecycle(client: httpx.AsyncClient, queue: MemoryQueue, agent: F
     )
 
     group = PlannedGroup("g7", "m7b", "batch-2", (rid,))
-    plan = PublishedPlan(0, NOW_S, {INSTANCE: ("g7",)}, {"g7": group}, predicted_wait_s={rid: 42.0})
+    plan = PublishedPlan(
+        0, NOW_S, {INSTANCE: ("g7",)}, {"g7": group}, forecast=PlanForecast({rid: 42.0})
+    )
     await queue.annotate(plan)
     planned = (await client.get(f"{SUBMIT}/{rid}")).json()
     assert (planned["group_id"], planned["predicted_wait_s"]) == ("g7", 42.0)

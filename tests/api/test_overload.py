@@ -15,7 +15,7 @@ from qlm.api import ApiAppConfig, create_app
 from qlm.api.settings import ApiKey, QuotaConfig
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.types import RequestState
 from tests.api.conftest import NOW_S, make_settings, serving
@@ -191,7 +191,7 @@ def plan_with_waits(
         predicted[rid] = wait_s
     queues = {"i0": tuple(groups)}
     return PublishedPlan(
-        0, created_at_s, queues, groups, predicted_wait_s=predicted, waits_at_s=waits_at_s
+        0, created_at_s, queues, groups, forecast=PlanForecast(predicted, waits_at_s)
     )
 
 
@@ -231,7 +231,7 @@ async def test_the_gate_measures_waits_from_the_last_full_replan(clients: Any) -
     settings = make_settings(reject_unattainable_slo=True, plan_refresh_s=0.0)
     client, queue = clients(settings)
     plan = plan_with_waits(NOW_S + 10.0, waits_at_s=NOW_S, m7b__interactive=15.0)
-    assert PublishedPlan.from_json(plan.to_json()).waits_at_s == NOW_S
+    assert PublishedPlan.from_json(plan.to_json()).forecast.waits_at_s == NOW_S
     await queue.publish_plan(plan)
     assert (await client.post(SUBMIT, json=body())).status_code == 202  # NOW + 15 s <= + 20 s
     assert (await client.post(SUBMIT, json=body(slo_ttft_s=14.0))).status_code == 429
@@ -247,11 +247,13 @@ def test_the_gate_reads_the_length_of_groups_cut_from_the_agents_plan() -> None:
     """Plans published for agents list only each queue's head; a group past it keeps the
     predicted wait of its last member, and the gate's table uses that."""
     from qlm.api.wait_estimate import newcomer_times
+    from qlm.control.plan import PlanForecast
     from qlm.control.plan import PlannedGroup as Group
     from qlm.control.plan import PublishedPlan as Plan
 
     cut = Group("g", "m7b", "batch-1", ())  # no member listed
-    plan = Plan(1, 100.0, {"i0": ("g",)}, {"g": cut}, waits_at_s=100.0, group_wait_s={"g": 90.0})
+    forecast = PlanForecast(waits_at_s=100.0, group_wait_s={"g": 90.0})
+    plan = Plan(1, 100.0, {"i0": ("g",)}, {"g": cut}, forecast=forecast)
     (times,) = newcomer_times(plan).values()
     assert (times.first_token_at_s, times.done_at_s) == (190.0, None)
     assert list(newcomer_times(plan)) == [("m7b", "batch-1")]

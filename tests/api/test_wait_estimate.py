@@ -15,7 +15,7 @@ import pytest
 
 from qlm.api.wait_estimate import BASIS_HEADER, COMPLETION_HEADER, WAIT_HEADER
 from qlm.clock import VirtualClock
-from qlm.control.plan import LoneSpeed, PlannedGroup, PublishedPlan
+from qlm.control.plan import LoneSpeed, PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
 from tests.api.conftest import NOW_S
 from tests.api.fake_agent import FakeAgent
@@ -31,7 +31,8 @@ def plan(created_at_s: float, **waits: float) -> PublishedPlan:
         model, slo_class = key.split("__")
         groups[key] = PlannedGroup(key, model, slo_class.replace("_", "-"), (f"q-{key}",))
         predicted[f"q-{key}"] = wait_s
-    return PublishedPlan(1, created_at_s, {"i0": tuple(groups)}, groups, predicted_wait_s=predicted)
+    forecast = PlanForecast(predicted)
+    return PublishedPlan(1, created_at_s, {"i0": tuple(groups)}, groups, forecast=forecast)
 
 
 def body(**fields: Any) -> dict[str, Any]:
@@ -78,9 +79,11 @@ async def test_a_plan_with_completions_predicts_when_the_output_ends(
     waits = {"q-early": 4.0, "q-late": 9.0}
     done = {"early": 30.0, "late": 12.0}
     published = PublishedPlan(
-        1, NOW_S - 1.0, {"i0": ("early", "late")}, groups, predicted_wait_s=waits
+        1, NOW_S - 1.0, {"i0": ("early", "late")}, groups, forecast=PlanForecast(waits)
     )
-    await queue.publish_plan(replace(published, group_done_s=done))
+    await queue.publish_plan(
+        replace(published, forecast=replace(published.forecast, group_done_s=done))
+    )
     submitted = await client.post(SUBMIT, json=body())
     assert submitted.status_code == 202, submitted.text
     assert estimate(submitted) == ("3.000", "plan")
@@ -105,7 +108,15 @@ async def test_a_planned_request_finishes_its_own_output_at_its_groups_pace(
     base = plan(NOW_S, m7b__interactive=5.0)
     steps = {"m7b__interactive": 0.1}
     await queue.publish_plan(
-        replace(base, lone=lone, group_step_s=steps, group_done_s={"m7b__interactive": 99.0})
+        replace(
+            base,
+            forecast=replace(
+                base.forecast,
+                lone=lone,
+                group_step_s=steps,
+                group_done_s={"m7b__interactive": 99.0},
+            ),
+        )
     )
     cases = (({"max_tokens": 10}, "6.000"), ({}, "8.000"), ({"ignore_eos": True}, "55.000"))
     for fields, completion in cases:
@@ -123,7 +134,8 @@ async def test_with_nothing_of_its_kind_planned_a_request_is_priced_alone(
     lone = {
         "m13b": LoneSpeed(prefill_tokens_per_s=1000.0, decode_step_s=0.02, output_tokens_mean=30)
     }
-    await queue.publish_plan(replace(plan(NOW_S, m7b__interactive=5.0), lone=lone))
+    base = plan(NOW_S, m7b__interactive=5.0)
+    await queue.publish_plan(replace(base, forecast=replace(base.forecast, lone=lone)))
     ask = body(model="m13b", prompt="x" * 400, max_tokens=50)  # 100 prompt tokens
     for fields, completion in (({}, "0.700"), ({"ignore_eos": True}, "1.100")):  # + 0.1 s
         submitted = await client.post(SUBMIT, json={**ask, **fields})

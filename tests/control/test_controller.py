@@ -41,8 +41,8 @@ def test_replan_covers_every_queued_request_once_and_epochs_grow() -> None:
         models = {first.groups[g].model for g in gids}
         assert models <= {"m7b", "m13b"}
         assert inst in {"i0", "i1"}
-    assert set(first.predicted_wait_s) == {r.id for r in queued}
-    assert all(w >= 0 for w in first.predicted_wait_s.values())
+    assert set(first.forecast.predicted_wait_s) == {r.id for r in queued}
+    assert all(w >= 0 for w in first.forecast.predicted_wait_s.values())
     second = ctl.replan(queued, views(), 1.0)
     assert second.epoch == first.epoch + 1
 
@@ -57,23 +57,29 @@ def test_each_planned_group_gets_a_completion_after_its_first_tokens() -> None:
     ctl, _ = setup()
     queued = [make_request(model="m7b", slo_class="batch-2", ttft_s=3600) for _ in range(40)]
     plan = ctl.replan(queued, views(i0=5.0), 0.0)
-    assert set(plan.group_done_s) == {g for q in plan.queues.values() for g in q}
+    assert set(plan.forecast.group_done_s) == {g for q in plan.queues.values() for g in q}
     for group_ids in plan.queues.values():
-        ends = [plan.group_done_s[g] for g in group_ids]
+        ends = [plan.forecast.group_done_s[g] for g in group_ids]
         for gid in group_ids:
-            firsts = [plan.predicted_wait_s[r] for r in plan.groups[gid].request_ids]
-            assert plan.group_done_s[gid] > max(firsts) >= 5.0  # behind the busy engine
+            firsts = [plan.forecast.predicted_wait_s[r] for r in plan.groups[gid].request_ids]
+            assert plan.forecast.group_done_s[gid] > max(firsts) >= 5.0  # behind the busy engine
         assert ends == sorted(ends)
-    assert set(plan.group_step_s) == set(plan.group_done_s)
-    assert all(step_s > 0 for step_s in plan.group_step_s.values())
+    assert set(plan.forecast.group_step_s) == set(plan.forecast.group_done_s)
+    assert all(step_s > 0 for step_s in plan.forecast.group_step_s.values())
     cut = cut_for_agents(plan, {r.id for r in queued}, members=3)
-    assert (cut.group_done_s, cut.group_step_s) == (plan.group_done_s, plan.group_step_s)
+    assert (cut.forecast.group_done_s, cut.forecast.group_step_s) == (
+        plan.forecast.group_done_s,
+        plan.forecast.group_step_s,
+    )
     stored = PublishedPlan.from_json(cut.to_json())
-    assert (stored.group_done_s, stored.group_step_s) == (plan.group_done_s, plan.group_step_s)
+    assert (stored.forecast.group_done_s, stored.forecast.group_step_s) == (
+        plan.forecast.group_done_s,
+        plan.forecast.group_step_s,
+    )
 
 
 def test_a_lone_request_is_priced_on_the_fastest_live_instance_for_its_model() -> None:
-    """PublishedPlan.lone (the API's `idle` estimate): per model, the profile of the live
+    """PublishedPlan.forecast.lone (the API's `idle` estimate): per model, the profile of the live
     instance with the shortest batch-1 step, preferring one that holds the model (else its
     load time counts); an instance that is down, or that the model does not fit, does not."""
     from qlm.control.controller import lone_speeds
@@ -98,8 +104,8 @@ def test_a_lone_request_is_priced_on_the_fastest_live_instance_for_its_model() -
     ctl = Controller(QlmConfig(), fleet, VirtualClock(), planner_policy="edf")
     views = [InstanceView("a", "m7b", 0.0)]  # the H100 is down
     plan = ctl.replan([make_request(model="m7b")], views, 0.0)
-    assert plan.lone["m7b"].decode_step_s == 0.05
-    assert PublishedPlan.from_json(plan.to_json()).lone == plan.lone
+    assert plan.forecast.lone["m7b"].decode_step_s == 0.05
+    assert PublishedPlan.from_json(plan.to_json()).forecast.lone == plan.forecast.lone
 
 
 def test_arrival_joins_a_planned_group_without_solving() -> None:
@@ -112,7 +118,10 @@ def test_arrival_joins_a_planned_group_without_solving() -> None:
     assert updated.epoch == plan.epoch + 1
     assert updated.group_of(late.id) is not None
     assert updated.queues == plan.queues
-    assert (updated.created_at_s, updated.waits_at_s) == (1.0, 0.0)  # the waits are the re-plan's
+    assert (updated.created_at_s, updated.forecast.waits_at_s) == (
+        1.0,
+        0.0,
+    )  # the waits are the re-plan's
     assert not ctl.needs_replan([*queued, late], views(), 1.0).needed
 
 

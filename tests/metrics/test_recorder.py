@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from qlm.clock import VirtualClock
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.metrics import NO_METRICS, MetricsConfig, PlaneMetrics, met_slo
 from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.solver.types import Plan, PlanStatus
@@ -138,7 +138,7 @@ def plan_with(
         created_at_s=0.0,
         queues={"i0": tuple(groups)},
         groups={gid: PlannedGroup(gid, "m7b", cls, ids) for gid, (cls, ids) in groups.items()},
-        predicted_wait_s=waits,
+        forecast=PlanForecast(predicted_wait_s=waits),
     )
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qlm.clock import VirtualClock
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.base import (
     DuplicateRequestError,
     GlobalQueue,
@@ -462,7 +462,7 @@ def plan(
         groups=planned,
         policy="edf",
         status="ok",
-        predicted_wait_s=waits or {},
+        forecast=PlanForecast(waits or {}),
     )
 
 
@@ -477,7 +477,7 @@ async def test_plan_epochs_increase_and_the_latest_is_current(make: QueueMaker) 
     assert current == second
     assert current is not None
     assert current.queue_of("i0")[0].request_ids == ("r1", "r2")
-    assert current.predicted_wait_s == {"r1": 2.5}
+    assert current.forecast.predicted_wait_s == {"r1": 2.5}
 
 
 async def test_annotate_sets_group_and_predicted_wait_of_queued_requests(

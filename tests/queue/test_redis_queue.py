@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.base import QueueUnavailableError, UnknownRequestError
 from qlm.queue.factory import make_queue
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
@@ -55,7 +55,7 @@ async def test_data_survives_a_new_client(connect: Connect) -> None:
     await first.emit(tokens("r1", 1, 0, "hi"))
     group = PlannedGroup("g0", "m7b", "interactive", ("r0", "r2"))
     published = await first.publish_plan(
-        PublishedPlan(0, 1.0, {"i0": ("g0",)}, {"g0": group}, predicted_wait_s={"r0": 4.0})
+        PublishedPlan(0, 1.0, {"i0": ("g0",)}, {"g0": group}, forecast=PlanForecast({"r0": 4.0}))
     )
     await first.close()
 

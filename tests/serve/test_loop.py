@@ -10,7 +10,7 @@ import pytest
 from qlm.agents.virtual_queue import cut_for_agents
 from qlm.clock import VirtualClock
 from qlm.config import ControlConfig, QlmConfig
-from qlm.control.plan import PlannedGroup, PublishedPlan
+from qlm.control.plan import AgentNotes, PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
 from qlm.serve.config import ControllerConfig
 from qlm.serve.loop import ControlLoop
@@ -23,7 +23,7 @@ def _plan() -> PublishedPlan:
         "g", "m7b", "batch-2", ("a", "b", "c"), (1, 2, 3), (4, 5, 6), ("x", "y", "z")
     )
     return PublishedPlan(
-        1, 0.0, {"i0": ("g",)}, {"g": group}, predicted_wait_s={"a": 1.0, "b": 2.0}
+        1, 0.0, {"i0": ("g",)}, {"g": group}, forecast=PlanForecast({"a": 1.0, "b": 2.0})
     )
 
 
@@ -36,7 +36,7 @@ def test_published_plan_drops_members_that_left_the_queue() -> None:
     assert kept.max_output_tokens == (4, 6)
     assert kept.slo_classes == ("x", "z")
     assert pruned.queues == plan.queues
-    assert dict(pruned.predicted_wait_s) == {"a": 1.0}
+    assert dict(pruned.forecast.predicted_wait_s) == {"a": 1.0}
 
 
 def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
@@ -53,11 +53,11 @@ def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
     assert pruned.groups["g2"].request_ids == ("c",)
     assert pruned.groups["g2"].prompt_tokens == (5,)
     assert pruned.groups["g3"].request_ids == ()  # past the head: listed, empty
-    assert dict(pruned.predicted_wait_s) == {"a": 1.0, "b": 2.0, "c": 3.0}
+    assert dict(pruned.forecast.predicted_wait_s) == {"a": 1.0, "b": 2.0, "c": 3.0}
     # each group's last member's wait survives the cut (the API's SLO gate reads it)
-    assert dict(pruned.group_wait_s) == {"g1": 2.0, "g2": 4.0, "g3": 5.0}
+    assert dict(pruned.forecast.group_wait_s) == {"g1": 2.0, "g2": 4.0, "g3": 5.0}
     again = PublishedPlan.from_json(pruned.to_json())
-    assert dict(again.group_wait_s) == dict(pruned.group_wait_s)
+    assert dict(again.forecast.group_wait_s) == dict(pruned.forecast.group_wait_s)
 
 
 def _loop(
@@ -164,8 +164,8 @@ def test_the_published_plan_counts_what_is_queued_past_its_head() -> None:
     queued.append(make_request(model="m7b", slo_class="interactive"))
     counts = queued_counts(queued)
     assert counts == {"m7b": {"batch-2": 3, "interactive": 1}}
-    plan = PublishedPlan(1, 0.0, {}, {}, queued_counts=counts)
-    assert PublishedPlan.from_json(plan.to_json()).queued_counts == counts
+    plan = PublishedPlan(1, 0.0, {}, {}, notes=AgentNotes(queued_counts=counts))
+    assert PublishedPlan.from_json(plan.to_json()).notes.queued_counts == counts
 
 
 def test_arrivals_during_a_solve_are_shown_to_agents_before_it_ends(

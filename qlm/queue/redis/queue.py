@@ -292,7 +292,7 @@ class RedisQueue:
         for chunk in chunks(ids, self.config.annotate_batch):
             args: list[str] = []
             for rid in chunk:
-                wait_s = plan.predicted_wait_s.get(rid)
+                wait_s = plan.forecast.predicted_wait_s.get(rid)
                 args += [targets[rid], "" if wait_s is None else num(wait_s)]
             await self._annotate([self._keys.record(rid) for rid in chunk], args)
 
