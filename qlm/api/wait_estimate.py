@@ -36,8 +36,8 @@ A request's estimate is that time minus its arrival (never below 0), with a `bas
 * `idle`: the plan is fresh but holds no group of its model and class, so nothing of its
   kind waits ahead of it: the next control round places it, and it takes what it takes alone
   on the fleet's fastest live instance for its model, preferring one that holds it
-  (`PublishedPlan.forecast.lone`): the model's load if none holds it, its prefill to the first token,
-  then its output (`max_tokens` with `ignore_eos`, else the profile's mean
+  (`PublishedPlan.forecast.lone`): the model's load if none holds it, its prefill to the
+  first token, then its output (`max_tokens` with `ignore_eos`, else the profile's mean
   output capped by `max_tokens`) at the batch-1 decode step; 0 s and no completion when the
   plan knows no instance for its model;
 * `no-plan`: no plan, or its waits are older than `plan_max_age_s`: 0 s, nothing is known.

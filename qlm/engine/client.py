@@ -7,15 +7,17 @@ in the engine's own time, and what happened comes back as events from `poll()`. 
 implementations do their I/O in background tasks and keep `observe()` current.
 
 The observation and event types are in types.py (no asyncio); this module adds the protocol and
-EventBuffer / EventWaiter, with which a live engine's agent sleeps until events arrive.
+EventBuffer / EventWaiter, with which a live engine's agent sleeps until events arrive, and
+`LiveEngine`, the lifecycle every live engine shares (start, close, `async with`).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from qlm.engine.types import EngineEvent, EngineObservation
 from qlm.types import Request
@@ -101,3 +103,23 @@ class EngineClient(Protocol):
     def poll(self) -> list[EngineEvent]:
         """Events since the last poll, in the order they happened."""
         ...
+
+
+class LiveEngine(abc.ABC):
+    """The lifecycle of an engine on the wall clock (emulated, native, vLLM): `start` brings
+    it up, `close` stops its background work and releases what it holds (idempotent), and
+    `async with engine:` does both. The simulated engine has none: the simulator owns its
+    clock and nothing runs in the background."""
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from qlm.clock import Clock
-from qlm.engine.client import EventBuffer
+from qlm.engine.client import EventBuffer, LiveEngine
 from qlm.engine.model.config import EngineConfig
 from qlm.engine.model.core import EngineModel
 from qlm.engine.model.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
@@ -36,7 +36,7 @@ from qlm.types import Fleet, Instance, Request
 MIN_WAKE_S = 0.002  # shortest wall-clock sleep of the background task
 
 
-class EmulatedEngine:
+class EmulatedEngine(LiveEngine):
     """One engine instance emulated in (scaled) real time (EngineClient)."""
 
     def __init__(
@@ -93,13 +93,6 @@ class EmulatedEngine:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    async def __aenter__(self) -> EmulatedEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ------------------------------------------------------------------ EngineClient
 

@@ -28,7 +28,7 @@ import torch
 from tokenizers import Tokenizer
 
 from qlm.clock import Clock
-from qlm.engine.client import EventBuffer
+from qlm.engine.client import EventBuffer, LiveEngine
 from qlm.engine.native.blocks import KvCache
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.config import NativeEngineConfig
@@ -60,7 +60,7 @@ class _Loaded:
     tokenizer: Tokenizer | None
 
 
-class NativeEngine:
+class NativeEngine(LiveEngine):
     def __init__(self, instance: Instance, config: NativeEngineConfig, clock: Clock) -> None:
         self._instance = instance
         self.config = config
@@ -101,13 +101,6 @@ class NativeEngine:
                 await task
         if self._step is not None:  # the worker thread's step: let it end before anything else
             await asyncio.wait([self._step])
-
-    async def __aenter__(self) -> NativeEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until the model being loaded is served (EngineError past the timeout)."""

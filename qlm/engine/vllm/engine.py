@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 
 from qlm.clock import Clock
-from qlm.engine.client import EventBuffer
+from qlm.engine.client import EventBuffer, LiveEngine
 from qlm.engine.types import (
     EngineError,
     EngineEvent,
@@ -54,7 +54,7 @@ from qlm.engine.vllm.streaming import RequestStreams
 from qlm.types import Instance, Request
 
 
-class VllmEngine:
+class VllmEngine(LiveEngine):
     """One vLLM server process as an EngineClient, for `instance`. start() loads
     instance.loaded_model (the engine stays EMPTY without one, until load_model)."""
 
@@ -129,13 +129,6 @@ class VllmEngine:
             await self._http.close()
             self._http = self._streams.http = None
         self._state, self._model = EngineState.EMPTY, None
-
-    async def __aenter__(self) -> VllmEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ------------------------------------------------------------------ inspection
 
