@@ -37,7 +37,7 @@ from qlm.engine.types import (
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
-from qlm.prefixes.live import EARLY_REPORT_S, AgentPrefixes
+from qlm.prefixes.reports import EARLY_REPORT_S, AgentPrefixes
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet, Instance, Request

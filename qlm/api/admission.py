@@ -20,7 +20,7 @@ from qlm.api.settings import ApiAppConfig, ModelConfig
 from qlm.api.slo import SloResolver
 from qlm.api.tokens import TokenCounter
 from qlm.engine.openai_fields import CHAT_TEMPLATE_ENGINES, unsupported
-from qlm.prefixes.blocks import prompt_prefix
+from qlm.prefixes.prompt_blocks import prompt_prefix
 from qlm.types import Request
 
 T = TypeVar("T")

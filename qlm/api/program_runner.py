@@ -26,7 +26,7 @@ from qlm.api.context import ApiContext
 from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import COMPLETION
 from qlm.api.slo import HEADER_CLASS
-from qlm.prefixes.blocks import prompt_prefix
+from qlm.prefixes.prompt_blocks import prompt_prefix
 from qlm.programs.graph import ProgramCall, ProgramGraph, render
 from qlm.programs.state import CallState, Program, ProgramStatus
 from qlm.programs.store import ProgramStore

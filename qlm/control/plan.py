@@ -212,7 +212,7 @@ class AgentNotes:
     read the same facts from its exact state instead (qlm/agents/README.md)."""
 
     # Per request with a prompt prefix some instance probably caches: the prompt tokens each
-    # such instance holds (qlm/prefixes/live.py writes it, qlm/prefixes/affinity.py reads it).
+    # such instance holds (qlm/prefixes/reports.py writes it, qlm/prefixes/affinity.py reads it).
     prefix_held: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Per model and SLO class, the requests queued when the plan was cut for agents: those
     # past the published head too (pacing counts the work agents do not see).

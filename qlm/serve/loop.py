@@ -21,7 +21,7 @@ from qlm.control.driver import ControlDriver
 from qlm.control.liveness import InstanceLiveness
 from qlm.control.plan import AgentNotes, PlannedGroup, PublishedPlan, planned_group
 from qlm.metrics import NO_METRICS, MetricsHooks
-from qlm.prefixes.live import PrefixHeld
+from qlm.prefixes.reports import PrefixHeld
 from qlm.queue.base import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.config import ControllerConfig

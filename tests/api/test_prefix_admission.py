@@ -1,11 +1,12 @@
 """Requests admitted through the API carry their prompt's prefix blocks
-(qlm/prefixes/blocks.py), so that dispatch and the engines can share what their prompts share."""
+(qlm/prefixes/prompt_blocks.py), so that dispatch and the engines can share what their prompts
+share."""
 
 from __future__ import annotations
 
 import httpx
 
-from qlm.prefixes.blocks import PREFIX_BLOCK_CHARS
+from qlm.prefixes.prompt_blocks import PREFIX_BLOCK_CHARS
 from qlm.queue.memory import MemoryQueue
 
 SYSTEM = "You are a careful assistant. " * 40  # 1,160 characters: four whole blocks

@@ -12,7 +12,7 @@ import pytest
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
 from qlm.engine.emulated import EmulatedEngine
-from qlm.prefixes.blocks import prompt_prefix
+from qlm.prefixes.prompt_blocks import prompt_prefix
 from qlm.replay import sender
 from qlm.replay.compare import comparison, comparison_table, prediction_error
 from qlm.replay.embedded import STREAM_INTERVAL_S, embedded_config, scaled_profile

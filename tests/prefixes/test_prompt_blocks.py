@@ -1,10 +1,10 @@
-"""Prompt prefix blocks (qlm/prefixes/blocks.py): equal text so far, equal keys; token shares
+"""Prompt prefix blocks (qlm/prefixes/prompt_blocks.py): equal text so far, equal keys; token shares
 that never exceed the prompt; cuts where a template ends. That requests admitted through the
 API carry them: tests/api/test_prefix_admission.py."""
 
 from __future__ import annotations
 
-from qlm.prefixes.blocks import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, prompt_prefix
+from qlm.prefixes.prompt_blocks import MAX_PREFIX_BLOCKS, PREFIX_BLOCK_CHARS, prompt_prefix
 
 SYSTEM = "You are a careful assistant. " * 40  # 1,160 characters: four whole blocks
 

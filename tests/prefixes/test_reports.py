@@ -1,5 +1,5 @@
-"""The loop's `prefix_held` (qlm/prefixes/live.py, `PrefixHeld`): what each instance holds of each
-shown request's prompt, from the agents' reports, kept only while the reports stay."""
+"""The loop's `prefix_held` (qlm/prefixes/reports.py, `PrefixHeld`): what each instance holds
+of each shown request's prompt, from the agents' reports, kept only while the reports stay."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from qlm.prefixes.affinity import HeldByReports, held_by_reports
-from qlm.prefixes.live import PrefixHeld
+from qlm.prefixes.reports import PrefixHeld
 from qlm.queue.records import InstanceStatus
 from qlm.types import PrefixBlock
 from tests.factories import make_request
