@@ -44,9 +44,9 @@ def test_published_plan_keeps_only_the_head_of_each_virtual_queue() -> None:
     g2 = PlannedGroup("g2", "m7b", "batch-2", ("c", "d"), (5, 6), (7, 8), ("z", "z"))
     g3 = PlannedGroup("g3", "m7b", "batch-2", ("e",), (9,), (1,), ("z",))
     waits = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0, "e": 5.0}
-    plan = PublishedPlan(
-        1, 0.0, {"i0": ("g1", "g2", "g3"), "i1": ()}, {"g1": g1, "g2": g2, "g3": g3}, "", "", waits
-    )
+    groups = {"g1": g1, "g2": g2, "g3": g3}
+    queues = {"i0": ("g1", "g2", "g3"), "i1": ()}
+    plan = PublishedPlan(1, 0.0, queues, groups, forecast=PlanForecast(waits))
     pruned = cut_for_agents(plan, set("abcde"), members=3)
     assert pruned.queues == plan.queues
     assert pruned.groups["g1"] == g1
