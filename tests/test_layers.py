@@ -75,7 +75,7 @@ ADAPTERS: dict[str, set[str]] = {
     "engine/vllm/reaper.py": {"subprocess", "time"},
     "engine/native/engine.py": {"asyncio"},
     "engine/native/contexts.py": {"asyncio"},
-    "engine/vllm/streaming.py": {"aiohttp", "asyncio"},
+    "engine/vllm/request_streams.py": {"aiohttp", "asyncio"},
     "engine/profiling/vllm_profiler.py": {"httpx", "asyncio", "time"},
     "engine/profiling/probe_client.py": {"httpx", "asyncio"},
     "engine/profiling/cli.py": {"asyncio"},

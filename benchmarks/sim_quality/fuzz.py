@@ -123,8 +123,8 @@ FAMILIES: dict[str, Family] = {
         "## Simulator quality: policies on random scenarios",
         "Every policy on random scenarios drawn by qlm/sim/fuzz (the quick size: 2-8 instances, "
         "1-3 models, 60-200 s of arrivals, at most ~3,000 requests, load 0.5-1.5 x the fleet's "
-        "estimated capacity; qlm/sim/fuzz/capacity.py states the estimate's error). qlm's margin: "
-        "its overall attainment minus the best of fcfs, edf, shepherd and llmd, in points. "
+        "estimated capacity; qlm/sim/fuzz/throughput.py states the estimate's error). qlm's "
+        "margin: its overall attainment minus the best of fcfs, edf, shepherd and llmd, in points. "
         "`qlm simulate random:SEED` reruns one scenario.",
     ),
     "many": Family(

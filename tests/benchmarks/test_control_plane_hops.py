@@ -34,7 +34,7 @@ def test_a_stack_belongs_to_the_first_hop_its_task_frames_name() -> None:
     assert hop_of(sse) == "token streaming"
     assert hop_of([*ROOT, "Agent.run (qlm/agents/agent.py:120)"]) == "agent"
     assert hop_of([*ROOT, "ControlLoop.run (qlm/serve/loop.py:60)"]) == "control loop"
-    vllm = [*ROOT, "RequestStreams._stream (qlm/engine/vllm/streaming.py:99)"]
+    vllm = [*ROOT, "RequestStreams._stream (qlm/engine/vllm/request_streams.py:99)"]
     assert hop_of(vllm) == "engine client"
     assert hop_of([*ROOT, "Logger.info (logging/__init__.py:1)"]) == "other"
 

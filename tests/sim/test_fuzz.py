@@ -9,8 +9,8 @@ import pytest
 
 from qlm.config import ConfigError
 from qlm.sim.fuzz import SIZES, draw_scenario, parse_random_name
-from qlm.sim.fuzz.capacity import LengthMoments, fleet_capacity_per_s, request_cost_s
-from qlm.sim.fuzz.plan import fitting_profiles
+from qlm.sim.fuzz.choices import fitting_profiles
+from qlm.sim.fuzz.throughput import LengthMoments, fleet_capacity_per_s, request_cost_s
 from qlm.sim.runner import simulate
 from qlm.sim.scenario import load_scenario, random_scenario
 from qlm.sim.traces import load_trace

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from qlm.config import ConfigError
+from qlm.sim.fuzz.choices import fitting_profiles
 from qlm.sim.fuzz.many_models import draw_many_models, parse_many_name
-from qlm.sim.fuzz.plan import fitting_profiles
 from qlm.sim.scenario import load_scenario
 
 

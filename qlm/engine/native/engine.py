@@ -31,8 +31,8 @@ from qlm.clock import Clock
 from qlm.engine.client import EventBuffer, LiveEngine
 from qlm.engine.native.blocks import KvCache
 from qlm.engine.native.checkpoint import load_checkpoint
+from qlm.engine.native.client_view import LiveRequest, decode
 from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.live import LiveRequest, decode
 from qlm.engine.native.runner import Emitted, NativeRunner, StepResult
 from qlm.engine.native.sampling import sampling_of, stops_of
 from qlm.engine.types import (

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from qlm.engine.native.sequence import Seq
+from qlm.engine.native.paged_sequence import Seq
 from qlm.prefixes.local_order import by_priority_groups
 
 CachedTokens = Callable[[Seq], int]  # leading tokens of a sequence the prefix cache holds

@@ -27,7 +27,7 @@ from qlm.engine.native.blocks import BlockPool, KvCache, OutOfBlocksError
 from qlm.engine.native.checkpoint import Checkpoint
 from qlm.engine.native.llama import LlamaModel, Piece
 from qlm.engine.native.local_policy import LocalPolicyConfig, local_policy
-from qlm.engine.native.sequence import Finish, Sampling, Seq
+from qlm.engine.native.paged_sequence import Finish, Sampling, Seq
 
 
 @dataclass(frozen=True, slots=True)

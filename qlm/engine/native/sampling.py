@@ -8,7 +8,7 @@ the request.
 
 from __future__ import annotations
 
-from qlm.engine.native.sequence import Sampling
+from qlm.engine.native.paged_sequence import Sampling
 from qlm.engine.types import EngineError
 from qlm.types import Request
 

@@ -2,9 +2,9 @@
 
 Question answered: how does an agent drive vLLM as it drives any engine? It ties the parts of
 this package together: the server process (process.py: one model at a time, on a free local
-port), the streaming client (streaming.py), and a background scrape of /metrics (metrics.py).
+port), the streaming client (request_streams.py), and a background scrape of /metrics (metrics.py).
 
-- `submit` streams the request (protocol.py, streaming.py). max_tokens is capped at
+- `submit` streams the request (protocol.py, request_streams.py). max_tokens is capped at
   max_model_len - prompt_tokens (vLLM cannot generate past its context); RequestFinished
   reports what was generated. `abort` closes the request's stream.
 - `observe` combines the client's own bookkeeping (admitted, started, tokens so far) with the
@@ -50,7 +50,7 @@ from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.engine.vllm.metrics import VllmMetrics, parse_metrics
 from qlm.engine.vllm.process import METRICS_TIMEOUT, ServerProcess, Supervisor
 from qlm.engine.vllm.protocol import request_body
-from qlm.engine.vllm.streaming import RequestStreams
+from qlm.engine.vllm.request_streams import RequestStreams
 from qlm.types import Instance, Request
 
 

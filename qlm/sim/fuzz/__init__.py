@@ -1,8 +1,8 @@
 """Scenario fuzzing: random scenarios from a seed, to check the policies on workloads they were
 never tuned to.
 
-    capacity.py   how many requests per second a fleet serves (analytic, from the profiles)
-    plan.py       the random choices: models, streams (shape, mixes, lengths), fleet
+    throughput.py how many requests per second a fleet serves (analytic, from the profiles)
+    choices.py    the random choices: models, streams (shape, mixes, lengths), fleet
     build.py      sizing the load from the capacity, and the scenario's document
     many_models.py  many models on few GPUs (copies of packaged profiles), `many:SEED`
 

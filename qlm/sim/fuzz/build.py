@@ -1,5 +1,5 @@
-"""Random scenarios from a seed: `draw_scenario(seed, size)` draws a plan (plan.py), estimates
-the fleet's capacity for its request mix (capacity.py), draws a load of 0.5-1.5 x that capacity
+"""Random scenarios from a seed: `draw_scenario(seed, size)` draws a plan (choices.py), estimates
+the fleet's capacity for its request mix (throughput.py), draws a load of 0.5-1.5 x that capacity
 and sets every stream's rate so that the expected requests match, then writes the scenario's
 document (what a scenario file holds); qlm.sim.scenario.random_scenario validates it into a
 Scenario (this package does not import qlm.sim.scenario, so that load_scenario can use it).
@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from qlm.sim.fuzz.capacity import LengthMoments, fleet_capacity_per_s, request_cost_s
-from qlm.sim.fuzz.plan import (
+from qlm.sim.fuzz.choices import (
     InstancePlan,
     LengthMix,
     StreamPlan,
@@ -32,6 +31,7 @@ from qlm.sim.fuzz.plan import (
     fitting_profiles,
     model_shares,
 )
+from qlm.sim.fuzz.throughput import LengthMoments, fleet_capacity_per_s, request_cost_s
 from qlm.sim.traces import load_trace
 from qlm.sim.workload import RateProfile
 from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES

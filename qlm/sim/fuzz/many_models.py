@@ -32,8 +32,8 @@ import numpy as np
 
 from qlm.engine.profiling.library import ProfileFile
 from qlm.sim.fuzz.build import DATA_DIR, FuzzDraw, instance_rates, stream_document
-from qlm.sim.fuzz.capacity import fleet_capacity_per_s
-from qlm.sim.fuzz.plan import AZURE, InstancePlan, LengthMix, Shape, StreamPlan, fitting_profiles
+from qlm.sim.fuzz.choices import AZURE, InstancePlan, LengthMix, Shape, StreamPlan, fitting_profiles
+from qlm.sim.fuzz.throughput import fleet_capacity_per_s
 
 MANY_PREFIX = "many:"
 BASES = (("mistral-7b", 0.5), ("vicuna-13b", 0.3), ("llama-70b", 0.2))

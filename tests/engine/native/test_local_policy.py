@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 from qlm.engine.native.local_policy import LocalPolicyConfig, local_policy
+from qlm.engine.native.paged_sequence import Sampling
 from qlm.engine.native.runner import NativeRunner, RunnerConfig
-from qlm.engine.native.sequence import Sampling
 from tests.engine.native.helpers import random_checkpoint
 
 LONG_PROMPT = 600
