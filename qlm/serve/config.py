@@ -5,10 +5,12 @@ variable holding the queue URL or the Redis password, a mounted file with the pa
 the API keys), and qlm/serve/secrets.py reads them when a process starts.
 
 Sections: `qlm` (QlmConfig, qlm/config.py), `queue` (QueueConfig), `api` (ApiConfig,
-qlm/api/settings.py), `controller` (ControllerConfig), `agent` (AgentConfig), `engine`
-(LiveEngineConfig), `metrics` (MetricsConfig, qlm/metrics/settings.py), `models`
-(ModelConfig, qlm/api/settings.py) and `fleet` (FleetConfig, qlm/fleet_config.py: the same
-section as in `qlm plan` snapshots and `qlm simulate` scenarios)."""
+qlm/api/settings.py), `controller` (ControllerConfig), `agent` (AgentConfig,
+qlm/agents/settings.py), `engine` (LiveEngineConfig), `metrics` (MetricsConfig,
+qlm/metrics/settings.py), `models` (ModelConfig, qlm/api/settings.py) and `fleet`
+(FleetConfig, qlm/fleet_config.py: the same section as in `qlm plan` snapshots and
+`qlm simulate` scenarios). Each settings class lives with the package that reads it; the
+README's configuration section maps them all."""
 
 from __future__ import annotations
 
