@@ -37,7 +37,7 @@ from benchmarks.report import RESULTS_DIR, write_results
 from qlm.clock import WallClock
 from qlm.engine.types import Aborted, EngineEvent, FirstToken, RequestFinished
 from qlm.engine.vllm.engine import VllmEngine
-from qlm.engine.vllm.protocol import SseLines, completion_body, parse_sse_line
+from qlm.engine.vllm.protocol import SseLines, parse_sse_line, request_body
 from qlm.types import Request
 from tests.vllm_fixtures import (
     VLLM_PYTHON,
@@ -120,12 +120,14 @@ async def bare_one(
 
 async def bare(engine: VllmEngine, n: int, tag: str) -> Run:
     assert engine.base_url is not None
-    url = f"{engine.base_url}/v1/completions"
-    bodies = [completion_body(r, OUTPUT_TOKENS, engine.config) for r in make_requests(n, tag)]
+    # the body QLM's adapter sends (synthetic prompts: the completions endpoint)
+    calls = [request_body(r, OUTPUT_TOKENS, engine.config) for r in make_requests(n, tag)]
     limits = httpx.Limits(max_connections=None)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*(bare_one(client, url, b) for b in bodies))
+        results = await asyncio.gather(
+            *(bare_one(client, f"{engine.base_url}{path}", body) for path, body in calls)
+        )
     return summarise(
         "bare",
         [start],

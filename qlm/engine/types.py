@@ -56,7 +56,7 @@ class EngineObservation:
     # in its prefix cache (qlm/prefixes/cache.py). None: the engine does not say.
     prefix_prompt_tokens: int | None = None
     prefix_hit_tokens: int | None = None
-    standby_models: tuple[str, ...] = ()  # models asleep here, fast to wake (tiers.py)
+    standby_models: tuple[str, ...] = ()  # models asleep here, fast to wake (model/tiers.py)
     fetching_models: tuple[str, ...] = ()  # being read into the standby tier
     standby_capacity: int = 0  # models the standby tier holds at most
     # Requests on the GPU (running or waiting in the engine), not swapped out; and those

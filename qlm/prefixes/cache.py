@@ -13,9 +13,10 @@ to its end, so a hit is always a run of leading blocks):
   sequence references stays in KV, evictable, least recently used first. Blocks are released
   leaf first, so a prompt's later blocks are evicted before its earlier ones.
 
-An entry's tokens count once in the KV cache however many sequences share it (kv_cache.py).
-Attention still reads the whole context of every sequence (the step time's context term):
-reading a shared prefix once is the shared-prefix kernel's business, not the cache's.
+An entry's tokens count once in the KV cache however many sequences share it
+(qlm/engine/model/kv_cache.py). Attention still reads the whole context of every sequence
+(the step time's context term): reading a shared prefix once is the shared-prefix kernel's
+business, not the cache's.
 """
 
 from __future__ import annotations

@@ -179,7 +179,11 @@ class ControlLoop:
         members = {rid for group in view.groups.values() for rid in group.request_ids}
         up_statuses = [s for s in statuses if s.instance_id in up]
         held = self._prefix_held.on(members, queued, up_statuses)
-        notes = AgentNotes(held, queued_counts(queued), self._fetches)
+        notes = AgentNotes(
+            prefix_held=held,
+            queued_counts=queued_counts(queued),
+            standby_fetches=self._fetches,
+        )
         view = replace(view, notes=notes)
         waiting_ids = tuple(r.id for r in waiting)
         seen = (shown(view), dict(notes.prefix_held), waiting_ids, self._fetches)

@@ -35,22 +35,25 @@ from qlm.types import Fleet, Instance
 log = logging.getLogger("qlm.serve")
 
 
-class LiveEngine(EngineClient, Protocol):
+class ServedEngine(EngineClient, Protocol):
+    """What the plane runs per instance: an EngineClient with a lifecycle (every engine kind
+    here derives from qlm.engine.client.LiveEngine, which gives it one)."""
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
 
-EngineFactory = Callable[[ServeConfig, Instance, Fleet, Clock], LiveEngine]
-ENGINE_KINDS: Registry[LiveEngine] = Registry("engine")
+EngineFactory = Callable[[ServeConfig, Instance, Fleet, Clock], ServedEngine]
+ENGINE_KINDS: Registry[ServedEngine] = Registry("engine")
 
 
 @ENGINE_KINDS.register("emulated")
-def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
+def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
     from qlm.engine.emulated import EmulatedEngine
     from qlm.engine.model.config import EngineConfig
 
-    engine: LiveEngine = EmulatedEngine(
+    engine: ServedEngine = EmulatedEngine(
         instance,
         fleet.profiles.values(),
         clock,
@@ -64,22 +67,22 @@ def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Cloc
 
 
 @ENGINE_KINDS.register("vllm")
-def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
+def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
     from qlm.engine.vllm.config import VllmEngineConfig
     from qlm.engine.vllm.engine import VllmEngine
 
-    engine: LiveEngine = VllmEngine(
+    engine: ServedEngine = VllmEngine(
         instance, VllmEngineConfig.model_validate(config.engine.vllm), clock
     )
     return engine
 
 
 @ENGINE_KINDS.register("native")
-def _native(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> LiveEngine:
+def _native(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
     from qlm.engine.native.config import NativeEngineConfig
     from qlm.engine.native.engine import NativeEngine
 
-    engine: LiveEngine = NativeEngine(
+    engine: ServedEngine = NativeEngine(
         instance, NativeEngineConfig.model_validate(config.engine.native), clock
     )
     return engine
@@ -115,7 +118,7 @@ class Plane:
     queue: GlobalQueue
     fleet: Fleet
     agents: list[Agent] = field(default_factory=list)
-    engines: list[LiveEngine] = field(default_factory=list)
+    engines: list[ServedEngine] = field(default_factory=list)
     loop: ControlLoop | None = None
     server: uvicorn.Server | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)

@@ -24,7 +24,7 @@ F2. A request's first token comes from the iteration that computes the last chun
     other members' terms, >= 0). Hence the first token takes at least
     k * base_s + per_prefill_token_s * P + per_context_token_s * S after its start: the
     isolation time (`prefill_lower_bound_s`). A prompt of P + 1 > KV capacity tokens is aborted.
-F2'. With a prefix cache (prefix_cache.py) a request computes its prompt less the leading
+F2'. With a prefix cache (qlm/prefixes/cache.py) a request computes its prompt less the leading
     blocks its engine holds, and an engine holds a block only once a prefill computed it: so
     it computes at least P - H tokens (and at least 1), H the tokens of its leading blocks that
     an earlier request of its model carried (`oracle_hits`: one infinite cache). F2 and the

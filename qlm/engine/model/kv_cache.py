@@ -5,7 +5,7 @@ between GPU and CPU since the last iteration was planned? Token granularity, no 
 holds the decode batch's context (prompt + output of every decoding sequence, which grows a
 token per sequence per step without passing through here) plus a reservation for every
 admitted prefill: its whole prefill + 1 token (vLLM v0 style), so prefill chunks never run out
-of room, and the prefix cache's blocks (prefix_cache.py), once each however many sequences
+of room, and the prefix cache's blocks (qlm/prefixes/cache.py), once each however many sequences
 share them (the decode batch's `shared_tokens` are the part of its context those blocks hold).
 Cached blocks no sequence references count as used here; they are evicted before anything is
 preempted (scheduler.py). Swap traffic is charged to the next iteration (segment.py).

@@ -13,7 +13,7 @@ max_num_batched_tokens) and the free sequence slots (`max_num_seqs`):
 3. if nothing was preempted, swapped sequences come back, then waiting ones are admitted in
    FCFS order (the head blocks the rest) while there are slots, budget and KV room for the
    whole prefill after this iteration's decodes (KV is reserved at admission, as vLLM v0 does).
-   A sequence whose leading prefix blocks are cached (prefix_cache.py) needs KV for, and
+   A sequence whose leading prefix blocks are cached (qlm/prefixes/cache.py) needs KV for, and
    computes, only the rest; unreferenced cached blocks are evicted to make room. With
    `waiting_order: prefix-groups` the order is Preble's priority groups instead
    (`prefix_order`; requests waiting `max_wait_iterations` or more first).

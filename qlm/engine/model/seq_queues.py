@@ -7,9 +7,9 @@ from its end), the prefilling subset, the swapped sequences and the resumable su
 (swapped by preemption, not paused by swap_out: they come back on their own). Each move keeps
 the queues, the decode batch (decode_batch.py), the KV accounting (kv_cache.py) and the
 counters consistent; which move to make, and when, is the scheduler's (scheduler.py) or the
-caller's. A sequence references its cached prefix blocks (prefix_cache.py) from admission until
-it finishes, is aborted or is preempted to recompute; swapped out, it keeps them on the GPU and
-moves only its own KV.
+caller's. A sequence references its cached prefix blocks (qlm/prefixes/cache.py) from
+admission until it finishes, is aborted or is preempted to recompute; swapped out, it keeps
+them on the GPU and moves only its own KV.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class EngineStats:
     finished: int
     aborted: int
     segments: int  # runs of iterations the model computed in one go (<= iterations)
-    # The prefix cache (prefix_cache.py): prompt tokens admitted with a prefix, those of them
+    # The prefix cache (qlm/prefixes/cache.py): prompt tokens admitted with a prefix, those of them
     # found cached (not computed), and cached tokens evicted for room.
     prefix_prompt_tokens: int = 0
     prefix_hit_tokens: int = 0
