@@ -37,7 +37,7 @@ from qlm.prefixes.index import PrefixIndex
 from qlm.types import PrefixBlock, Request
 
 # request id -> instance id -> prompt tokens that instance holds (PublishedPlan.notes.prefix_held)
-Held = Mapping[str, Mapping[str, int]]
+HeldTokens = Mapping[str, Mapping[str, int]]
 
 
 class Reported(Protocol):
@@ -82,7 +82,7 @@ class AgentPrefixes:
         return () if self._index is None else self._index.keys(self.instance_id)
 
     def affinity(
-        self, held: Held, profile: Profile | None, now_s: float
+        self, held: HeldTokens, profile: Profile | None, now_s: float
     ) -> PrefixAffinity[Queued] | None:
         """Locality over the plan's `prefix_held` (None when it lists nothing)."""
         if not held or profile is None:
