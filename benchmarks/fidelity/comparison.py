@@ -36,7 +36,7 @@ class Comparison:
     """One run: live vs simulated."""
 
     run: str
-    profile: str  # which step model the simulator used: UP_FRONT or JUST_BEFORE
+    profile: str  # which step model the simulator used: UP_FRONT, JUST_BEFORE or TOGETHER
     requests: int
     completed_live: int
     completed_sim: int

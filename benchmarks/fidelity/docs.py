@@ -13,6 +13,7 @@ from benchmarks.fidelity.settings import (
     MAX_PROMPT_TOKENS,
     TARGET_E2E_P50,
     TARGET_TTFT_P50,
+    TOGETHER,
     UP_FRONT,
 )
 from benchmarks.fidelity.tables import (
@@ -81,13 +82,18 @@ def _method(report: FidelityReport) -> list[str]:
         "control loop, an agent per vLLM engine) with the fitted profiles as the estimator's; "
         "requests are enqueued at their arrival times with exact token counts (the HTTP API "
         "is left out: its prompt-token count is an approximation of the tokenizer's).",
-        "4. **Simulated**, twice: the same requests (live arrival times) through "
+        "4. **Simulated**, two or three times: the same requests (live arrival times) through "
         "`simulate(..., 'qlm')` (a) on the scenario file's fleet, which reads the profile files "
-        f"measured up front (`{UP_FRONT}`), and (b) with tiny-a's step model re-measured on "
-        "the live plane's own engine right before the run (`VllmProfiler.run_on`, 9 probes; "
-        f"`{JUST_BEFORE}`): the host's speed drifts with other people's load, and (b) shows "
-        "how much of the error that drift explains. The simulated control loop has the live "
-        "tick, re-plan gap and the live planner's median solve time as its planning latency.",
+        f"measured up front (`{UP_FRONT}`), (b) with tiny-a's step model re-measured on "
+        "the live plane's first engine alone right before the run (`VllmProfiler.run_on`, 9 "
+        f"probes; `{JUST_BEFORE}`): the host's speed drifts with other people's load, and (b) "
+        "shows how much of the error that drift explains; and (c), on fleets of two engines, "
+        "with tiny-a's step model re-measured while every engine of the plane runs the same "
+        f"probes at once (`{TOGETHER}`): the engines share this host's cores as GPUs are not "
+        "shared, so each steps slower while the others work; (c) is the profile 'as the "
+        "fleet runs', and the models not measured that way are slowed by the factor tiny-a's "
+        "capacity shows. The simulated control loop has the live tick, re-plan gap and the "
+        "live planner's median solve time as its planning latency.",
         "5. **Errors** are |sim - live| / live of each percentile of the per-request "
         "distributions (TTFT: first token - arrival; end-to-end: finish - arrival), and the "
         "median over requests of the per-request relative error. Targets: end-to-end p50 "
@@ -125,10 +131,10 @@ def _results(report: FidelityReport) -> list[str]:
         "in the step model.",
         "",
         "The host's speed over the benchmark: tiny-a's step model up front and re-measured on "
-        "the live engine before each run (the last two columns evaluate each model at a "
-        "typical decode step and prefill of this workload):",
+        "the live engine before each run, alone and with every engine at once (the last two "
+        "columns evaluate each model at a typical decode step and prefill of this workload):",
         "",
-        *refit_table(report.fits, measured.refits),
+        *refit_table(report.fits, measured.refits, measured.together_fits),
         "",
     ]
 

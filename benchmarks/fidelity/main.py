@@ -18,13 +18,19 @@ from benchmarks.fidelity.docs import write_docs
 from benchmarks.fidelity.estimator import check_estimator
 from benchmarks.fidelity.host import HostMeter
 from benchmarks.fidelity.live import live_run, settle
+from benchmarks.fidelity.outcomes import LiveRun
 from benchmarks.fidelity.plots import plot_all
 from benchmarks.fidelity.profiles import (
     capacity_rps,
     profile_model,
     refit_fleet,
+    refit_profile,
     reprofile,
+    reprofile_together,
+    scaled_profile,
+    slowdown,
     trace_lengths,
+    with_profiles,
 )
 from benchmarks.fidelity.results import FidelityReport, Measured, write_results
 from benchmarks.fidelity.scenarios import serve_config, write_scenario
@@ -32,6 +38,7 @@ from benchmarks.fidelity.settings import (
     FULL_RUNS,
     JUST_BEFORE,
     QUICK_RUNS,
+    TOGETHER,
     UP_FRONT,
     VLLM_PYTHON,
     Paths,
@@ -46,18 +53,21 @@ from qlm.engine.profiling.library import ProfileFile, load_profile_file
 from qlm.engine.profiling.measured import ProfileFit
 from qlm.engine.profiling.probes import ProfileGrid
 from qlm.serve.runtime import Plane, running_plane
+from qlm.sim.scenario import Scenario
 
 
 @dataclass(frozen=True)
 class Setup:
     """What every run shares: where they write, the tiny models (built checkpoints) and their
-    up-front profiles, the capacity of one tiny-a instance, and the host meter."""
+    up-front profiles, the capacity of one tiny-a instance, the host meter and the workload's
+    mean lengths."""
 
     paths: Paths
     models: Mapping[str, Path]
     profiles: Mapping[str, ProfileFile]
     capacity: float
     meter: HostMeter
+    lengths: tuple[float, float]  # the workload's mean prompt and output tokens
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -115,7 +125,7 @@ async def _profile(
     prompt_mean = typical - mean_out / 2
     capacity = capacity_rps(profiles["tiny-a"].to_profile(), prompt_mean, mean_out)
     say(f"fitted capacity of one tiny-a instance: {capacity:.2f} requests/s")
-    return fits, Setup(paths, models, profiles, capacity, meter)
+    return fits, Setup(paths, models, profiles, capacity, meter, (prompt_mean, mean_out))
 
 
 async def _run_fleet(setup: Setup, group: Sequence[RunSpec], measured: Measured) -> None:
@@ -134,14 +144,18 @@ async def _run_fleet(setup: Setup, group: Sequence[RunSpec], measured: Measured)
 
 
 async def _run_one(setup: Setup, plane: Plane, run: RunSpec, measured: Measured) -> None:
-    """Re-measure tiny-a, run the workload live, simulate it on the up-front and on the
-    re-measured step model, compare both, and check the estimator."""
+    """Re-measure tiny-a (on the first engine alone, then on every engine at once), run the
+    workload live, simulate it on the up-front and on each re-measured step model, compare
+    them, and check the estimator."""
     meter = setup.meter
     rate = run.load * setup.capacity * run.instances
     scenario = write_scenario(setup.paths, run, rate, list(setup.models))
     requests = scenario.requests()
     refit = await reprofile(plane, setup.models, "tiny-a")
     meter.mark(f"re-profile before {run.name}")
+    together = await reprofile_together(plane, setup.models, "tiny-a")
+    if together is not None:
+        meter.mark(f"re-profile together before {run.name}")
     say(f"run {run.name}: {len(requests)} requests at {rate:.2f}/s")
     live = await live_run(plane, run, requests, scenario.config)
     meter.mark(f"live {run.name}")
@@ -155,8 +169,31 @@ async def _run_one(setup: Setup, plane: Plane, run: RunSpec, measured: Measured)
         again = sim_run(scenario, live.requests, live, fleet)
         measured.comparisons.append(compare(run.name, live, again, JUST_BEFORE))
         say(one_line(measured.comparisons[-1]))
+    if together is not None:
+        _simulate_together(setup, run, scenario, live, together, measured)
     measured.results[run.name] = (live, sim, again)
     measured.checks.append(check_estimator(run.name, live))
+
+
+def _simulate_together(
+    setup: Setup,
+    run: RunSpec,
+    scenario: Scenario,
+    live: LiveRun,
+    fit: ProfileFit,
+    measured: Measured,
+) -> None:
+    """The run simulated on the step model measured with every engine busy: tiny-a's fit,
+    and every other model slowed by the factor that fit shows against tiny-a's profile file."""
+    tiny_a = setup.profiles["tiny-a"]
+    factor = slowdown(tiny_a, fit, *setup.lengths)
+    others = [scaled_profile(spec, factor) for m, spec in setup.profiles.items() if m != "tiny-a"]
+    fleet = with_profiles(scenario.fleet(), [refit_profile(tiny_a, fit), *others])
+    result = sim_run(scenario, live.requests, live, fleet)
+    measured.together_fits[run.name] = fit
+    measured.together[run.name] = result
+    measured.comparisons.append(compare(run.name, live, result, TOGETHER))
+    say(one_line(measured.comparisons[-1]) + f" (host slowdown x{factor:.2f})")
 
 
 def _write(report: FidelityReport) -> int:

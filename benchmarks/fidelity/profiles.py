@@ -3,7 +3,8 @@ machinery, re-fitted on the live engine just before a run, and the capacity it p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,50 @@ async def reprofile(plane: Plane, models: Mapping[str, Path], model: str) -> Pro
     return fit_profile(run.samples)
 
 
-def refit_fleet(fleet: Fleet, spec: ProfileFile, fit: ProfileFit) -> Fleet:
-    """The fleet with one profile's step model replaced by a new fit (all else unchanged)."""
+async def reprofile_together(
+    plane: Plane, models: Mapping[str, Path], model: str
+) -> ProfileFit | None:
+    """The step model fitted while every engine of the live plane runs the probes at once:
+    how an engine steps as the fleet runs, when its engines share the host's cores (each
+    engine's own times, from vLLM's histograms, pooled into one fit). None for a fleet of
+    one engine (the just-before fit is that already). Every engine must hold `model`."""
+    urls = [url for e in plane.engines if (url := getattr(e, "base_url", None)) is not None]
+    if len(urls) < 2:
+        return None
+    config = engine_config(models)
+    profilers = [
+        VllmProfiler(config, model, DRIFT_GRID, WallClock(), seed=i, progress=None)
+        for i in range(len(urls))
+    ]
+    runs = await asyncio.gather(*(p.run_on(url) for p, url in zip(profilers, urls, strict=True)))
+    return fit_profile([sample for run in runs for sample in run.samples])
+
+
+def slowdown(spec: ProfileFile, fit: ProfileFit, prompt_mean: float, output_mean: float) -> float:
+    """How much slower `fit` serves the workload than the profile file's step model: the
+    ratio of the capacities they predict (>= 1 when the fit is slower)."""
+    profile = spec.to_profile()
+    return capacity_rps(profile, prompt_mean, output_mean) / capacity_rps(
+        refit_profile(spec, fit), prompt_mean, output_mean
+    )
+
+
+def scaled_profile(spec: ProfileFile, factor: float) -> Profile:
+    """The profile file's model with every step-time coefficient `factor` times as long (a
+    model not measured together, slowed as much as the host slowed the one that was)."""
+    st = spec.step_time
+    assert st is not None
+    step = StepTimeConfig(
+        base_s=st.base_s * factor,
+        per_prefill_token_s=st.per_prefill_token_s * factor,
+        per_decode_seq_s=st.per_decode_seq_s * factor,
+        per_context_token_s=st.per_context_token_s * factor,
+    )
+    return spec.model_copy(update={"step_time": step, "decode_table": None}).to_profile()
+
+
+def refit_profile(spec: ProfileFile, fit: ProfileFit) -> Profile:
+    """The profile file with its step model replaced by a new fit (all else unchanged)."""
     st = fit.fit.step_time
     step = StepTimeConfig(
         base_s=st.base_s,
@@ -120,6 +163,15 @@ def refit_fleet(fleet: Fleet, spec: ProfileFile, fit: ProfileFit) -> Fleet:
         per_decode_seq_s=st.per_decode_seq_s,
         per_context_token_s=st.per_context_token_s,
     )
-    profile = spec.model_copy(update={"step_time": step, "decode_table": None}).to_profile()
-    profiles = {k: (profile if k == profile.key else p) for k, p in fleet.profiles.items()}
-    return Fleet(fleet.instances, profiles)
+    return spec.model_copy(update={"step_time": step, "decode_table": None}).to_profile()
+
+
+def with_profiles(fleet: Fleet, replaced: Sequence[Profile]) -> Fleet:
+    """The fleet with the given profiles in place of those with the same key."""
+    by_key = {p.key: p for p in replaced}
+    return Fleet(fleet.instances, {k: by_key.get(k, p) for k, p in fleet.profiles.items()})
+
+
+def refit_fleet(fleet: Fleet, spec: ProfileFile, fit: ProfileFit) -> Fleet:
+    """The fleet with one profile's step model replaced by a new fit (all else unchanged)."""
+    return with_profiles(fleet, [refit_profile(spec, fit)])

@@ -29,6 +29,9 @@ class Measured:
     comparisons: list[Comparison] = field(default_factory=list)
     checks: list[EstimatorCheck] = field(default_factory=list)
     refits: dict[str, ProfileFit] = field(default_factory=dict)  # run -> re-measured tiny-a
+    # run -> tiny-a re-measured with every engine busy, and the run simulated on it
+    together_fits: dict[str, ProfileFit] = field(default_factory=dict)
+    together: dict[str, SimResult] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,17 @@ def write_results(report: FidelityReport) -> None:
         "step_models": {
             "up_front": {m: asdict(f.fit.step_time) for m, (_, f) in report.fits.items()},
             "just_before": {run: asdict(f.fit.step_time) for run, f in measured.refits.items()},
+            "together": {run: asdict(f.fit.step_time) for run, f in measured.together_fits.items()},
         },
         "comparisons": [asdict(c) for c in measured.comparisons],
         "estimator": [
             {k: v for k, v in asdict(c).items() if k != "pairs"} for c in measured.checks
         ],
         "host": [asdict(s) for s in report.host],
-        "requests": {name: _requests(*triple) for name, triple in measured.results.items()},
+        "requests": {
+            name: _requests(*triple, measured.together.get(name))
+            for name, triple in measured.results.items()
+        },
     }
     path = report.paths.results
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,9 +85,12 @@ def write_results(report: FidelityReport) -> None:
     path.write_text(text + "\n")
 
 
-def _requests(live: LiveRun, sim: SimResult, again: SimResult | None) -> dict[str, Any]:
+def _requests(
+    live: LiveRun, sim: SimResult, again: SimResult | None, together: SimResult | None
+) -> dict[str, Any]:
     return {
         "live": [asdict(o) for o in live.outcomes],
         "sim": [asdict(o) for o in sim_outcomes(sim)],
         "sim_just_before": None if again is None else [asdict(o) for o in sim_outcomes(again)],
+        "sim_together": None if together is None else [asdict(o) for o in sim_outcomes(together)],
     }

@@ -60,6 +60,7 @@ DRIFT_GRID = ProfileGrid(
 )
 UP_FRONT = "up-front"
 JUST_BEFORE = "just-before"
+TOGETHER = "together"  # re-measured with every engine of the fleet probed at once
 AGENT: dict[str, Any] = {"poll_s": 0.02}
 
 

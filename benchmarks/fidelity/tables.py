@@ -103,9 +103,12 @@ def fit_table(fits: Mapping[str, tuple[ProfileFile, ProfileFit]]) -> list[str]:
 
 
 def refit_table(
-    fits: Mapping[str, tuple[ProfileFile, ProfileFit]], refits: Mapping[str, ProfileFit]
+    fits: Mapping[str, tuple[ProfileFile, ProfileFit]],
+    refits: Mapping[str, ProfileFit],
+    together: Mapping[str, ProfileFit] | None = None,
 ) -> list[str]:
-    """The tiny-a step model up front and as re-measured before each run."""
+    """The tiny-a step model up front and as re-measured before each run: alone, and with
+    every engine of the fleet probed at once."""
     lines = [
         "| measured | iterations | R^2 | max rel. error | base (ms) | per prefill token (us) "
         "| per decode seq (us) | per context token (ns) | decode step, 8 x 1,000 tokens (ms) "
@@ -116,6 +119,7 @@ def refit_table(
     if "tiny-a" in fits:
         rows.append(("up front (the profile file)", fits["tiny-a"][1]))
     rows += [(f"before {run}", fit) for run, fit in refits.items()]
+    rows += [(f"before {run}, every engine at once", f) for run, f in (together or {}).items()]
     for label, fit in rows:
         st, q = fit.fit.step_time, fit.quality()
         lines.append(
