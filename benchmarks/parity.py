@@ -2,7 +2,8 @@
 
 Each case is a scenario at a seed: the shipped quick scenarios (wa-, wb-, wc-quick) at seeds 0,
 1 and 7, and random scenarios from qlm/sim/fuzz (`random:K`, several models and swaps among
-them). Each is replayed `--repeats` times through the public API into an embedded plane on
+them). Each is replayed `--repeats` times (in rounds: every case once, then again, so that a case's
+repeats are spread over the run) through the public API into an embedded plane on
 emulated engines (`qlm replay --embedded`: profiles, SLO targets and loop periods scaled by
 the speedup, qlm/replay/embedded.py), and simulated once with `qlm` (deterministic). The
 speedup is at most `--speedup` and keeps the replay's arrival rate at or below `--max-rps`
@@ -76,26 +77,33 @@ def within(case: dict[str, Any]) -> bool:
     return abs(gap["overall"]) <= OVERALL_POINTS and classes_ok and swaps_ok
 
 
-def run_case(name: str, seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Replay one case `args.repeats` times; the median live run against the simulation."""
-    path = Path(name) if name.startswith("random:") else ROOT / "sims" / f"{name}.yaml"
-    scenario = load_scenario(path)
+def case_path(name: str) -> Path:
+    return Path(name) if name.startswith("random:") else ROOT / "sims" / f"{name}.yaml"
+
+
+def replay_once(
+    name: str, seed: int, repeat: int, args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
+    """One live replay of a case and its simulation (qlm replay's summary document)."""
+    scenario = load_scenario(case_path(name))
     speedup = speedup_for(scenario, seed, args.speedup, args.max_rps)
-    runs = []
-    for repeat in range(args.repeats):
-        out = work / f"{name.replace(':', '-')}-{seed}-{repeat}"
-        doc = run_replay(scenario, seed, ReplayConfig(speedup=speedup), out)
-        assert doc is not None
-        runs.append(doc)
-        live = doc["live"]
-        print(f"  {name} seed {seed} run {repeat}: live {100 * live['overall']:.1f} %, "
-              f"simulated {100 * doc['simulated']['overall']:.1f} %", flush=True)  # fmt: skip
+    out = work / f"{name.replace(':', '-')}-{seed}-{repeat}"
+    doc = run_replay(scenario, seed, ReplayConfig(speedup=speedup), out)
+    assert doc is not None
+    live = doc["live"]
+    print(f"  {name} seed {seed} run {repeat}: live {100 * live['overall']:.1f} %, "
+          f"simulated {100 * doc['simulated']['overall']:.1f} %", flush=True)  # fmt: skip
+    return {**doc, "speedup": speedup}
+
+
+def summarise_case(name: str, seed: int, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A case from its live replays: the median live run against the simulation."""
     overalls = [r["live"]["overall"] for r in runs]
     median_run = sorted(runs, key=lambda r: r["live"]["overall"])[len(runs) // 2]
     case = {
         "case": name,
         "seed": seed,
-        "speedup": speedup,
+        "speedup": median_run["speedup"],
         "requests": median_run["live"]["requests"],
         "live": median_run["live"],
         "simulated": median_run["simulated"],
@@ -108,7 +116,7 @@ def run_case(name: str, seed: int, args: argparse.Namespace, work: Path) -> dict
         "late": sorted({c for r in runs for c in r["replay"]["late"]}),
     }
     case["within"] = within(case)
-    case["baselines"] = simulated_baselines(scenario, seed)
+    case["baselines"] = simulated_baselines(load_scenario(case_path(name)), seed)
     return case
 
 
@@ -122,7 +130,7 @@ def faithful_by_admission_lag(case: dict[str, Any]) -> bool | None:
     if lag_s is None:
         return None
     name = case["case"]
-    path = Path(name) if name.startswith("random:") else ROOT / "sims" / f"{name}.yaml"
+    path = case_path(name)
     present = case["live"]["by_class"]  # the classes the case's requests are in
     longest_s = max(c.ttft_s for c in load_scenario(path).slo_classes if c.name in present)
     return False if lag_s > FAITHFUL_LAG_SHARE * longest_s else None
@@ -300,7 +308,7 @@ def main(argv: Sequence[str]) -> int:
     report = run_header("parity.py", argv, "emulated engines, in-memory queue")
     if args.note:
         report["note"] = args.note
-    cases = []
+    cases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qlm-parity-") as tmp:
         work = Path(tmp)
         todo = [(n, s) for n in args.quick if not n.startswith("random:") for s in args.seeds]
@@ -308,9 +316,15 @@ def main(argv: Sequence[str]) -> int:
         todo += [
             (f"random:{k}", load_scenario(Path(f"random:{k}")).seed) for k in range(args.random)
         ]
-        for name, seed in todo:
-            cases.append(run_case(name, seed, args, work))
-            # What is measured so far is kept should the run be stopped (a case takes minutes).
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {case: [] for case in todo}
+        # Round by round: a case's repeats are spread over the whole run, not back to back
+        # (repeats made minutes apart agreed within 0.2 points while a run half an hour later
+        # differed by 5 in a class: the host's conditions drift).
+        for repeat in range(args.repeats):
+            for name, seed in todo:
+                runs[name, seed].append(replay_once(name, seed, repeat, args, work))
+            cases = [summarise_case(name, seed, runs[name, seed]) for name, seed in todo]
+            # What is measured so far is kept should the run be stopped (a round takes minutes).
             write_results(args.results, {**report, "cases": cases, "partial": True})
     finish_header(report)
     report["cases"] = cases

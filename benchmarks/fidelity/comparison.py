@@ -59,6 +59,7 @@ class Comparison:
     itl_engine_live_s: float  # mean decode step inside the live engines (vLLM's own times)
     itl_live_s: float  # mean (finish - first token) / (tokens - 1), as QLM saw it
     itl_sim_s: float
+    disagreements: Disagreements | None = None
 
     def error(self, metric: str, q: str) -> float:
         live = getattr(self, f"{metric}_live")[q]
@@ -96,7 +97,57 @@ def compare(name: str, live: LiveRun, sim: SimResult, profile: str = UP_FRONT) -
         itl_engine_live_s=live.engine_itl_s,
         itl_live_s=_mean_itl(lv, tokens, both),
         itl_sim_s=_mean_itl(sv, tokens, both),
+        disagreements=disagreements(lv, sv, both),
     )
+
+
+@dataclass(frozen=True)
+class Disagreements:
+    """The requests whose SLO outcome differs between the planes, each put down to where its
+    live time went beyond the simulated one: `wait` (dispatch - arrival longer live: a queue or
+    decision difference), `engine` (first token - dispatch longer live: the engine or the path
+    to it), `evicted` (more evictions live) or `unfinished` (no live first token). Medians of
+    the extra seconds over the requests missed live only."""
+
+    missed_live_only: int
+    missed_sim_only: int
+    by_cause: dict[str, int]  # cause -> requests met simulated and missed live
+    extra_wait_p50_s: float
+    extra_engine_p50_s: float
+
+
+def disagreements(
+    live: Mapping[str, Outcome], sim: Mapping[str, Outcome], ids: list[str]
+) -> Disagreements:
+    """Request by request: which requests only one plane missed, and why live did."""
+    only_live = [i for i in ids if sim[i].met_slo and not live[i].met_slo]
+    by_cause: dict[str, int] = {}
+    for i in only_live:
+        cause = _cause(live[i], sim[i])
+        by_cause[cause] = by_cause.get(cause, 0) + 1
+    return Disagreements(
+        missed_live_only=len(only_live),
+        missed_sim_only=sum(live[i].met_slo and not sim[i].met_slo for i in ids),
+        by_cause=by_cause,
+        extra_wait_p50_s=_median_of([_extra(live[i].wait_s, sim[i].wait_s) for i in only_live]),
+        extra_engine_p50_s=_median_of(
+            [_extra(_service(live[i]), _service(sim[i])) for i in only_live]
+        ),
+    )
+
+
+def _cause(live: Outcome, sim: Outcome) -> str:
+    if live.evictions > sim.evictions:
+        return "evicted"
+    if live.first_token_s is None:
+        return "unfinished"
+    wait = _extra(live.wait_s, sim.wait_s) or 0.0
+    engine = _extra(_service(live), _service(sim)) or 0.0
+    return "wait" if wait > engine else "engine"
+
+
+def _extra(live_s: float | None, sim_s: float | None) -> float | None:
+    return None if live_s is None or sim_s is None else live_s - sim_s
 
 
 def _dist(outcomes: Mapping[str, Outcome], ids: list[str], attr: str) -> dict[str, float]:

@@ -18,6 +18,7 @@ from benchmarks.fidelity.settings import (
 )
 from benchmarks.fidelity.tables import (
     attainment_table,
+    disagreement_table,
     error_table,
     estimator_table,
     fit_table,
@@ -121,6 +122,15 @@ def _results(report: FidelityReport) -> list[str]:
         "## SLO attainment and where the time goes",
         "",
         *attainment_table(measured.comparisons),
+        "",
+        "## Where the planes disagree, request by request",
+        "",
+        "Every request met in one plane and missed in the other. A request met simulated and "
+        "missed live is put down to the larger of its extra wait (dispatch - arrival: the "
+        "queue and the decisions) and its extra first token after dispatch (the engine and "
+        "the path to it), or to an eviction the simulator did not make:",
+        "",
+        *disagreement_table(measured.comparisons),
         "",
         "## The fitted profiles",
         "",

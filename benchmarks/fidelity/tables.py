@@ -102,6 +102,28 @@ def fit_table(fits: Mapping[str, tuple[ProfileFile, ProfileFit]]) -> list[str]:
     return lines
 
 
+def disagreement_table(comparisons: Sequence[Comparison]) -> list[str]:
+    """Request by request: the requests only one plane missed, and where the live time went
+    for those only live missed (comparison.Disagreements)."""
+    causes = ("engine", "wait", "evicted", "unfinished")
+    lines = [
+        "| run | profile | met sim, missed live | of them: longer first token after dispatch "
+        "/ longer wait / evicted / unfinished | their median extra time live: first token "
+        "after dispatch / wait (s) | met live, missed sim |",
+        "|" + "---|" * 6,
+    ]
+    for c in comparisons:
+        d = c.disagreements
+        if d is None:
+            continue
+        split = " / ".join(str(d.by_cause.get(k, 0)) for k in causes)
+        lines.append(
+            f"| {c.run} | {c.profile} | {d.missed_live_only} | {split} "
+            f"| {_s(d.extra_engine_p50_s)} / {_s(d.extra_wait_p50_s)} | {d.missed_sim_only} |"
+        )
+    return lines
+
+
 def refit_table(
     fits: Mapping[str, tuple[ProfileFile, ProfileFit]],
     refits: Mapping[str, ProfileFit],

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from benchmarks.fidelity import main as fidelity_main
-from benchmarks.fidelity.comparison import compare
+from benchmarks.fidelity.comparison import compare, disagreements
 from benchmarks.fidelity.estimator import check_estimator
 from benchmarks.fidelity.outcomes import LiveRun, Outcome, Prediction
-from benchmarks.fidelity.profiles import capacity_rps
+from benchmarks.fidelity.profiles import (
+    capacity_rps,
+    refit_profile,
+    scaled_profile,
+    slowdown,
+    with_profiles,
+)
 from benchmarks.fidelity.scenarios import write_scenario
 from benchmarks.fidelity.settings import (
     DOCS,
@@ -24,12 +31,15 @@ from benchmarks.fidelity.settings import (
     Paths,
     RunSpec,
 )
-from benchmarks.fidelity.tables import error_table, misses
+from benchmarks.fidelity.tables import disagreement_table, error_table, misses
 from benchmarks.report import ROOT
-from qlm.engine.profiling.library import save_profile
+from qlm.engine.profiling.calibration import StepTimeFit
+from qlm.engine.profiling.library import ProfileFile, save_profile
+from qlm.engine.profiling.measured import ProfileFit
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult
+from qlm.types import Fleet
 from tests.vllm_fixtures import vllm_python  # noqa: F401
 
 STEP = StepTime(base_s=2e-3, per_prefill_token_s=1e-4, per_decode_seq_s=1e-4, per_context_token_s=0)
@@ -89,6 +99,32 @@ def test_a_simulator_ten_percent_slow_shows_ten_percent_errors() -> None:
     assert "| 10.0% |" in table
 
 
+def test_disagreements_put_each_live_only_miss_down_to_wait_or_engine() -> None:
+    def o(rid: str, dispatch: float, first: float, met: bool, evictions: int = 0) -> Outcome:
+        return Outcome(rid, "interactive", "tiny-a", 0.0, dispatch, first, 9.0, met, evictions, "i")
+
+    sim = {i: o(i, 0.1, 0.5, True) for i in ("w", "e", "x", "ok")}
+    sim["s"] = o("s", 0.1, 2.0, False)
+    live = {
+        "w": o("w", 1.6, 2.0, False),  # waited 1.5 s longer, engine 0.0 longer: wait
+        "e": o("e", 0.2, 1.9, False),  # waited 0.1 s longer, engine 1.3 longer: engine
+        "x": o("x", 0.1, 0.6, False, evictions=1),
+        "ok": o("ok", 0.1, 0.5, True),
+        "s": o("s", 0.1, 0.5, True),
+    }
+    d = disagreements(live, sim, list(live))
+    assert (d.missed_live_only, d.missed_sim_only) == (3, 1)
+    assert d.by_cause == {"wait": 1, "engine": 1, "evicted": 1}
+    assert d.extra_wait_p50_s == pytest.approx(0.1)  # of 1.5, 0.1, 0.0
+    assert d.extra_engine_p50_s == pytest.approx(0.1)  # of 0.0, 1.3, 0.1
+    comparison = replace(
+        compare("run", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.0)), disagreements=d
+    )
+    assert "| run | up-front | 3 | 1 / 1 / 1 / 0 | 0.100 / 0.100 | 1 |" in disagreement_table(
+        [comparison]
+    )
+
+
 def test_the_estimator_check_measures_from_the_plan_and_counts_the_bound() -> None:
     outs = [outcome("a", 0.0, 2.0, 2.5, 9.0), outcome("b", 1.0, 3.0, 3.5, 9.0)]
     evicted = Outcome("c", "batch-1", "tiny-a", 0.0, 5.0, 6.0, 9.0, True, 1, "i")
@@ -134,6 +170,27 @@ def test_capacity_is_a_full_batch_plus_each_prefill() -> None:
     # per request: 500 prompt tokens x 0.1 ms + 150 tokens x (2 + 0.8 ms) / 8
     per_request_s = 500 * 1e-4 + 150 * (2e-3 + 8e-4) / 8
     assert capacity_rps(tiny("tiny-a", 30), 500, 150) == pytest.approx(1 / per_request_s)
+
+
+def test_a_fit_twice_as_slow_halves_capacity_and_slows_the_other_models_alike() -> None:
+    spec = ProfileFile.of(tiny("tiny-a", 30), "test", typical_context_tokens=500)
+    doubled = StepTime(4e-3, 2e-4, 2e-4, 0.0)
+    fit = ProfileFit(
+        StepTimeFit(doubled, samples=9, rms_relative_error=0, max_relative_error=0), ()
+    )
+    assert slowdown(spec, fit, 500, 150) == pytest.approx(2.0)
+    assert refit_profile(spec, fit).step_time == doubled
+    other = ProfileFile.of(tiny("tiny-b", 30), "test", typical_context_tokens=500)
+    slowed = scaled_profile(other, 2.0)
+    assert slowed.step_time == doubled
+    assert capacity_rps(slowed, 500, 150) == pytest.approx(
+        capacity_rps(tiny("b", 30), 500, 150) / 2
+    )
+    # every model swapped into the fleet, the rest kept
+    fleet = Fleet((), {("tiny-a", "cpu"): tiny("tiny-a", 30), ("tiny-c", "cpu"): tiny("tiny-c", 5)})
+    swapped = with_profiles(fleet, [replace(slowed, model="tiny-a")])
+    assert swapped.profiles[("tiny-a", "cpu")].step_time == doubled
+    assert swapped.profiles[("tiny-c", "cpu")].load_s == 5
 
 
 def test_each_run_writes_a_scenario_that_reads_the_fitted_profiles(tmp_path: Path) -> None:
