@@ -3,8 +3,13 @@ block merged from several results files, a later file's case replacing an earlie
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from benchmarks import parity
 from benchmarks.parity import render, within
 
 HEADER = {"command": "x", "date": "d", "machine": "m", "platform": "p", "code": "c"}
@@ -55,3 +60,32 @@ def test_a_replay_that_lost_the_arrival_times_is_never_within_bounds() -> None:
     block = render([{**HEADER, "cases": [late, kept]}])
     assert "0 / 18.4 s / NO: batch-1" in block
     assert "1 of 2 cases within bounds; 1 replays not faithful" in block
+
+
+def test_repeats_run_in_rounds_and_the_median_repeat_is_the_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[tuple[str, int]] = []
+    overalls = {("wb-quick", 0): [0.95, 0.90, 0.97], ("wc-quick", 0): [0.99, 0.98, 0.98]}
+
+    def replay(name: str, seed: int, repeat: int, *_: Any) -> dict[str, Any]:
+        order.append((name, repeat))
+        live = figures(overalls[name, seed][repeat], 4)
+        sim = figures(0.96, 4)
+        gap = {"overall": 100 * (live["overall"] - 0.96)}
+        return {"live": live | {"requests": 10}, "simulated": sim, "gap_points": gap,
+                "replay": {"faithful": True, "late": []}, "speedup": 4.0}  # fmt: skip
+
+    monkeypatch.setattr(parity, "replay_once", replay)
+    monkeypatch.setattr(parity, "simulated_baselines", lambda *_: {"fcfs": 0.5})
+    out = tmp_path / "parity.json"
+    argv = ["--quick", "wb-quick", "wc-quick", "--seeds", "0", "--random", "0", "--repeats", "3"]
+    assert parity.main([*argv, "--results", str(out), "--no-docs"]) == 0
+    # every case once, then again: a case's repeats are spread over the run
+    assert order == [(n, r) for r in range(3) for n in ("wb-quick", "wc-quick")]
+    report = json.loads(out.read_text())
+    assert "partial" not in report
+    cases = {c["case"]: c for c in report["cases"]}
+    assert cases["wb-quick"]["live"]["overall"] == 0.95  # the median of 0.90, 0.95, 0.97
+    assert cases["wb-quick"]["live_overall_spread_points"] == pytest.approx(7.0)
+    assert cases["wb-quick"]["within"]
