@@ -112,8 +112,12 @@ class Disagreements:
     missed_live_only: int
     missed_sim_only: int
     by_cause: dict[str, int]  # cause -> requests met simulated and missed live
+    by_model: dict[str, int]  # model -> requests met simulated and missed live
     extra_wait_p50_s: float
     extra_engine_p50_s: float
+    # model -> when its first request was dispatched, live and simulated (s from the start):
+    # for a model no instance holds at the start, when its first load ended
+    first_dispatch_s: dict[str, tuple[float, float]]
 
 
 def disagreements(
@@ -125,15 +129,30 @@ def disagreements(
     for i in only_live:
         cause = _cause(live[i], sim[i])
         by_cause[cause] = by_cause.get(cause, 0) + 1
+    by_model: dict[str, int] = {}
+    for i in only_live:
+        by_model[live[i].model] = by_model.get(live[i].model, 0) + 1
     return Disagreements(
         missed_live_only=len(only_live),
         missed_sim_only=sum(live[i].met_slo and not sim[i].met_slo for i in ids),
         by_cause=by_cause,
+        by_model=by_model,
+        first_dispatch_s={
+            m: (_first_dispatch(live, ids, m), _first_dispatch(sim, ids, m))
+            for m in sorted({live[i].model for i in ids})
+        },
         extra_wait_p50_s=_median_of([_extra(live[i].wait_s, sim[i].wait_s) for i in only_live]),
         extra_engine_p50_s=_median_of(
             [_extra(_service(live[i]), _service(sim[i])) for i in only_live]
         ),
     )
+
+
+def _first_dispatch(outcomes: Mapping[str, Outcome], ids: list[str], model: str) -> float:
+    times = [
+        d for i in ids if outcomes[i].model == model and (d := outcomes[i].dispatch_s) is not None
+    ]
+    return min(times, default=math.nan)
 
 
 def _cause(live: Outcome, sim: Outcome) -> str:

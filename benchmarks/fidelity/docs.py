@@ -199,32 +199,32 @@ def _closing(report: FidelityReport, figures: Sequence[str]) -> list[str]:
 
 
 WHY = [
-    "Why, from the columns above (each cause is measured in this report, not assumed):",
+    "Why, from the tables above (each cause is measured in this report, not assumed):",
     "",
-    "- **The engine runs slower inside the live plane than when profiled.** Compare the mean "
-    "decode step inside the live engines (vLLM's own decode-time histogram over the run) "
-    "with the simulated one: on this 2-core host the engines share the cores with vLLM's "
-    "API servers, the control plane and agents (this benchmark's process) and other "
-    "people's jobs; when profiled, only the profiler's light client ran beside the engine. "
-    "The simulator assumes the profiled speed throughout, so where the live engine is "
-    "slower the simulated queue drains faster, and near saturation (the load-90 and two-"
-    "instance runs) the gap compounds into queueing: live TTFT and end-to-end grow, "
-    "attainment falls, the simulator does not see it. The `just-before` rows re-measure "
-    "the engine right before each run: they remove drift between runs but not the "
-    "contention during a run (the plane is idle while re-measuring).",
-    "- **Fixed costs outside the engine.** The live first token passes through the agent's "
-    "poll (20 ms), the HTTP request, vLLM's API server (scheduling, detokenising, "
-    "streaming) and the stream back; the simulator's first token is the end of the prefill "
-    "iteration. Compare the median 'first token - dispatch' columns with the profile's "
-    "request overhead. On a busy host vLLM's API server also stalls: while developing this "
-    "benchmark its streams repeatedly delivered half a second to several seconds of tokens "
-    "in one burst (the engine kept stepping; its own timestamps are regular), and the "
-    "profiler's voided and skipped probes (in the profile files) come from such stalls. A "
-    "first token caught in a burst arrives late, which hits TTFT far more than end-to-end.",
-    "- **Two instances are not two GPUs.** Both engines, both API servers and the plane "
-    "share two cores; the profile is of one engine alone.",
-    "- **Model swaps.** The simulated swap takes the profile's median load time; a live "
-    "restart (stop, start, /health) depends on the host's load at that moment.",
+    "- **The host is saturated by what surrounds the engines.** The host table shows this "
+    "benchmark's processes using nearly both cores in every live run, with CPU pressure "
+    "rising run by run: the engines share two cores with vLLM's API servers, the control "
+    "plane and agents and the load generator, which the simulator does not model (it "
+    "models each engine's iterations). Request by request, most requests met simulated and "
+    "missed live lost their time after dispatch (the disagreement table's 'longer first "
+    "token after dispatch'), by a median of seconds, while on one engine the live decode "
+    "step stayed near the profile's (the attainment table's last column): the path to and "
+    "from the engine (the agent, the HTTP request, vLLM's API server, the token stream "
+    "back) stalls on a saturated host. While developing this benchmark, vLLM's streams "
+    "repeatedly delivered half a second to several seconds of tokens in one burst while "
+    "the engine kept stepping; a first token caught in a burst arrives late, which hits "
+    "TTFT far more than end-to-end. A GPU fleet runs these on host cores the engines do "
+    "not use.",
+    f"- **Engines that share cores.** The `{TOGETHER}` rows re-measure tiny-a's steps with "
+    "every engine of the plane probing at once: the step model slows (the fitted-profile "
+    "table's last rows), yet the simulation on it keeps nearly all its attainment. Engine "
+    "contention alone does not explain the two-instance gap; the saturated path around "
+    "the engines does (above).",
+    "- **Model loads.** The simulated load takes the profile's, timed while nothing else "
+    "ran; a live load (stop, start, /health) on the saturated host takes longer. The "
+    "disagreement table's first-dispatch column gives, for the model swapped to, when its "
+    "load ended live and simulated, and its by-model column how many of the live-only "
+    "misses were that model's requests waiting for it.",
     "- **Scheduler details** not modelled (qlm/engine/README.md): KV blocks and watermark, "
     "vLLM's own admission order within its waiting queue, the API server's batching of "
     "outputs.",

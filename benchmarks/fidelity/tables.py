@@ -108,18 +108,24 @@ def disagreement_table(comparisons: Sequence[Comparison]) -> list[str]:
     causes = ("engine", "wait", "evicted", "unfinished")
     lines = [
         "| run | profile | met sim, missed live | of them: longer first token after dispatch "
-        "/ longer wait / evicted / unfinished | their median extra time live: first token "
-        "after dispatch / wait (s) | met live, missed sim |",
-        "|" + "---|" * 6,
+        "/ longer wait / evicted / unfinished | of them, by model | their median extra time "
+        "live: first token after dispatch / wait (s) | each model's first dispatch live / sim "
+        "(s) | met live, missed sim |",
+        "|" + "---|" * 8,
     ]
     for c in comparisons:
         d = c.disagreements
         if d is None:
             continue
         split = " / ".join(str(d.by_cause.get(k, 0)) for k in causes)
+        models = ", ".join(f"{m} {n}" for m, n in sorted(d.by_model.items())) or "-"
+        firsts = ", ".join(
+            f"{m} {_s(live)} / {_s(sim)}" for m, (live, sim) in d.first_dispatch_s.items()
+        )
         lines.append(
-            f"| {c.run} | {c.profile} | {d.missed_live_only} | {split} "
-            f"| {_s(d.extra_engine_p50_s)} / {_s(d.extra_wait_p50_s)} | {d.missed_sim_only} |"
+            f"| {c.run} | {c.profile} | {d.missed_live_only} | {split} | {models} "
+            f"| {_s(d.extra_engine_p50_s)} / {_s(d.extra_wait_p50_s)} | {firsts} "
+            f"| {d.missed_sim_only} |"
         )
     return lines
 

@@ -120,9 +120,11 @@ def test_disagreements_put_each_live_only_miss_down_to_wait_or_engine() -> None:
     comparison = replace(
         compare("run", live_run(OUTCOMES, {}), sim_result(OUTCOMES, 1.0)), disagreements=d
     )
-    assert "| run | up-front | 3 | 1 / 1 / 1 / 0 | 0.100 / 0.100 | 1 |" in disagreement_table(
-        [comparison]
-    )
+    assert d.by_model == {"tiny-a": 3}
+    assert d.first_dispatch_s == {"tiny-a": (0.1, 0.1)}
+    row = "| run | up-front | 3 | 1 / 1 / 1 / 0 | tiny-a 3 | 0.100 / 0.100 "
+    row += "| tiny-a 0.100 / 0.100 | 1 |"
+    assert row in disagreement_table([comparison])
 
 
 def test_the_estimator_check_measures_from_the_plan_and_counts_the_bound() -> None:
