@@ -48,7 +48,7 @@ from qlm.autoscale.need import Pool, pool_needs
 from qlm.autoscale.replicas import Autoscaler
 from qlm.config import AutoscaleConfig
 from qlm.sim.result import RequestOutcome
-from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
+from qlm.sim.simulate import SimConfig, SimulatedEngines, simulate
 from qlm.types import Fleet, Request
 
 RESULTS_PATH = RESULTS_DIR / "autoscale_day.json"

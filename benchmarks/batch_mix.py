@@ -40,8 +40,8 @@ from benchmarks.report import (
 )
 from qlm.sim.report.prefix import scenario_oracle_reuse
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import SimulatedEngines, simulate
 from qlm.sim.scenario import Scenario, load_scenario
+from qlm.sim.simulate import SimulatedEngines, simulate
 
 RESULTS_PATH = RESULTS_DIR / "batch_mix.json"
 POLICIES = ("fcfs", "llmd", "qlm")

@@ -8,7 +8,8 @@ The server is a minimal SSE responder in a child process (raw asyncio, no framew
 streams `--tokens` chunks shaped like vLLM's completion chunks with `--gap-ms` between them, so
 what the client pays is what is measured. Rounds alternate the clients; the table gives each
 client's median CPU milliseconds per stream (user + system, resource.getrusage of this process)
-and the ratio, which is what VllmEngine's choice of client rests on (qlm/engine/vllm/engine.py).
+and the ratio, which is what VllmEngine's choice of client rests on
+(qlm/engine/vllm/vllm_engine.py).
 Writes results/engine_http.json.
 """
 

@@ -47,7 +47,7 @@ from benchmarks.report import (
 from qlm.clock import WallClock
 from qlm.engine.model.config import EngineConfig
 from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.engine import NativeEngine
+from qlm.engine.native.native_engine import NativeEngine
 from qlm.engine.types import EngineFailed, FirstToken, RequestFinished
 from qlm.types import Instance, Request
 from tests.vllm_fixtures import VLLM_PYTHON, build_tiny_models

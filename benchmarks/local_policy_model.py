@@ -20,7 +20,7 @@ from qlm.engine.model.config import EngineConfig
 from qlm.engine.model.core import EngineModel
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.native.runner import NativeRunner, RunnerConfig
+from qlm.engine.native.step_runner import NativeRunner, RunnerConfig
 from qlm.engine.types import FirstToken, RequestFinished
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime

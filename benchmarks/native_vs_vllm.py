@@ -39,7 +39,7 @@ from benchmarks.report import (
 from qlm.clock import WallClock
 from qlm.engine.client import EngineClient
 from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.engine import NativeEngine
+from qlm.engine.native.native_engine import NativeEngine
 from qlm.engine.types import RequestFinished
 from qlm.types import Instance, Request
 from tests.vllm_fixtures import VLLM_PYTHON, build_tiny_models, tiny_engine_config
@@ -119,7 +119,7 @@ async def native(models: dict[str, Path], args: argparse.Namespace) -> dict[str,
 
 
 async def vllm(models: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
-    from qlm.engine.vllm.engine import VllmEngine
+    from qlm.engine.vllm.vllm_engine import VllmEngine
 
     config = tiny_engine_config(
         models, max_num_seqs=args.batch, max_model_len=4096, kv_cache_gib=0.25

@@ -271,6 +271,14 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cases_to_run(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """(case, seed): each shipped scenario at each seed, then each random one at its own."""
+    todo = [(n, s) for n in args.quick if not n.startswith("random:") for s in args.seeds]
+    todo += [(n, load_scenario(Path(n)).seed) for n in args.quick if n.startswith("random:")]
+    todo += [(f"random:{k}", load_scenario(Path(f"random:{k}")).seed) for k in range(args.random)]
+    return todo
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -311,11 +319,7 @@ def main(argv: Sequence[str]) -> int:
     cases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qlm-parity-") as tmp:
         work = Path(tmp)
-        todo = [(n, s) for n in args.quick if not n.startswith("random:") for s in args.seeds]
-        todo += [(n, load_scenario(Path(n)).seed) for n in args.quick if n.startswith("random:")]
-        todo += [
-            (f"random:{k}", load_scenario(Path(f"random:{k}")).seed) for k in range(args.random)
-        ]
+        todo = cases_to_run(args)
         runs: dict[tuple[str, int], list[dict[str, Any]]] = {case: [] for case in todo}
         # Round by round: a case's repeats are spread over the whole run, not back to back
         # (repeats made minutes apart agreed within 0.2 points while a run half an hour later

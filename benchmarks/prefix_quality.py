@@ -33,8 +33,8 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import SimulatedEngines, simulate
 from qlm.sim.scenario import load_scenario
+from qlm.sim.simulate import SimulatedEngines, simulate
 from qlm.sim.workload.prefixes import oracle_reuse
 
 RESULTS_PATH = RESULTS_DIR / "prefix_quality.json"

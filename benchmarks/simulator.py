@@ -53,8 +53,8 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.sim.result import SimResult
-from qlm.sim.runner import simulate
 from qlm.sim.scenario import Scenario, load_scenario
+from qlm.sim.simulate import simulate
 from qlm.types import Request
 
 HERE = ROOT / "benchmarks"

@@ -36,7 +36,7 @@ import pytest
 
 from qlm.clock import WallClock
 from qlm.engine.vllm.config import VllmEngineConfig
-from qlm.engine.vllm.engine import VllmEngine
+from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.types import Instance
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,8 +24,8 @@ from benchmarks.density.scenario import LARGE, SMALL
 from qlm.fleet_config import InstanceGroupConfig
 from qlm.sim.miss_causes import miss_cause_counts
 from qlm.sim.result import SimResult
-from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
 from qlm.sim.scenario import Scenario
+from qlm.sim.simulate import SimConfig, SimulatedEngines, simulate
 from qlm.types import Request
 
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from benchmarks.fidelity.outcomes import LiveRun, Outcome
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import simulate
 from qlm.sim.scenario import Scenario
+from qlm.sim.simulate import simulate
 from qlm.types import Fleet, Request
 
 

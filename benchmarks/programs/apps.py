@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from qlm.programs.client import ProgramBuilder
+from qlm.programs.python_client import ProgramBuilder
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 LENGTHS = ROOT / "sims" / "data" / "arxiv_summarization_lengths.csv"

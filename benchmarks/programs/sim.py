@@ -23,7 +23,7 @@ from benchmarks.programs.run import (
 from qlm.programs.deadlines import call_deadlines
 from qlm.serve.config import ServeConfig
 from qlm.sim.dependencies import Dependency
-from qlm.sim.runner import SimConfig, simulate
+from qlm.sim.simulate import SimConfig, simulate
 from qlm.types import Request
 
 POLICY = "qlm"

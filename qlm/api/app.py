@@ -34,10 +34,10 @@ from qlm.api.qlm_routes import add_qlm_routes
 from qlm.api.settings import ApiAppConfig
 from qlm.api.tokens import TokenCounter
 from qlm.api.wait_forecast import QueueForecaster
-from qlm.batch.store import BatchStore, MemoryBatchStore
+from qlm.batch.job_store import BatchStore, MemoryBatchStore
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
-from qlm.programs.store import MemoryProgramStore, ProgramStore
+from qlm.programs.storage import MemoryProgramStore, ProgramStore
 from qlm.queue.base import GlobalQueue, QueueUnavailableError
 from qlm.queue.redis.batch_store import RedisBatchStore
 from qlm.queue.redis.program_store import RedisProgramStore

@@ -1,7 +1,7 @@
 """OpenAI's Files and Batch APIs: `/v1/files` (upload, list, retrieve, content, delete) and
 `/v1/batches` (create, retrieve, list, cancel), as the official client calls them. Jobs run
 in the batch runner (qlm/api/batch_runner.py); state lives in a `BatchStore`
-(qlm/batch/store.py). A tenant sees only its own files and jobs: another's answer 404, like
+(qlm/batch/job_store.py). A tenant sees only its own files and jobs: another's answer 404, like
 unknown ids. QLM's extensions: metadata `qlm_slo_class` (the lines' SLO class) and
 `qlm_deadline_s` (seconds from creation, tighter than the window), and a `qlm` field on each
 job (its class and deadline).
@@ -21,9 +21,9 @@ from starlette.responses import Response
 
 from qlm.api.context import ApiContext, json_response
 from qlm.api.errors import ApiError
+from qlm.batch.job_store import BatchStore
 from qlm.batch.jobs import BatchJob, StoredFile
 from qlm.batch.lines import ENDPOINTS
-from qlm.batch.store import BatchStore
 from qlm.config import StrictModel
 
 PURPOSES = ("batch",)

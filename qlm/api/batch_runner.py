@@ -25,9 +25,9 @@ from qlm.api.context import ApiContext
 from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import CHAT, COMPLETION, Head, OutputFormat, usage
 from qlm.api.slo import HEADER_CLASS
+from qlm.batch.job_store import BatchStore
 from qlm.batch.jobs import BatchJob, BatchStatus, LineError, StoredFile
 from qlm.batch.lines import InputLine, NotJsonlError, parse_input
-from qlm.batch.store import BatchStore
 from qlm.prefixes.job_plan import UNBOUNDED, PlanBudget, plan_job, with_plan
 from qlm.queue.records import RequestRecord
 from qlm.types import Request, RequestState

@@ -30,7 +30,7 @@ from qlm.control.plan import LoneSpeed
 from qlm.programs.deadlines import CallTime, call_deadlines
 from qlm.programs.graph import ProgramCall, ProgramError, ProgramGraph, ProgramLimits
 from qlm.programs.state import CallState, Program
-from qlm.programs.store import ProgramStore
+from qlm.programs.storage import ProgramStore
 
 PROGRAMS = "/v1/qlm/programs"
 WAIT_STEP_S = 0.05  # how often a waiting variable read looks again

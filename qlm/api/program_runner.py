@@ -29,7 +29,7 @@ from qlm.api.slo import HEADER_CLASS
 from qlm.prefixes.prompt_blocks import prompt_prefix
 from qlm.programs.graph import ProgramCall, ProgramGraph, render
 from qlm.programs.state import CallState, Program, ProgramStatus
-from qlm.programs.store import ProgramStore
+from qlm.programs.storage import ProgramStore
 from qlm.queue.records import RequestRecord
 from qlm.types import Request, RequestState
 

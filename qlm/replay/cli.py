@@ -160,7 +160,7 @@ def _drain_wall_s(scenario: Scenario, requests: list[Request], speedup: float) -
 
 def simulate_same(scenario: Scenario, requests: list[Request], seed: int, policy: str) -> SimResult:
     """`qlm simulate`'s run of `policy` on these requests."""
-    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
+    from qlm.sim.simulate import SimConfig, SimulatedEngines, simulate
 
     options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
     engines = SimulatedEngines(scenario.engine)

@@ -69,7 +69,7 @@ def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Cloc
 @ENGINE_KINDS.register("vllm")
 def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
     from qlm.engine.vllm.config import VllmEngineConfig
-    from qlm.engine.vllm.engine import VllmEngine
+    from qlm.engine.vllm.vllm_engine import VllmEngine
 
     engine: ServedEngine = VllmEngine(
         instance, VllmEngineConfig.model_validate(config.engine.vllm), clock
@@ -80,7 +80,7 @@ def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -
 @ENGINE_KINDS.register("native")
 def _native(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
     from qlm.engine.native.config import NativeEngineConfig
-    from qlm.engine.native.engine import NativeEngine
+    from qlm.engine.native.native_engine import NativeEngine
 
     engine: ServedEngine = NativeEngine(
         instance, NativeEngineConfig.model_validate(config.engine.native), clock

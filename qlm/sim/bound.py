@@ -284,7 +284,7 @@ class _Capacity:
 
 def scenario_bound(scenario: Scenario, seed: int) -> AttainmentBound:
     """The bound for a scenario's requests at this seed, on its fleet, up to its horizon (the
-    runner's default engines: qlm/sim/runner.py)."""
+    runner's default engines: qlm/sim/simulate.py)."""
     return attainment_bound(
         scenario.fleet(),
         scenario.requests(seed),

@@ -137,7 +137,7 @@ def run_policies(
     scenario: Scenario, policies: Sequence[str], seed: int, progress: bool = True
 ) -> list[SimResult]:
     """Each policy on the same requests (the scenario's, drawn once with `seed`)."""
-    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
+    from qlm.sim.simulate import SimConfig, SimulatedEngines, simulate
 
     requests = scenario.requests(seed)
     fleet = scenario.fleet()

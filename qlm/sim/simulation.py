@@ -1,5 +1,5 @@
 """One simulation run: the event loop that drives a policy and a fleet of simulated engines on
-one virtual clock (see qlm/sim/runner.py for the order of events and when a run ends). The run
+one virtual clock (see qlm/sim/simulate.py for the order of events and when a run ends). The run
 implements the SimContext policies see (qlm/sim/policies/base.py)."""
 
 from __future__ import annotations

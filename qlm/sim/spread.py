@@ -96,7 +96,7 @@ class PolicyRun:
 def run_policy(job: PolicyRun, progress: Callable[[int, int], None] | None = None) -> SimResult:
     """The simulation of one `PolicyRun`, as `qlm simulate` runs each policy; `progress`
     (requests ended, total) only where it runs in this process."""
-    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
+    from qlm.sim.simulate import SimConfig, SimulatedEngines, simulate
 
     scenario = job.scenario
     return simulate(
@@ -124,7 +124,7 @@ class FleetRun:
 
 def run_fleet(job: FleetRun) -> float:
     """The attainment (overall, or of `slo_class`) of one fleet of a capacity search."""
-    from qlm.sim.runner import SimConfig, SimulatedEngines, simulate
+    from qlm.sim.simulate import SimConfig, SimulatedEngines, simulate
 
     scenario = job.scenario
     result = simulate(

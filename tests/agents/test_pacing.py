@@ -12,7 +12,7 @@ from qlm.agents.pacing import Pacing, held_back
 from qlm.agents.queued import QueuedItem
 from qlm.config import QlmConfig, SloClassConfig
 from qlm.control.plan import AgentNotes
-from qlm.sim.runner import simulate
+from qlm.sim.simulate import simulate
 from qlm.types import Request
 from tests.sim.cases import two_model_fleet
 

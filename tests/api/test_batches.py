@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from qlm.api.batch_runner import BatchRunner
-from qlm.batch.store import BatchStore
+from qlm.batch.job_store import BatchStore
 from qlm.clock import VirtualClock
 from qlm.queue.memory import MemoryQueue
 from tests.api.fake_agent import FakeAgent

@@ -17,8 +17,8 @@ from fastapi import FastAPI
 from qlm.api import create_app
 from qlm.api.program_runner import ProgramRunner
 from qlm.clock import VirtualClock
-from qlm.programs.client import ProgramBuilder
 from qlm.programs.graph import ProgramCall
+from qlm.programs.python_client import ProgramBuilder
 from qlm.programs.state import Program, ProgramStatus
 from qlm.queue.memory import MemoryQueue
 from qlm.types import RequestState

@@ -128,7 +128,7 @@ async def native_harness(kv_swap: bool = True) -> AsyncIterator[EngineHarness]:
     """QLM's own engine on two tiny random Llamas written to a temporary folder (no KV swap
     whatever `kv_swap` asks)."""
     from qlm.engine.native.config import NativeEngineConfig
-    from qlm.engine.native.engine import NativeEngine
+    from qlm.engine.native.native_engine import NativeEngine
     from tests.engine.native.helpers import write_checkpoint
 
     with tempfile.TemporaryDirectory() as folder:

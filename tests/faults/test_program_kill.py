@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from qlm.programs.client import ProgramBuilder
+from qlm.programs.python_client import ProgramBuilder
 from qlm.types import RequestState
 from tests.faults.harness import MODEL, FaultPlane, fleet_config, redis_for_faults
 from tests.faults.report import FaultReport

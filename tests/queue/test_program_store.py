@@ -12,7 +12,7 @@ import pytest
 from qlm.programs.deadlines import CallDeadline
 from qlm.programs.graph import ProgramCall
 from qlm.programs.state import Program, ProgramStatus
-from qlm.programs.store import MemoryProgramStore, ProgramStore
+from qlm.programs.storage import MemoryProgramStore, ProgramStore
 from qlm.queue.redis.config import RedisQueueConfig
 from qlm.queue.redis.program_store import RedisProgramStore
 

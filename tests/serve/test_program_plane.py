@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from qlm.programs.client import ProgramBuilder
+from qlm.programs.python_client import ProgramBuilder
 from qlm.serve.runtime import running_plane
 from qlm.types import RequestState
 from tests.serve.test_plane import config

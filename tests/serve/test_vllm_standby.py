@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qlm.engine.vllm.engine import VllmEngine
+from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import Plane, running_plane
 from qlm.types import RequestState

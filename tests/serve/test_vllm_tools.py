@@ -17,7 +17,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from qlm.programs.client import ProgramBuilder
+from qlm.programs.python_client import ProgramBuilder
 from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import running_plane
 from tests.serve.test_vllm_plane import tiny_profile

@@ -11,7 +11,7 @@ import pytest
 from qlm.config import PlannerConfig, QlmConfig, SloClassConfig
 from qlm.engine.profiling.library import profile_named
 from qlm.sim.bound import AttainmentBound, attainment_bound, request_limits
-from qlm.sim.runner import simulate
+from qlm.sim.simulate import simulate
 from qlm.types import Fleet, PrefixBlock, Request, SloClass
 from tests.factories import make_instance, make_request
 from tests.sim.cases import two_model_fleet

@@ -12,7 +12,7 @@ from qlm.agents.actions import Action, Evict, LoadModel, Pull
 from qlm.sim.miss_causes import miss_cause
 from qlm.sim.policies.base import NO_ACTIONS, Actions, BasePolicy, SimContext
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult
-from qlm.sim.runner import SimConfig, Simulation, default_engine_factory, simulate
+from qlm.sim.simulate import SimConfig, Simulation, default_engine_factory, simulate
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request
 from tests.sim.cases import CONFIG, mixed_requests, two_model_fleet

@@ -8,7 +8,7 @@ import pytest
 
 from qlm.sim.dependencies import Dependency, Releases
 from qlm.sim.result import OutcomeState
-from qlm.sim.runner import SimConfig, simulate
+from qlm.sim.simulate import SimConfig, simulate
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request
 from tests.sim.cases import CONFIG

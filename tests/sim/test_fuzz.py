@@ -11,8 +11,8 @@ from qlm.config import ConfigError
 from qlm.sim.fuzz import SIZES, draw_scenario, parse_random_name
 from qlm.sim.fuzz.choices import fitting_profiles
 from qlm.sim.fuzz.throughput import LengthMoments, fleet_capacity_per_s, request_cost_s
-from qlm.sim.runner import simulate
 from qlm.sim.scenario import load_scenario, random_scenario
+from qlm.sim.simulate import simulate
 from qlm.sim.traces import load_trace
 from qlm.types import DEFAULT_GPU_TYPES
 

@@ -12,7 +12,7 @@ import pytest
 
 from qlm.engine.model.config import EngineConfig
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import SimulatedEngines, simulate
+from qlm.sim.simulate import SimulatedEngines, simulate
 from qlm.types import Fleet, Instance, Request
 from tests.factories import GIB, make_profile
 from tests.sim.cases import CONFIG

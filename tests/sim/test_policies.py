@@ -12,7 +12,7 @@ from qlm.agents.reconcile import ReconcileConfig
 from qlm.sim.policies import SIM_POLICIES, make_policy
 from qlm.sim.policies.qlm import QlmPolicy, QlmVariant
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import SimConfig, Simulation, default_engine_factory, simulate
+from qlm.sim.simulate import SimConfig, Simulation, default_engine_factory, simulate
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile
 from tests.sim.cases import CLASSES, CONFIG, mixed_requests, two_model_fleet

@@ -7,7 +7,7 @@ import pytest
 
 from qlm.sim.report.prediction import prediction_accuracy
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult, TtftPrediction
-from qlm.sim.runner import simulate
+from qlm.sim.simulate import simulate
 from tests.sim.cases import CONFIG, mixed_requests, two_model_fleet
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from qlm.config import QlmConfig
 from qlm.prefixes.index import PrefixIndex
 from qlm.sim.result import SimResult
-from qlm.sim.runner import simulate
 from qlm.sim.scenario import load_scenario
+from qlm.sim.simulate import simulate
 from qlm.types import PrefixBlock, Request
 from tests.sim.cases import two_model_fleet
 

@@ -27,7 +27,7 @@ import pytest
 from qlm.config import QlmConfig, SloClassConfig
 from qlm.sim.events import RandomStreams
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import simulate
+from qlm.sim.simulate import simulate
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile
 

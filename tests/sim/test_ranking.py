@@ -74,7 +74,7 @@ def test_qlm_beats_every_baseline_on_the_quick_scenarios(scenario: str) -> None:
 
 def test_the_guard_fails_when_qlm_falls_behind() -> None:
     """The check itself can fail: swap the roles of qlm and a baseline that beat it."""
-    from qlm.sim.runner import simulate
+    from qlm.sim.simulate import simulate
     from tests.sim.cases import CONFIG, mixed_requests, two_model_fleet
 
     requests = mixed_requests(300, 80.0, 2)

@@ -12,7 +12,7 @@ from qlm.registry import UnknownPolicyError
 from qlm.sim.policies import SIM_POLICIES
 from qlm.sim.policies.base import NO_ACTIONS, Actions, BasePolicy
 from qlm.sim.result import OutcomeState, SimResult
-from qlm.sim.runner import (
+from qlm.sim.simulate import (
     SimConfig,
     SimulatedEngines,
     Simulation,

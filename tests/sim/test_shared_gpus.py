@@ -17,8 +17,8 @@ from qlm.fleet_config import FleetConfig
 from qlm.perf.profile import GIB
 from qlm.serve.config import ServeConfig
 from qlm.sim.result import SimResult
-from qlm.sim.runner import simulate
 from qlm.sim.sharing import SharedGpus
+from qlm.sim.simulate import simulate
 from qlm.sim.tracking import Slot
 from qlm.types import Fleet, Instance, Request
 from tests.engine.helpers import exact_instance, exact_profile, req, run_all

@@ -9,7 +9,7 @@ from collections import Counter
 
 from qlm.agents.arrival_rates import ArrivalRates
 from qlm.config import QlmConfig, SloClassConfig
-from qlm.sim.runner import simulate
+from qlm.sim.simulate import simulate
 from tests.factories import make_request
 from tests.sim.cases import two_model_fleet
 

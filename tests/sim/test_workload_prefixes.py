@@ -141,7 +141,7 @@ def test_a_run_reports_prefix_reuse_beside_the_oracle(tmp_path: Path) -> None:
 
 def test_a_run_without_prefixes_reports_no_reuse() -> None:
     from qlm.config import QlmConfig
-    from qlm.sim.runner import simulate
+    from qlm.sim.simulate import simulate
     from tests.factories import make_request
     from tests.sim.cases import two_model_fleet
 

@@ -10,7 +10,7 @@ from pydantic import Field
 from qlm.config import StrictModel
 
 if TYPE_CHECKING:
-    from qlm.engine.native.runner import RunnerConfig
+    from qlm.engine.native.step_runner import RunnerConfig
 
 GIB = 1 << 30
 
@@ -62,7 +62,7 @@ class NativeEngineConfig(StrictModel):
 
     def runner_config(self, num_blocks: int) -> RunnerConfig:
         """The runner's settings for a cache of `num_blocks` blocks."""
-        from qlm.engine.native.runner import RunnerConfig  # torch: only where it runs
+        from qlm.engine.native.step_runner import RunnerConfig  # torch: only where it runs
 
         return RunnerConfig(
             block_size=self.block_size,

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 
-from qlm.engine.native.engine import CONTEXT_PREFIX, NativeEngine
-from qlm.engine.native.runner import NativeRunner
+from qlm.engine.native.native_engine import CONTEXT_PREFIX, NativeEngine
+from qlm.engine.native.step_runner import NativeRunner
 from qlm.engine.types import EngineError
 from qlm.types import Request
 

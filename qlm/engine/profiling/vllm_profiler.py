@@ -37,7 +37,6 @@ from qlm.engine.profiling.probes import (
 )
 from qlm.engine.profiling.vllm_setup import token_budget, weight_bytes
 from qlm.engine.vllm.config import VllmEngineConfig
-from qlm.engine.vllm.engine import VllmEngine
 from qlm.engine.vllm.metrics import (
     DECODE_TIME,
     PREFILL_TIME,
@@ -48,6 +47,7 @@ from qlm.engine.vllm.metrics import (
     kv_facts,
     parse_metrics,
 )
+from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.types import Instance
 
 POLL_S = 0.02

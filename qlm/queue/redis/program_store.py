@@ -10,7 +10,7 @@ from typing import Any
 import redis.asyncio as redis
 
 from qlm.programs.state import Program
-from qlm.programs.store import newest_first
+from qlm.programs.storage import newest_first
 from qlm.queue.redis.config import RedisQueueConfig
 from qlm.queue.redis.connect import store_client
 

@@ -54,7 +54,7 @@ from qlm.queue.redis.codec import (
 from qlm.queue.redis.config import RedisQueueConfig
 from qlm.queue.redis.connect import blocking_client, commands_client
 from qlm.queue.redis.keys import Keys
-from qlm.queue.redis.listing import list_page
+from qlm.queue.redis.listed_index import list_page
 from qlm.queue.redis.lua import scripts
 from qlm.queue.redis.plans import PlanBoard
 from qlm.queue.redis.streams import OutputStreams

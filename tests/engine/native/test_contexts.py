@@ -1,4 +1,4 @@
-"""Parrot's context operations on the native runner (qlm/engine/native/runner.py): Fill
+"""Parrot's context operations on the native runner (qlm/engine/native/step_runner.py): Fill
 computes a context's tokens and keeps its KV, Fork makes a child context sharing the parent's
 blocks without a copy, generating from a context continues from its KV, Free gives the blocks
 back. Generating from contexts must produce what the same whole prompts produce."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.native.runner import NativeRunner, RunnerConfig
+from qlm.engine.native.step_runner import NativeRunner, RunnerConfig
 from tests.engine.native.helpers import random_checkpoint
 
 GREEDY = Sampling(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -13,7 +13,7 @@ import pytest
 from qlm.clock import WallClock
 from qlm.engine.native.config import NativeEngineConfig
 from qlm.engine.native.contexts import NativeContexts
-from qlm.engine.native.engine import NativeEngine
+from qlm.engine.native.native_engine import NativeEngine
 from qlm.engine.types import EngineError, EngineEvent, RequestFinished
 from qlm.types import Instance, Request
 from tests.vllm_fixtures import tiny_models, vllm_python  # noqa: F401

@@ -1,5 +1,5 @@
-"""NativeEngine (qlm/engine/native/engine.py) beyond the contract suite: a request aborted and
-sent again with the same id while a step runs, and an engine that fails."""
+"""NativeEngine (qlm/engine/native/native_engine.py) beyond the contract suite: a request
+aborted and sent again with the same id while a step runs, and an engine that fails."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from qlm.clock import WallClock
 from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.engine import NativeEngine
+from qlm.engine.native.native_engine import NativeEngine
 from qlm.engine.types import (
     Aborted,
     EngineError,

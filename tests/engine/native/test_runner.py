@@ -1,4 +1,4 @@
-"""The runner under block pressure with forks (qlm/engine/native/runner.py), on a tiny random
+"""The runner under block pressure with forks (qlm/engine/native/step_runner.py), on a tiny random
 Llama: what it refuses, and that waiting forks holding blocks never stall it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.native.runner import NativeRunner, RunnerConfig
+from qlm.engine.native.step_runner import NativeRunner, RunnerConfig
 from tests.engine.native.helpers import random_checkpoint
 
 GREEDY = Sampling(max_tokens=2, temperature=0.0, ignore_eos=True)

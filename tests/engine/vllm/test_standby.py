@@ -12,8 +12,8 @@ import pytest
 
 from qlm.clock import WallClock
 from qlm.engine.types import EngineState, ModelLoaded, RequestFinished
-from qlm.engine.vllm.engine import VllmEngine
 from qlm.engine.vllm.process import _group_alive
+from qlm.engine.vllm.vllm_engine import VllmEngine
 from tests.engine.vllm.helpers import make_request
 from tests.vllm_fixtures import tiny_engine_config, tiny_instance, tiny_models, vllm_python
 

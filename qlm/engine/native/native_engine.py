@@ -33,8 +33,8 @@ from qlm.engine.native.blocks import KvCache
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.client_view import LiveRequest, decode
 from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.runner import Emitted, NativeRunner, StepResult
 from qlm.engine.native.sampling import sampling_of, stops_of
+from qlm.engine.native.step_runner import Emitted, NativeRunner, StepResult
 from qlm.engine.types import (
     Aborted,
     EngineError,
