@@ -6,11 +6,12 @@ minutes, where benchmarks/parity.py measures it live and simulated in hours.
     .venv/bin/python -m benchmarks.forecast_bound --random 5 --no-docs
 
 Each case is `qlm simulate`'s run of the `qlm` policy on the scenario's requests (the same run
-the parity benchmark compares live replays with, qlm/replay/cli.py `simulate_same`), graded by
-qlm/replay/compare.py `prediction_error` per SLO class: requests given a bound, the share whose
-first token came within it, and the median width of the bound (bound / forecast). `fixed` is
-split conformal prediction at a fixed 0.9 level (`DEFAULT_STEP` = 0), `adaptive` the shipped
-band. The issue's criterion: the bound holds for >= 85 % of requests on the quick scenarios.
+the parity benchmark compares live replays with, qlm/replay/replay_cli.py `simulate_same`),
+graded by qlm/replay/compare.py `prediction_error` per SLO class: requests given a bound, the
+share whose first token came within it, and the median width of the bound (bound / forecast).
+`fixed` is split conformal prediction at a fixed 0.9 level (`DEFAULT_STEP` = 0), `adaptive`
+the shipped band. The issue's criterion: the bound holds for >= 85 % of requests on the quick
+scenarios.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.estimator import forecast_band
-from qlm.replay.cli import simulate_same
 from qlm.replay.compare import prediction_error
+from qlm.replay.replay_cli import simulate_same
 from qlm.sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

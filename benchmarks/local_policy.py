@@ -45,10 +45,10 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.clock import WallClock
-from qlm.engine.model.config import EngineConfig
-from qlm.engine.native.config import NativeEngineConfig
+from qlm.engine.engine_types import EngineFailed, FirstToken, RequestFinished
+from qlm.engine.model.engine_config import EngineConfig
+from qlm.engine.native.native_config import NativeEngineConfig
 from qlm.engine.native.native_engine import NativeEngine
-from qlm.engine.types import EngineFailed, FirstToken, RequestFinished
 from qlm.types import Instance, Request
 from tests.vllm_fixtures import VLLM_PYTHON, build_tiny_models
 

@@ -48,8 +48,8 @@ from benchmarks.report import (
     write_results,
 )
 from benchmarks.sim_quality.checks import BASELINES
-from qlm.replay.cli import ReplayConfig, run_replay, simulate_same
 from qlm.replay.compare import FAITHFUL_LAG_SHARE
+from qlm.replay.replay_cli import ReplayConfig, run_replay, simulate_same
 from qlm.sim.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

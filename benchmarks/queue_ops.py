@@ -38,8 +38,8 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
-from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.queue.records import RequestResult
 from qlm.types import DEFAULT_SLO_CLASSES, Request, RequestState
 from tests.redis_sentinel import ReplicaServer

@@ -35,7 +35,7 @@ import httpx
 
 from benchmarks.report import RESULTS_DIR, write_results
 from qlm.clock import WallClock
-from qlm.engine.types import Aborted, EngineEvent, FirstToken, RequestFinished
+from qlm.engine.engine_types import Aborted, EngineEvent, FirstToken, RequestFinished
 from qlm.engine.vllm.protocol import SseLines, parse_sse_line, request_body
 from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.types import Request

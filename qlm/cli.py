@@ -41,7 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # Modules that add subcommands: each has add_commands(subparsers), and every parser it adds
 # sets `handler` (a function of the parsed arguments returning the exit status).
-_COMMAND_MODULES = ("qlm.sim.cli", "qlm.serve.cli", "qlm.engine.profiling.cli", "qlm.replay.cli")
+_COMMAND_MODULES = (
+    "qlm.sim.simulate_cli",
+    "qlm.serve.serve_cli",
+    "qlm.engine.profiling.profile_cli",
+    "qlm.replay.replay_cli",
+)
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -14,7 +14,7 @@ from qlm.config import ConfigError, load_yaml_model
 from qlm.engine.profiling.library import ProfileFile, profile_named, save_profile
 from qlm.fleet_config import FleetConfig
 from qlm.perf.profile import GIB
-from qlm.serve.config import ServeConfig
+from qlm.serve.serve_config import ServeConfig
 from qlm.sim.scenario import Scenario
 from qlm.snapshot import Snapshot
 

@@ -49,7 +49,7 @@ CORE = [
 ]
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {
-    "queue/redis/config.py": {"redis"},
+    "queue/redis/redis_config.py": {"redis"},
     "queue/redis/connect.py": {"redis"},
     "queue/redis/queue.py": {"redis"},
     "queue/redis/batching.py": {"redis", "asyncio"},
@@ -67,7 +67,7 @@ ADAPTERS: dict[str, set[str]] = {
     "agents/leases.py": {"asyncio"},
     "queue/memory.py": {"asyncio"},
     "queue/memory_streams.py": {"asyncio"},
-    "queue/base.py": {"asyncio"},
+    "queue/queue_protocol.py": {"asyncio"},
     "engine/client.py": {"asyncio"},
     "engine/emulated.py": {"asyncio"},
     "engine/vllm/vllm_engine.py": {"aiohttp", "asyncio"},
@@ -78,13 +78,13 @@ ADAPTERS: dict[str, set[str]] = {
     "engine/vllm/request_streams.py": {"aiohttp", "asyncio"},
     "engine/profiling/vllm_profiler.py": {"httpx", "asyncio", "time"},
     "engine/profiling/probe_client.py": {"httpx", "asyncio"},
-    "engine/profiling/cli.py": {"asyncio"},
+    "engine/profiling/profile_cli.py": {"asyncio"},
     "engine/tiny_models.py": set(),
 }
 # Must pass the strict check above (no asyncio, time or subprocess): the engine model, the
 # observations and events the reconcile step and the simulator read, and vLLM's pure parts.
 PURE_ENGINE = [
-    "engine/types.py",
+    "engine/engine_types.py",
     "engine/model/core.py",
     "engine/model/sequence.py",
     "engine/model/seq_queues.py",
@@ -92,9 +92,9 @@ PURE_ENGINE = [
     "engine/model/kv_cache.py",
     "engine/model/scheduler.py",
     "engine/model/segment.py",
-    "engine/model/config.py",
+    "engine/model/engine_config.py",
     "engine/model/stats.py",
-    "engine/vllm/config.py",
+    "engine/vllm/vllm_config.py",
     "engine/vllm/protocol.py",
     "engine/vllm/metrics.py",
 ]

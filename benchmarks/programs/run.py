@@ -17,8 +17,8 @@ from benchmarks.common.stats import percentile
 from benchmarks.programs.apps import APPS, App, documents
 from qlm.programs.deadlines import CallTime, critical_path_s
 from qlm.programs.graph import ProgramCall, ProgramGraph, render
-from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import running_plane
+from qlm.serve.serve_config import ServeConfig
 
 MODEL = "mistral-7b"
 PROGRAMS = "/v1/qlm/programs"

@@ -21,7 +21,7 @@ from benchmarks.programs.run import (
     workload,
 )
 from qlm.programs.deadlines import call_deadlines
-from qlm.serve.config import ServeConfig
+from qlm.serve.serve_config import ServeConfig
 from qlm.sim.dependencies import Dependency
 from qlm.sim.simulate import SimConfig, simulate
 from qlm.types import Request

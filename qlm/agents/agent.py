@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.agent_events import EventWriter
 from qlm.agents.agent_reports import instance_status
+from qlm.agents.agent_settings import AgentConfig
 from qlm.agents.drain import engine_timing, load_left_s
 from qlm.agents.engine_loads import ModelLoads, RefillBacklog
 from qlm.agents.job_gate import prefilling_ids
@@ -24,13 +25,12 @@ from qlm.agents.pacing import Pacing
 from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
 from qlm.agents.reported_fleet import PeerReports, ReportedFleet
 from qlm.agents.rounds import AgentCounters, Held
-from qlm.agents.settings import AgentConfig
 from qlm.aio import first_done
 from qlm.clock import Clock
 from qlm.config import ControlConfig
 from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineClient, EventWaiter
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     EngineEvent,
     EngineObservation,
     EngineState,
@@ -38,7 +38,7 @@ from qlm.engine.types import (
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.prefixes.reports import EARLY_REPORT_S, AgentPrefixes
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet, Instance, Request
 

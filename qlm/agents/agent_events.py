@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from qlm.agents.engine_loads import ModelLoads
 from qlm.agents.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
 from qlm.clock import Clock
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineEvent,
     EngineFailed,
@@ -34,7 +34,7 @@ from qlm.engine.types import (
 )
 from qlm.metrics import MetricsHooks
 from qlm.output_extras import merge_extras
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 
 log = logging.getLogger("qlm.agent")
 

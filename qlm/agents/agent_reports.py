@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from qlm.agents.decision import engine_blocks
 from qlm.agents.drain import drain_estimate_s
-from qlm.engine.types import EngineObservation
+from qlm.engine.engine_types import EngineObservation
 from qlm.perf.profile import Profile
 from qlm.queue.records import InstanceStatus
 

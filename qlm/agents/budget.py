@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from qlm.agents.queued import EngineTiming, QueuedItem, ReconcileConfig
-from qlm.engine.types import EngineObservation, EngineRequest
+from qlm.engine.engine_types import EngineObservation, EngineRequest
 
 
 @dataclass(frozen=True, slots=True)

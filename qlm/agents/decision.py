@@ -38,7 +38,7 @@ from qlm.agents.dispatch import PoolRate, Schedule, follows_swap
 from qlm.agents.drain import start_blocks_by_rank
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.queued import QueuedGroup, QueuedItem
-from qlm.engine.types import EngineObservation
+from qlm.engine.engine_types import EngineObservation
 from qlm.estimator.passing import PassingRates, start_with_passing
 from qlm.perf.profile import Profile
 from qlm.types import Fleet

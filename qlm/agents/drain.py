@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from qlm.agents.reconcile import EngineTiming
-from qlm.engine.types import EngineObservation, EngineRequest, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from qlm.perf.profile import Profile
 
 # Tokens per engine iteration (vLLM's default max_num_batched_tokens; the simulated engine's

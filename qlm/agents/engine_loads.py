@@ -20,7 +20,7 @@ from collections.abc import Container, Sequence
 from typing import Literal
 
 from qlm.causes.live import overlap_s
-from qlm.engine.types import EngineEvent, RequestFinished
+from qlm.engine.engine_types import EngineEvent, RequestFinished
 
 LOADS_KEPT = 64  # recent model loads, for the model_load share of a result's queue wait
 

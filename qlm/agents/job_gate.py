@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from qlm.agents.queued import QueuedItem
-from qlm.engine.types import EngineObservation
+from qlm.engine.engine_types import EngineObservation
 
 
 def prefilling_ids(observation: EngineObservation) -> frozenset[str]:

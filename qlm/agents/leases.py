@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from qlm.agents.rounds import Held
 from qlm.clock import Clock
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 
 log = logging.getLogger("qlm.agent")
 

@@ -15,7 +15,7 @@ from qlm.agents.arrival_rates import ArrivalRates
 from qlm.agents.warming import fleet_fetches, hosts_of
 from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineClient, StandbyFetcher
-from qlm.engine.types import EngineState
+from qlm.engine.engine_types import EngineState
 from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet, Request
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from qlm.engine.types import EngineObservation
+from qlm.engine.engine_types import EngineObservation
 from qlm.types import Request
 
 

@@ -44,7 +44,7 @@ from qlm.agents.queued import (
     ReconcileInput,
     rank_of,
 )
-from qlm.engine.types import EngineObservation, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineState
 
 
 def reconcile(inp: ReconcileInput, options: ReconcileConfig | None = None) -> tuple[Action, ...]:

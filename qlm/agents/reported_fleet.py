@@ -17,8 +17,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from qlm.agents.decision import engine_blocks
-from qlm.engine.types import EngineObservation, EngineState
-from qlm.queue.base import GlobalQueue
+from qlm.engine.engine_types import EngineObservation, EngineState
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet
 

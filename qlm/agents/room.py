@@ -16,7 +16,7 @@ from qlm.agents.reconcile import (
     QueuedItem,
     ReconcileConfig,
 )
-from qlm.engine.types import EngineObservation
+from qlm.engine.engine_types import EngineObservation
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from qlm.engine.types import Aborted, RequestFinished
+from qlm.engine.engine_types import Aborted, RequestFinished
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.types import Request, RequestState
 

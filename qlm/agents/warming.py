@@ -27,7 +27,7 @@ from typing import Protocol
 
 from qlm.agents.actions import FetchStandby
 from qlm.agents.arrival_rates import ArrivalRates
-from qlm.engine.types import EngineState
+from qlm.engine.engine_types import EngineState
 from qlm.types import Fleet, Instance
 
 

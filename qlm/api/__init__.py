@@ -1,8 +1,8 @@
 """The HTTP API (FastAPI): OpenAI-compatible completions with SLO tags, asynchronous
 submission, request state. See README.md."""
 
+from qlm.api.api_settings import ApiAppConfig, ApiConfig, ModelConfig
 from qlm.api.app import create_app
-from qlm.api.settings import ApiAppConfig, ApiConfig, ModelConfig
 from qlm.api.tokens import TOKEN_COUNTERS, TokenCounter
 
 __all__ = [

@@ -21,6 +21,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from qlm.api.api_settings import ApiAppConfig
 from qlm.api.batch_routes import add_batch_routes
 from qlm.api.batch_runner import BatchRunner
 from qlm.api.context import RECEIVED_AT, ApiContext
@@ -31,14 +32,13 @@ from qlm.api.openapi import install_openapi
 from qlm.api.program_routes import add_program_routes
 from qlm.api.program_runner import ProgramRunner
 from qlm.api.qlm_routes import add_qlm_routes
-from qlm.api.settings import ApiAppConfig
 from qlm.api.tokens import TokenCounter
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.batch.job_store import BatchStore, MemoryBatchStore
 from qlm.clock import Clock
 from qlm.metrics import PlaneMetrics
 from qlm.programs.storage import MemoryProgramStore, ProgramStore
-from qlm.queue.base import GlobalQueue, QueueUnavailableError
+from qlm.queue.queue_protocol import GlobalQueue, QueueUnavailableError
 from qlm.queue.redis.batch_store import RedisBatchStore
 from qlm.queue.redis.program_store import RedisProgramStore
 from qlm.queue.redis.queue import RedisQueue

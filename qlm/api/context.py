@@ -16,18 +16,18 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from qlm.api.admission import Admitter, parse, read_body
+from qlm.api.api_settings import ApiAppConfig
 from qlm.api.auth import KeyRing
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.quotas import TenantQuotas
 from qlm.api.schemas import Body
-from qlm.api.settings import ApiAppConfig
 from qlm.api.slo import HEADER_CLASS
 from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.api.wait_estimate import WaitEstimate, WaitEstimator, refuse_unattainable
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock
 from qlm.metrics import NO_METRICS, MetricsHooks
-from qlm.queue.base import (
+from qlm.queue.queue_protocol import (
     DuplicateRequestError,
     GlobalQueue,
     QueueError,

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request as HttpRequest
 from starlette.responses import RedirectResponse, Response
 
+from qlm.api.api_settings import ApiAppConfig
 from qlm.api.context import json_response
 from qlm.api.errors import SERVER_ERROR, ApiError
-from qlm.api.settings import ApiAppConfig
 from qlm.causes.late import Json, late_rows
 from qlm.clock import Clock
 from qlm.metrics import (
@@ -28,8 +28,8 @@ from qlm.metrics import (
     render,
 )
 from qlm.metrics.prometheus import PrometheusError, PrometheusSource
-from qlm.queue.base import GlobalQueue
 from qlm.queue.listing import RecordFilter
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.types import RequestState
 
 STATIC = {

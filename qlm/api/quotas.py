@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from qlm.api.api_settings import ApiAppConfig, QuotaConfig
 from qlm.api.errors import ApiError
-from qlm.api.settings import ApiAppConfig, QuotaConfig
 from qlm.clock import Clock
 
 _PRUNE_ABOVE = 10_000  # tracked tenants before idle buckets are dropped

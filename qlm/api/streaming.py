@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.formats import Head, OutputFormat, usage
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.types import RequestState
 

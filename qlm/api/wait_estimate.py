@@ -58,12 +58,12 @@ from types import MappingProxyType
 from typing import Literal
 
 from qlm.agents.decision import Forecast
+from qlm.api.api_settings import ApiAppConfig
 from qlm.api.errors import ApiError
-from qlm.api.settings import ApiAppConfig
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock
 from qlm.control.plan import LoneSpeed, PublishedPlan
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.types import Request
 
 Key = tuple[str, str]  # (model, SLO class)

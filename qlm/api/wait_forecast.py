@@ -41,7 +41,7 @@ from qlm.agents.queued import QueuedItem
 from qlm.agents.reported_fleet import PeerReports, ReportedFleet
 from qlm.clock import Clock
 from qlm.estimator.forecast_band import ForecastBand
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.types import Fleet, Request
 
 NO_INSTANCE = ""  # the API is no instance: every instance is seen as reported

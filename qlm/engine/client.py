@@ -6,9 +6,9 @@ clock). Calls never block: `submit`, `abort`, `swap_out`, `swap_in` and `load_mo
 in the engine's own time, and what happened comes back as events from `poll()`. Live
 implementations do their I/O in background tasks and keep `observe()` current.
 
-The observation and event types are in types.py (no asyncio); this module adds the protocol and
-EventBuffer / EventWaiter, with which a live engine's agent sleeps until events arrive, and
-`LiveEngine`, the lifecycle every live engine shares (start, close, `async with`).
+The observation and event types are in engine_types.py (no asyncio); this module adds the
+protocol and EventBuffer / EventWaiter, with which a live engine's agent sleeps until events
+arrive, and `LiveEngine`, the lifecycle every live engine shares (start, close, `async with`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Protocol, Self, runtime_checkable
 
-from qlm.engine.types import EngineEvent, EngineObservation
+from qlm.engine.engine_types import EngineEvent, EngineObservation
 from qlm.types import Request
 
 

@@ -25,11 +25,17 @@ from dataclasses import replace
 
 from qlm.clock import Clock
 from qlm.engine.client import EventBuffer, LiveEngine
-from qlm.engine.model.config import EngineConfig
+from qlm.engine.engine_types import (
+    EngineEvent,
+    EngineObservation,
+    FirstToken,
+    RequestFinished,
+    TokenChunk,
+)
 from qlm.engine.model.core import EngineModel
+from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
 from qlm.engine.model.stats import EngineStats
-from qlm.engine.types import EngineEvent, EngineObservation, FirstToken, RequestFinished, TokenChunk
 from qlm.perf.profile import Profile
 from qlm.types import Fleet, Instance, Request
 

@@ -1,6 +1,6 @@
 """Waiting-time estimation (QLM's RWT estimator) and its extension point."""
 
-from qlm.estimator.base import ESTIMATORS, WaitEstimator, make_estimator
+from qlm.estimator.estimator_base import ESTIMATORS, WaitEstimator, make_estimator
 from qlm.estimator.rwt import (
     GroupCost,
     GroupEstimate,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qlm.grouping.base import GROUPING_POLICIES
 from qlm.grouping.group import RequestGroup
+from qlm.grouping.grouping_base import GROUPING_POLICIES
 from qlm.grouping.partition import PartitionedGrouping, RequestColumns, split_planned
 from qlm.types import Request
 

@@ -13,8 +13,8 @@ from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
 from qlm.config import GroupingConfig
-from qlm.grouping.base import GROUPING_POLICIES
 from qlm.grouping.group import RequestGroup
+from qlm.grouping.grouping_base import GROUPING_POLICIES
 from qlm.grouping.partition import KeyRun, PartitionedGrouping, RequestColumns, split_planned
 from qlm.types import Request
 

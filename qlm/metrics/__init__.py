@@ -7,8 +7,8 @@ loop call its hooks (NO_METRICS when a process exports nothing). README.md lists
 from qlm.metrics.dashboard import Dashboard, DashboardSource, LocalSource, build_view
 from qlm.metrics.exposition import MetricsServer, render
 from qlm.metrics.hooks import NO_METRICS, MetricsHooks, PlaneEvent, met_slo
+from qlm.metrics.metrics_settings import MetricsConfig
 from qlm.metrics.recorder import PlaneMetrics
-from qlm.metrics.settings import MetricsConfig
 
 __all__ = [
     "NO_METRICS",

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from qlm.control.plan import PublishedPlan
 from qlm.queue.records import InstanceStatus, RequestResult
-from qlm.solver.types import Plan
+from qlm.solver.plan_types import Plan
 from qlm.types import Request, RequestState
 
 

@@ -25,7 +25,7 @@ from qlm.causes.live import LIVE_CAUSES, result_cause
 from qlm.clock import Clock
 from qlm.config import QlmConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.engine.types import EngineState
+from qlm.engine.engine_types import EngineState
 from qlm.metrics.families import (
     EVICTION_KINDS,
     PLAN_FAILED,
@@ -35,9 +35,9 @@ from qlm.metrics.families import (
 )
 from qlm.metrics.history import History
 from qlm.metrics.hooks import PlaneEvent, met_slo
-from qlm.metrics.settings import MetricsConfig
+from qlm.metrics.metrics_settings import MetricsConfig
 from qlm.queue.records import InstanceStatus, RequestResult
-from qlm.solver.types import Plan, PlanStatus
+from qlm.solver.plan_types import Plan, PlanStatus
 from qlm.types import Request, RequestState
 
 OTHER = "other"  # label value for a class or model outside the configuration

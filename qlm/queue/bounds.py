@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qlm.queue.base import QueueFullError
+from qlm.queue.queue_protocol import QueueFullError
 
 
 @dataclass(frozen=True, slots=True)

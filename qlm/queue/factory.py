@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qlm.queue.base import GlobalQueue
 from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.registry import Registry
 
 QUEUE_SCHEMES: Registry[GlobalQueue] = Registry("queue URL scheme")

@@ -14,14 +14,14 @@ from dataclasses import dataclass, replace
 
 from qlm.clock import Clock, WallClock
 from qlm.control.plan import PublishedPlan
-from qlm.queue.base import (
+from qlm.queue.bounds import QueueBounds
+from qlm.queue.listing import RecordFilter, RecordPage, take_page
+from qlm.queue.memory_streams import MemoryStreams, Signal
+from qlm.queue.queue_protocol import (
     DuplicateRequestError,
     QueueError,
     one_by_one,
 )
-from qlm.queue.bounds import QueueBounds
-from qlm.queue.listing import RecordFilter, RecordPage, take_page
-from qlm.queue.memory_streams import MemoryStreams, Signal
 from qlm.queue.records import (
     InstanceStatus,
     RequestRecord,
@@ -60,7 +60,7 @@ class MemoryQueueConfig:
 
 
 class MemoryQueue:
-    """The in-memory GlobalQueue (qlm.queue.base.GlobalQueue)."""
+    """The in-memory GlobalQueue (qlm.queue.queue_protocol.GlobalQueue)."""
 
     def __init__(
         self, options: MemoryQueueConfig | None = None, clock: Clock | None = None

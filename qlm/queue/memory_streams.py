@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
-from qlm.queue.base import UnknownRequestError, through_done
+from qlm.queue.queue_protocol import UnknownRequestError, through_done
 from qlm.queue.records import StreamEvent
 
 

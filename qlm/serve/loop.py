@@ -22,10 +22,10 @@ from qlm.control.liveness import InstanceLiveness
 from qlm.control.plan import AgentNotes, PlannedGroup, PublishedPlan, planned_group
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.prefixes.reports import PrefixHeld
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.queue.records import InstanceStatus
-from qlm.serve.config import ControllerConfig
 from qlm.serve.pool_scaling import PoolScaling
+from qlm.serve.serve_config import ControllerConfig
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")

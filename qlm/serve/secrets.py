@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 from pydantic import SecretStr, ValidationError
 
-from qlm.api.settings import ApiConfig, ApiKey
+from qlm.api.api_settings import ApiConfig, ApiKey
 from qlm.config import ConfigError
-from qlm.serve.config import QueueConfig, ServeConfig
+from qlm.serve.serve_config import QueueConfig, ServeConfig
 
 Environ = Mapping[str, str]
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")

@@ -22,7 +22,7 @@ from qlm.config import (
     fail_at,
     load_yaml_model,
 )
-from qlm.engine.model.config import EngineConfig
+from qlm.engine.model.engine_config import EngineConfig
 from qlm.fleet_config import FleetConfig
 from qlm.prefixes.job_plan import PlanBudget, job_budget
 from qlm.sim.fuzz import draw_scenario, parse_random_name
@@ -69,8 +69,9 @@ class Scenario(StrictModel):
     )
     engine: EngineConfig = Field(
         default_factory=EngineConfig,
-        description="The simulated engines' scheduler settings (qlm/engine/model/config.py): token "
-        "budget, preemption, swap space, waiting order. Every policy runs on them.",
+        description="The simulated engines' scheduler settings "
+        "(qlm/engine/model/engine_config.py): token budget, preemption, swap space, waiting "
+        "order. Every policy runs on them.",
     )
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """One simulation run: the event loop that drives a policy and a fleet of simulated engines on
 one virtual clock (see qlm/sim/simulate.py for the order of events and when a run ends). The run
-implements the SimContext policies see (qlm/sim/policies/base.py)."""
+implements the SimContext policies see (qlm/sim/policies/policy_base.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 from qlm.agents.actions import Action
 from qlm.clock import Clock, VirtualClock, WallClock
 from qlm.config import QlmConfig
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineEvent,
     EngineFailed,
@@ -46,7 +46,7 @@ Progress = Callable[[int, int], None]  # (requests ended, requests in all)
 
 
 class Simulation:
-    """One run. Implements the SimContext that policies see (qlm/sim/policies/base.py)."""
+    """One run. Implements the SimContext that policies see (qlm/sim/policies/policy_base.py)."""
 
     def __init__(
         self,

@@ -11,8 +11,8 @@ from typing import Protocol
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.engine.client import EngineClient
+from qlm.engine.engine_types import EngineState
 from qlm.engine.model.stats import EngineStats
-from qlm.engine.types import EngineState
 from qlm.sim.dependencies import Dependency
 from qlm.sim.events import EventKey
 from qlm.sim.result import OutcomeState, RequestOutcome

@@ -1,5 +1,6 @@
 """Planning: virtual queues over instances (QLM's global scheduler) and its baselines."""
 
+from qlm.solver.plan_types import GroupPrediction, Plan, PlanInput, PlanStatus
 from qlm.solver.policies import (
     PLANNERS,
     EdfPlanner,
@@ -8,7 +9,6 @@ from qlm.solver.policies import (
     Planner,
     make_planner,
 )
-from qlm.solver.types import GroupPrediction, Plan, PlanInput, PlanStatus
 
 __all__ = [
     "PLANNERS",

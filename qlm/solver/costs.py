@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from qlm.estimator.base import WaitEstimator
+from qlm.estimator.estimator_base import WaitEstimator
 from qlm.estimator.rwt import GroupCost
 from qlm.grouping.group import RequestGroup
-from qlm.solver.types import GroupPrediction, PlanInput
+from qlm.solver.plan_types import GroupPrediction, PlanInput
 from qlm.types import Instance
 
 

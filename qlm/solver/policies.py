@@ -14,7 +14,7 @@ from typing import Protocol
 
 from qlm.clock import Clock, WallClock
 from qlm.config import PlannerConfig
-from qlm.estimator.base import WaitEstimator
+from qlm.estimator.estimator_base import WaitEstimator
 from qlm.grouping.group import RequestGroup
 from qlm.registry import Registry
 from qlm.solver.coarsen import Coarsened, coarsen
@@ -23,7 +23,7 @@ from qlm.solver.heuristics import edf_queues, fcfs_queues
 from qlm.solver.local_search import improve
 from qlm.solver.milp.backends import MILP_BACKENDS, SolveStatus
 from qlm.solver.milp.formulation import formulate
-from qlm.solver.types import Plan, PlanInput, PlanStatus
+from qlm.solver.plan_types import Plan, PlanInput, PlanStatus
 
 
 class Planner(Protocol):

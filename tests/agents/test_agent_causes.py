@@ -10,10 +10,10 @@ from prometheus_client import CollectorRegistry
 
 from qlm.agents.actions import LoadModel
 from qlm.agents.agent import Agent
-from qlm.agents.settings import AgentConfig
+from qlm.agents.agent_settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.engine.types import ModelLoaded, RequestFinished
+from qlm.engine.engine_types import ModelLoaded, RequestFinished
 from qlm.metrics import PlaneMetrics
 from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import RequestResult

@@ -10,10 +10,10 @@ import asyncio
 import pytest
 
 from qlm.agents.agent import Agent
-from qlm.agents.settings import AgentConfig
+from qlm.agents.agent_settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.engine.types import RequestFinished
+from qlm.engine.engine_types import RequestFinished
 from qlm.queue.memory import MemoryQueue
 from qlm.types import Fleet, Request, RequestState
 from tests.factories import make_instance, make_profile, make_request

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from qlm.agents.agent import Agent
-from qlm.agents.settings import AgentConfig
+from qlm.agents.agent_settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue

@@ -14,7 +14,7 @@ from qlm.agents.drain import (
     prefill_rate_beside,
     start_blocks_by_rank,
 )
-from qlm.engine.types import EngineObservation, EngineRequest, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from tests.engine.helpers import exact_profile
 from tests.factories import make_profile
 

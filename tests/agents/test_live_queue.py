@@ -9,7 +9,7 @@ from qlm.agents.live_queue import AgentQueue
 from qlm.agents.reported_fleet import ReportedFleet
 from qlm.agents.virtual_queue import planned_items
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.engine.types import EngineObservation, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineState
 from qlm.queue.records import InstanceStatus
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile

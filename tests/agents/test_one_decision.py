@@ -18,7 +18,7 @@ from qlm.agents.reported_fleet import ReportedFleet
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.control.plan import PublishedPlan, planned_group
-from qlm.engine.types import EngineObservation, EngineRequest, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from qlm.sim.policies.qlm_dispatch import SimDispatch
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request

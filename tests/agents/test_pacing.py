@@ -109,7 +109,7 @@ def test_the_live_agent_paces_on_the_whole_queue_not_only_the_published_head() -
     from qlm.agents.live_queue import AgentQueue
     from qlm.agents.reported_fleet import ReportedFleet
     from qlm.control.plan import PlannedGroup, PublishedPlan
-    from qlm.engine.types import EngineObservation, EngineState
+    from qlm.engine.engine_types import EngineObservation, EngineState
     from qlm.types import Fleet
     from tests.factories import make_instance, make_profile
 

@@ -16,7 +16,7 @@ from qlm.agents.reconcile import (
     ReconcileInput,
     reconcile,
 )
-from qlm.engine.types import EngineObservation, EngineRequest, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 
 PRIORITY = {"interactive": 2, "batch-1": 1, "batch-2": 0}
 

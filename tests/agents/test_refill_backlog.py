@@ -10,11 +10,11 @@ from typing import Literal
 import pytest
 
 from qlm.agents.agent import Agent
+from qlm.agents.agent_settings import AgentConfig
 from qlm.agents.engine_loads import RefillBacklog
-from qlm.agents.settings import AgentConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.engine.types import FirstToken, RequestFinished
+from qlm.engine.engine_types import FirstToken, RequestFinished
 from qlm.queue.memory import MemoryQueue
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile, make_request

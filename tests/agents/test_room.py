@@ -16,7 +16,7 @@ from qlm.agents.reconcile import (
     reconcile,
 )
 from qlm.agents.room import room
-from qlm.engine.types import EngineObservation, EngineRequest, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 
 PRIORITY = {"interactive": 1, "batch": 0}
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from qlm.agents.actions import FetchStandby
 from qlm.agents.arrival_rates import ArrivalRates
 from qlm.agents.warming import copies_of, hosts_of, standby_fetch, standby_worths
-from qlm.engine.types import EngineObservation, EngineState
+from qlm.engine.engine_types import EngineObservation, EngineState
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile
 

@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass
 
 from qlm.clock import Clock
-from qlm.queue.base import GlobalQueue
+from qlm.queue.queue_protocol import GlobalQueue
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.types import Request, RequestState
 

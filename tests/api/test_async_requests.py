@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import httpx
 
 from qlm.api import create_app
-from qlm.api.settings import ApiAppConfig
+from qlm.api.api_settings import ApiAppConfig
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue, MemoryQueueConfig

@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 from qlm.api import ApiAppConfig, create_app
-from qlm.api.settings import ApiKey
+from qlm.api.api_settings import ApiKey
 from qlm.clock import VirtualClock
 from qlm.queue.memory import MemoryQueue
 from qlm.types import RequestState

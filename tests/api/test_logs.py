@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from qlm.api import create_app
-from qlm.api.settings import ApiKey
+from qlm.api.api_settings import ApiKey
 from qlm.clock import VirtualClock
 from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import RequestResult

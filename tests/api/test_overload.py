@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from qlm.api import ApiAppConfig, create_app
-from qlm.api.settings import ApiKey, QuotaConfig
+from qlm.api.api_settings import ApiKey, QuotaConfig
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan

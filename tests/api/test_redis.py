@@ -13,8 +13,8 @@ import pytest
 
 from qlm.api import create_app
 from qlm.clock import VirtualClock
-from qlm.queue.base import GlobalQueue
 from qlm.queue.factory import make_queue
+from qlm.queue.queue_protocol import GlobalQueue
 from tests.api.conftest import make_settings, serving, wait_until
 from tests.api.fake_agent import FakeAgent
 from tests.redis_server import RedisServer

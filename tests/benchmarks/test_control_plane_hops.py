@@ -14,7 +14,7 @@ from benchmarks.control_plane.targets import overhead_targets
 
 ROOT = [
     "<module> (<string>:1)",
-    "_serve (qlm/serve/cli.py:80)",  # the plane's own root frames name no hop
+    "_serve (qlm/serve/serve_cli.py:80)",  # the plane's own root frames name no hop
     "run (uvloop/__init__.py:82)",
     "Runner.run (asyncio/runners.py:118)",
 ]

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from qlm.engine.client import EngineClient
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineError,
     EngineEvent,

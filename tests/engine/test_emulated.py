@@ -10,7 +10,7 @@ import pytest
 
 from qlm.clock import VirtualClock
 from qlm.engine.emulated import EmulatedEngine
-from qlm.engine.types import EngineEvent, FirstToken, RequestFinished, TokenChunk
+from qlm.engine.engine_types import EngineEvent, FirstToken, RequestFinished, TokenChunk
 from tests.engine.helpers import STEP, exact_instance, exact_profile, req
 
 

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from qlm.engine.client import EventBuffer
-from qlm.engine.types import FirstToken
+from qlm.engine.engine_types import FirstToken
 
 
 async def test_wait_wakes_when_an_event_arrives() -> None:

@@ -15,9 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qlm.engine.model.config import EngineConfig
-from qlm.engine.model.core import EngineModel
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineError,
     EngineEvent,
@@ -26,6 +24,8 @@ from qlm.engine.types import (
     ModelLoaded,
     RequestFinished,
 )
+from qlm.engine.model.core import EngineModel
+from qlm.engine.model.engine_config import EngineConfig
 from qlm.perf.step import StepTime
 from tests.engine.helpers import (
     OPERATIONS,

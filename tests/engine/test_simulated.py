@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from qlm.clock import VirtualClock
+from qlm.engine.engine_types import EngineEvent, RequestFinished
 from qlm.engine.model.core import EngineModel
 from qlm.engine.simulated import SimulatedEngine
-from qlm.engine.types import EngineEvent, RequestFinished
 from tests.engine.helpers import exact_instance, exact_profile, req
 
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.engine.model.config import EngineConfig
+from qlm.engine.engine_types import EngineError, ModelLoaded
+from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.tiers import StandbyTier
-from qlm.engine.types import EngineError, ModelLoaded
 from tests.engine.helpers import engine, exact_profile
 
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from qlm.config import EstimatorConfig
-from qlm.engine.model.config import EngineConfig
+from qlm.engine.engine_types import ModelLoaded
+from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.tiers import StandbyTier
-from qlm.engine.types import ModelLoaded
 from qlm.estimator import RwtEstimator
 from qlm.types import Fleet
 from tests.engine.helpers import engine, exact_profile

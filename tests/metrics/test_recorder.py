@@ -12,7 +12,7 @@ from qlm.clock import VirtualClock
 from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.metrics import NO_METRICS, MetricsConfig, PlaneMetrics, met_slo
 from qlm.queue.records import InstanceStatus, RequestResult
-from qlm.solver.types import Plan, PlanStatus
+from qlm.solver.plan_types import Plan, PlanStatus
 from qlm.types import Request, RequestState
 from tests.factories import make_request
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 import pytest
 import redis.asyncio as aioredis
 
-from qlm.queue.base import GlobalQueue, QueueFullError
 from qlm.queue.bounds import QueueBounds
+from qlm.queue.queue_protocol import GlobalQueue, QueueFullError
 from qlm.queue.records import RequestResult
 from qlm.queue.redis import RedisQueue
 from qlm.types import Request, RequestState

@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 
 from qlm.clock import VirtualClock
 from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
-from qlm.queue.base import (
+from qlm.queue.factory import make_queue
+from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
+from qlm.queue.queue_protocol import (
     DuplicateRequestError,
     GlobalQueue,
     QueueError,
     QueueFullError,
     UnknownRequestError,
 )
-from qlm.queue.factory import make_queue
-from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.queue.records import InstanceStatus, RequestRecord, RequestResult, StreamEvent, StreamKind
 from qlm.types import PrefixBlock, Request, RequestState
 from tests.factories import make_request

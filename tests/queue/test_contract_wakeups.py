@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 
 from qlm.control.plan import PlannedGroup, PublishedPlan
-from qlm.queue.base import DuplicateRequestError, GlobalQueue
+from qlm.queue.queue_protocol import DuplicateRequestError, GlobalQueue
 from qlm.queue.records import StreamEvent, StreamKind
 from tests.factories import make_request
 from tests.queue import test_contract as contract

@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
-from qlm.queue.base import QueueUnavailableError, UnknownRequestError
 from qlm.queue.factory import make_queue
+from qlm.queue.queue_protocol import QueueUnavailableError, UnknownRequestError
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.queue.redis import RedisQueue, RedisQueueConfig
 from qlm.types import RequestState

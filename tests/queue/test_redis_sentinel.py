@@ -12,12 +12,12 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from qlm.queue.base import QueueUnavailableError
 from qlm.queue.factory import make_queue
+from qlm.queue.queue_protocol import QueueUnavailableError
 from qlm.queue.redis import RedisQueue, RedisQueueConfig
-from qlm.queue.redis.config import SentinelAddress
 from qlm.queue.redis.connect import commands_client
-from qlm.serve.config import QueueConfig
+from qlm.queue.redis.redis_config import SentinelAddress
+from qlm.serve.serve_config import QueueConfig
 from tests.factories import make_request
 from tests.redis_sentinel import SentinelGroup
 from tests.redis_server import redis_server_binary

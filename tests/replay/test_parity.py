@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qlm.replay.cli import ReplayConfig, run_replay
+from qlm.replay.replay_cli import ReplayConfig, run_replay
 from qlm.sim.scenario import load_scenario
 
 SCENARIO = Path(__file__).with_name("parity-swap.yaml")

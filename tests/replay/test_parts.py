@@ -18,8 +18,8 @@ from qlm.replay.compare import comparison, comparison_table, prediction_error
 from qlm.replay.embedded import STREAM_INTERVAL_S, embedded_config, scaled_profile
 from qlm.replay.outcomes import live_result, outcome_of, swaps_by_instance
 from qlm.replay.sender import Sent, body_of, prompt_of
-from qlm.serve.config import LiveEngineConfig, ServeConfig
 from qlm.serve.runtime import ENGINE_KINDS
+from qlm.serve.serve_config import LiveEngineConfig, ServeConfig
 from qlm.sim.result import OutcomeState
 from qlm.sim.scenario import load_scenario
 from qlm.types import PrefixBlock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineEvent,
     EngineObservation,

@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from qlm.queue.records import RequestRecord
-from qlm.serve.config import ServeConfig
 from qlm.serve.runtime import Plane, running_plane
+from qlm.serve.serve_config import ServeConfig
 from qlm.types import RequestState
 from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # noqa: F401
 

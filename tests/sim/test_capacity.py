@@ -181,7 +181,7 @@ def test_capacity_on_the_simulator(tmp_path: Path) -> None:
         if e.cost_per_hour < result.best.cost_per_hour:
             assert not e.meets
     # the winner, simulated again on its own, meets the target (determinism)
-    from qlm.sim.cli import run_policies
+    from qlm.sim.simulate_cli import run_policies
 
     again = run_policies(scenario.with_fleet_counts(result.best.counts), ["fcfs"], 1, False)
     assert again[0].attainment() == pytest.approx(result.best.attainment)

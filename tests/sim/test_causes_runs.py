@@ -10,7 +10,7 @@ import pytest
 
 from qlm.agents.actions import Action, Evict, LoadModel, Pull
 from qlm.sim.miss_causes import miss_cause
-from qlm.sim.policies.base import NO_ACTIONS, Actions, BasePolicy, SimContext
+from qlm.sim.policies.policy_base import NO_ACTIONS, Actions, BasePolicy, SimContext
 from qlm.sim.result import OutcomeState, RequestOutcome, SimResult
 from qlm.sim.simulate import SimConfig, Simulation, default_engine_factory, simulate
 from qlm.types import Fleet, Request

@@ -12,8 +12,8 @@ from dataclasses import replace
 from qlm.agents.dispatch import PoolMember, PoolRate
 from qlm.agents.drain import drain_estimate_s, drains_by_rank
 from qlm.agents.reconcile import QueuedItem
+from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from qlm.engine.model.core import EngineModel
-from qlm.engine.types import EngineObservation, EngineRequest, EngineState
 from tests.engine.helpers import engine, exact_profile, req
 from tests.factories import make_profile
 

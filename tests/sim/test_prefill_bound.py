@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qlm.agents.settings import AgentConfig
-from qlm.replay.cli import simulate_same
+from qlm.agents.agent_settings import AgentConfig
+from qlm.replay.replay_cli import simulate_same
 from qlm.sim.scenario import Scenario, load_scenario
 from tests.factories import make_request
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from qlm.sim.cli import run_policies
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import load_scenario
+from qlm.sim.simulate_cli import run_policies
 
 SIMS = Path(__file__).resolve().parents[2] / "sims"
 BASELINES = ("fcfs", "edf", "shepherd", "llmd")

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import pytest
 
 from qlm.agents.actions import Pull
-from qlm.engine.types import EngineEvent
+from qlm.engine.engine_types import EngineEvent
 from qlm.registry import UnknownPolicyError
 from qlm.sim.policies import SIM_POLICIES
-from qlm.sim.policies.base import NO_ACTIONS, Actions, BasePolicy
+from qlm.sim.policies.policy_base import NO_ACTIONS, Actions, BasePolicy
 from qlm.sim.result import OutcomeState, SimResult
 from qlm.sim.simulate import (
     SimConfig,

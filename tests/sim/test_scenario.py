@@ -281,7 +281,7 @@ def test_rate_scale_in_the_file_equals_with_rate_scale(tmp_path: Path, scenario:
 
 
 def test_the_engine_section_sets_every_simulated_engine(tmp_path: Path) -> None:
-    from qlm.sim.cli import run_policies
+    from qlm.sim.simulate_cli import run_policies
 
     small = load_scenario(write(tmp_path, BASE + "horizon_s: 30\n"))
     assert small.engine.waiting_order == "fcfs"

@@ -3,7 +3,7 @@
 Question answered: what does an engine serving these requests do, iteration by iteration, on
 passed-in time? This module is the facade: the engine's state (EMPTY, LOADING, READY), time,
 the operations and the observation; its parts (sequence.py, seq_queues.py, decode_batch.py,
-kv_cache.py, scheduler.py, segment.py, config.py, stats.py, tiers.py) are listed with the
+kv_cache.py, scheduler.py, segment.py, engine_config.py, stats.py, tiers.py) are listed with the
 question each answers in qlm/engine/README.md.
 
 Time: `advance_to(t)` completes every segment that ends by t and plans the next one at its end;
@@ -19,14 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from qlm.engine.engine_profiles import profiles_for
-from qlm.engine.model.config import EngineConfig
-from qlm.engine.model.scheduler import complete, schedule
-from qlm.engine.model.segment import Segment, plan_segment
-from qlm.engine.model.seq_queues import SeqQueues
-from qlm.engine.model.sequence import Seq, SeqPhase
-from qlm.engine.model.stats import EngineCounters, EngineStats
-from qlm.engine.model.tiers import StandbyTier
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineError,
     EngineEvent,
@@ -34,6 +27,13 @@ from qlm.engine.types import (
     EngineState,
     ModelLoaded,
 )
+from qlm.engine.model.engine_config import EngineConfig
+from qlm.engine.model.scheduler import complete, schedule
+from qlm.engine.model.segment import Segment, plan_segment
+from qlm.engine.model.seq_queues import SeqQueues
+from qlm.engine.model.sequence import Seq, SeqPhase
+from qlm.engine.model.stats import EngineCounters, EngineStats
+from qlm.engine.model.tiers import StandbyTier
 from qlm.perf.profile import Profile
 from qlm.perf.step import TIME_EPS_S, DecodeRun
 from qlm.types import Fleet, Instance, Request

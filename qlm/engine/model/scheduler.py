@@ -39,10 +39,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from qlm.engine.engine_types import EngineEvent, FirstToken, RequestFinished
 from qlm.engine.model.segment import Chunk, Segment
 from qlm.engine.model.seq_queues import SeqQueues
 from qlm.engine.model.sequence import Seq, SeqPhase
-from qlm.engine.types import EngineEvent, FirstToken, RequestFinished
 from qlm.prefixes.local_order import by_priority_groups
 
 SRPT_CANDIDATES = 256  # waiting sequences srpt-mlfq orders per iteration (bounds the cost)

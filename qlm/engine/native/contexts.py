@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 
+from qlm.engine.engine_types import EngineError
 from qlm.engine.native.native_engine import CONTEXT_PREFIX, NativeEngine
 from qlm.engine.native.step_runner import NativeRunner
-from qlm.engine.types import EngineError
 from qlm.types import Request
 
 

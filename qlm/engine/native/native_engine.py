@@ -29,13 +29,7 @@ from tokenizers import Tokenizer
 
 from qlm.clock import Clock
 from qlm.engine.client import EventBuffer, LiveEngine
-from qlm.engine.native.blocks import KvCache
-from qlm.engine.native.checkpoint import load_checkpoint
-from qlm.engine.native.client_view import LiveRequest, decode
-from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.sampling import sampling_of, stops_of
-from qlm.engine.native.step_runner import Emitted, NativeRunner, StepResult
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineError,
     EngineEvent,
@@ -48,6 +42,12 @@ from qlm.engine.types import (
     RequestFinished,
     TokenChunk,
 )
+from qlm.engine.native.blocks import KvCache
+from qlm.engine.native.checkpoint import load_checkpoint
+from qlm.engine.native.client_view import LiveRequest, decode
+from qlm.engine.native.native_config import NativeEngineConfig
+from qlm.engine.native.sampling import sampling_of, stops_of
+from qlm.engine.native.step_runner import Emitted, NativeRunner, StepResult
 from qlm.types import Instance, Request
 
 CONTEXT_PREFIX = "ctx:"  # context ids in the runner (request sequences are "<id>#<n>")

@@ -8,8 +8,8 @@ the request.
 
 from __future__ import annotations
 
+from qlm.engine.engine_types import EngineError
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.types import EngineError
 from qlm.types import Request
 
 

@@ -36,7 +36,6 @@ from qlm.engine.profiling.probes import (
     prefill_sample,
 )
 from qlm.engine.profiling.vllm_setup import token_budget, weight_bytes
-from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.engine.vllm.metrics import (
     DECODE_TIME,
     PREFILL_TIME,
@@ -47,6 +46,7 @@ from qlm.engine.vllm.metrics import (
     kv_facts,
     parse_metrics,
 )
+from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.types import Instance
 

@@ -20,7 +20,7 @@ import aiohttp
 
 from qlm.clock import Clock
 from qlm.engine.client import EventBuffer
-from qlm.engine.types import Aborted, EngineRequest, FirstToken, RequestFinished, TokenChunk
+from qlm.engine.engine_types import Aborted, EngineRequest, FirstToken, RequestFinished, TokenChunk
 from qlm.engine.vllm.protocol import SseLines, StreamDelta, parse_sse_line
 from qlm.output_extras import merge_extras
 from qlm.types import Request

@@ -38,7 +38,7 @@ import aiohttp
 
 from qlm.clock import Clock
 from qlm.engine.client import EventBuffer, LiveEngine
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     EngineError,
     EngineEvent,
     EngineFailed,
@@ -46,11 +46,11 @@ from qlm.engine.types import (
     EngineState,
     ModelLoaded,
 )
-from qlm.engine.vllm.config import VllmEngineConfig
 from qlm.engine.vllm.metrics import VllmMetrics, parse_metrics
 from qlm.engine.vllm.process import METRICS_TIMEOUT, ServerProcess, Supervisor
 from qlm.engine.vllm.protocol import request_body
 from qlm.engine.vllm.request_streams import RequestStreams
+from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.types import Instance, Request
 
 

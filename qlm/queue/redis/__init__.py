@@ -1,6 +1,6 @@
 """The Redis adapter of the global queue: RedisQueue and its configuration.
 
-    config.py    how to reach Redis (URL, credentials, TLS, pools, retries)
+    redis_config.py    how to reach Redis (URL, credentials, TLS, pools, retries)
     queue.py     RedisQueue: what each GlobalQueue operation does in Redis
     keys.py      where each thing is kept (key names under one prefix)
     codec.py     how records, events and numbers are written to Redis and read back
@@ -14,7 +14,7 @@ This is the only package that imports the redis library; qlm.queue.factory impor
 for a Redis URL.
 """
 
-from qlm.queue.redis.config import RedisQueueConfig
 from qlm.queue.redis.queue import RedisQueue
+from qlm.queue.redis.redis_config import RedisQueueConfig
 
 __all__ = ["RedisQueue", "RedisQueueConfig"]

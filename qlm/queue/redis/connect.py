@@ -21,7 +21,7 @@ from typing import Any
 import redis.asyncio as redis
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
-from qlm.queue.redis.config import RedisQueueConfig
+from qlm.queue.redis.redis_config import RedisQueueConfig
 
 
 class FailoverConnection(SentinelManagedConnection):

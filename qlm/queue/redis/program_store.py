@@ -11,8 +11,8 @@ import redis.asyncio as redis
 
 from qlm.programs.state import Program
 from qlm.programs.storage import newest_first
-from qlm.queue.redis.config import RedisQueueConfig
 from qlm.queue.redis.connect import store_client
+from qlm.queue.redis.redis_config import RedisQueueConfig
 
 
 class RedisProgramStore:

@@ -21,13 +21,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from qlm.control.plan import PublishedPlan
-from qlm.queue.base import (
+from qlm.queue.listing import RecordFilter, RecordPage
+from qlm.queue.queue_protocol import (
     DuplicateRequestError,
     QueueError,
     QueueUnavailableError,
     one_by_one,
 )
-from qlm.queue.listing import RecordFilter, RecordPage
 from qlm.queue.records import (
     InstanceStatus,
     RequestRecord,
@@ -51,12 +51,12 @@ from qlm.queue.redis.codec import (
     result_json,
     xread_entries,
 )
-from qlm.queue.redis.config import RedisQueueConfig
 from qlm.queue.redis.connect import blocking_client, commands_client
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.listed_index import list_page
 from qlm.queue.redis.lua import scripts
 from qlm.queue.redis.plans import PlanBoard
+from qlm.queue.redis.redis_config import RedisQueueConfig
 from qlm.queue.redis.streams import OutputStreams
 from qlm.types import Request, RequestState
 
@@ -66,8 +66,8 @@ CHANGES_PER_READ = 1024  # changes-stream entries one wait_for_change reads (it 
 
 
 class RedisQueue:
-    """The Redis GlobalQueue (qlm.queue.base.GlobalQueue). Several RedisQueue objects, in one
-    process or many, with the same URL and key prefix are clients of one queue."""
+    """The Redis GlobalQueue (qlm.queue.queue_protocol.GlobalQueue). Several RedisQueue
+    objects, in one process or many, with the same URL and key prefix are clients of one queue."""
 
     def __init__(self, config: RedisQueueConfig, client: redis.Redis | None = None) -> None:
         self.config = config

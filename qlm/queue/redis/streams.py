@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import redis.asyncio as redis
 
-from qlm.queue.base import QueueError, UnknownRequestError, through_done
+from qlm.queue.queue_protocol import QueueError, UnknownRequestError, through_done
 from qlm.queue.records import StreamEvent, StreamKind
 from qlm.queue.redis.batching import ReplicaWait, ScriptCall, pipelined, write
 from qlm.queue.redis.codec import event_args, event_from_fields

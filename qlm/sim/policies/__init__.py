@@ -12,7 +12,13 @@ from qlm.sim.policies import (
     serverless,
     shepherd,
 )
-from qlm.sim.policies.base import SIM_POLICIES, BasePolicy, SimContext, SimPolicy, make_policy
+from qlm.sim.policies.policy_base import (
+    SIM_POLICIES,
+    BasePolicy,
+    SimContext,
+    SimPolicy,
+    make_policy,
+)
 
 __all__ = [
     "SIM_POLICIES",

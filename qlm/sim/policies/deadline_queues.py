@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from qlm.agents.actions import Pull
-from qlm.sim.policies.base import NO_ACTIONS, Actions, AdmissionBook, SimContext
+from qlm.sim.policies.policy_base import NO_ACTIONS, Actions, AdmissionBook, SimContext
 from qlm.types import Instance, Request
 
 _Entry = tuple[float, float, int, Request]

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qlm.agents.actions import Action, LoadModel
-from qlm.engine.types import EngineEvent
-from qlm.sim.policies.base import (
+from qlm.engine.engine_types import EngineEvent
+from qlm.sim.policies.deadline_queues import DeadlineQueues, fill
+from qlm.sim.policies.policy_base import (
     NO_ACTIONS,
     SIM_POLICIES,
     Actions,
@@ -28,7 +29,6 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
-from qlm.sim.policies.deadline_queues import DeadlineQueues, fill
 from qlm.types import Instance, Request
 
 

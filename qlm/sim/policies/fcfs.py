@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qlm.agents.actions import Pull
-from qlm.engine.types import Aborted, EngineEvent, RequestFinished
-from qlm.sim.policies.base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
+from qlm.engine.engine_types import Aborted, EngineEvent, RequestFinished
+from qlm.sim.policies.policy_base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
 
 

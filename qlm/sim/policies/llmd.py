@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qlm.agents.actions import Action, Pull
-from qlm.engine.types import EngineEvent
-from qlm.sim.policies.base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
+from qlm.engine.engine_types import EngineEvent
+from qlm.sim.policies.policy_base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
 
 _Entry = tuple[int, float, int, Request]

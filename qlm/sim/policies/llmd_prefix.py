@@ -11,8 +11,8 @@ default profile (prefix 3, queue 2).
 from __future__ import annotations
 
 from qlm.prefixes.index import PrefixIndex
-from qlm.sim.policies.base import SIM_POLICIES, Actions, SimContext
 from qlm.sim.policies.llmd import LlmdPolicy
+from qlm.sim.policies.policy_base import SIM_POLICIES, Actions, SimContext
 from qlm.types import Request
 
 

@@ -45,8 +45,10 @@ from qlm.agents.arrival_rates import ArrivalRates
 from qlm.agents.dispatch import PoolRate
 from qlm.agents.drain import drain_estimate_s
 from qlm.agents.queued import QueuedItem
-from qlm.engine.types import EngineEvent
-from qlm.sim.policies.base import (
+from qlm.engine.engine_types import EngineEvent
+from qlm.sim.policies.deadline_queues import DeadlineQueues, fill
+from qlm.sim.policies.keep_alive import KeepAlive
+from qlm.sim.policies.policy_base import (
     NO_ACTIONS,
     SIM_POLICIES,
     Actions,
@@ -55,8 +57,6 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
-from qlm.sim.policies.deadline_queues import DeadlineQueues, fill
-from qlm.sim.policies.keep_alive import KeepAlive
 from qlm.types import Instance, Request
 
 WAKE_RATIO, LOAD_RATIO, DRAIN_RATIO = 1.5, 2.0, 3.0

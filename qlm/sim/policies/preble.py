@@ -33,9 +33,9 @@ from types import MappingProxyType
 
 from qlm.agents.actions import Pull
 from qlm.agents.dispatch import PoolMember
-from qlm.engine.types import EngineEvent, RequestFinished
+from qlm.engine.engine_types import EngineEvent, RequestFinished
 from qlm.prefixes.index import PrefixIndex
-from qlm.sim.policies.base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
+from qlm.sim.policies.policy_base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
 
 WINDOW_S = 180.0

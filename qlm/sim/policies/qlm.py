@@ -42,9 +42,9 @@ from qlm.agents.room import room
 from qlm.clock import WallClock
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver, Decision
-from qlm.engine.types import EngineEvent, EngineObservation, FirstToken, RequestFinished
+from qlm.engine.engine_types import EngineEvent, EngineObservation, FirstToken, RequestFinished
 from qlm.estimator.forecast_band import ForecastBand
-from qlm.sim.policies.base import (
+from qlm.sim.policies.policy_base import (
     NO_ACTIONS,
     SIM_POLICIES,
     Actions,

@@ -25,7 +25,7 @@ from qlm.agents.warming import fleet_fetches, hosts_of
 from qlm.control.plan import PublishedPlan
 from qlm.prefixes.affinity import PrefixAffinity
 from qlm.prefixes.index import PrefixIndex
-from qlm.sim.policies.base import SimContext
+from qlm.sim.policies.policy_base import SimContext
 from qlm.sim.result import TtftPrediction
 from qlm.types import Request
 

@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from qlm.agents.actions import Pull
-from qlm.sim.policies.base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
+from qlm.sim.policies.policy_base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
 
 

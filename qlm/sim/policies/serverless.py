@@ -25,8 +25,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from qlm.agents.actions import Action, LoadModel, Pull
-from qlm.engine.types import EngineEvent
-from qlm.sim.policies.base import (
+from qlm.engine.engine_types import EngineEvent
+from qlm.sim.policies.keep_alive import KeepAlive
+from qlm.sim.policies.policy_base import (
     NO_ACTIONS,
     SIM_POLICIES,
     Actions,
@@ -35,7 +36,6 @@ from qlm.sim.policies.base import (
     SimContext,
     frees_capacity,
 )
-from qlm.sim.policies.keep_alive import KeepAlive
 from qlm.types import Instance, Request
 
 KEEP_ALIVE = "keep-alive"  # the timer tag: an instance's keep-alive may have run out

@@ -23,8 +23,8 @@ import itertools
 from collections.abc import Sequence
 
 from qlm.agents.actions import Action, Evict, Pull
-from qlm.engine.types import Aborted, EngineEvent, RequestFinished
-from qlm.sim.policies.base import (
+from qlm.engine.engine_types import Aborted, EngineEvent, RequestFinished
+from qlm.sim.policies.policy_base import (
     NO_ACTIONS,
     SIM_POLICIES,
     Actions,

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from qlm.clock import WallClock
-from qlm.engine.native.config import NativeEngineConfig
-from qlm.engine.native.native_engine import NativeEngine
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineError,
     EngineEvent,
@@ -20,6 +18,8 @@ from qlm.engine.types import (
     FirstToken,
     RequestFinished,
 )
+from qlm.engine.native.native_config import NativeEngineConfig
+from qlm.engine.native.native_engine import NativeEngine
 from qlm.types import Instance, Request
 from tests.engine.native.helpers import write_checkpoint
 

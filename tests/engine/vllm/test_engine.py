@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from qlm.clock import WallClock
 from qlm.engine.client import EngineClient
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineError,
     EngineEvent,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qlm.clock import WallClock
-from qlm.engine.types import EngineState, ModelLoaded, RequestFinished
+from qlm.engine.engine_types import EngineState, ModelLoaded, RequestFinished
 from qlm.engine.vllm.process import _group_alive
 from qlm.engine.vllm.vllm_engine import VllmEngine
 from tests.engine.vllm.helpers import make_request

@@ -1,5 +1,5 @@
 {{/*
-The fleet file (qlm/serve/config.py, ServeConfig) the qlm processes read with --config.
+The fleet file (qlm/serve/serve_config.py, ServeConfig) the qlm processes read with --config.
 
 One file for the API and the controller (every model's weights in engine.vllm.models) and one
 per pool for its agents: the same fleet, with the pool's engine overrides and only the pool's

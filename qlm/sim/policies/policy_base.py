@@ -17,7 +17,7 @@ import numpy as np
 from qlm.agents.actions import Action, LoadModel
 from qlm.clock import Clock
 from qlm.config import QlmConfig
-from qlm.engine.types import (
+from qlm.engine.engine_types import (
     Aborted,
     EngineEvent,
     EngineObservation,

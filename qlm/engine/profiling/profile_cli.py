@@ -44,7 +44,7 @@ PROFILE_ENGINES: Registry[ProfileJob] = Registry("profiling engine")
 def _vllm(args: argparse.Namespace, grid: ProfileGrid) -> ProfileJob:
     from qlm.engine.profiling.vllm_profiler import VllmProfiler
     from qlm.engine.profiling.vllm_setup import profile_engine_config
-    from qlm.engine.vllm.config import VllmEngineConfig
+    from qlm.engine.vllm.vllm_config import VllmEngineConfig
 
     name = args.name or args.model.name
     config = VllmEngineConfig(
@@ -121,8 +121,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def run_profile(args: argparse.Namespace) -> int:
     grid = _grid(args)
     command = PROFILE_ENGINES.get(args.engine)
+    from qlm.engine.engine_types import EngineError
     from qlm.engine.profiling.probe_client import ProfilingError
-    from qlm.engine.types import EngineError
 
     try:
         run = asyncio.run(command(args, grid))

@@ -5,9 +5,9 @@ variable holding the queue URL or the Redis password, a mounted file with the pa
 the API keys), and qlm/serve/secrets.py reads them when a process starts.
 
 Sections: `qlm` (QlmConfig, qlm/config.py), `queue` (QueueConfig), `api` (ApiConfig,
-qlm/api/settings.py), `controller` (ControllerConfig), `agent` (AgentConfig,
-qlm/agents/settings.py), `engine` (LiveEngineConfig), `metrics` (MetricsConfig,
-qlm/metrics/settings.py), `models` (ModelConfig, qlm/api/settings.py) and `fleet`
+qlm/api/api_settings.py), `controller` (ControllerConfig), `agent` (AgentConfig,
+qlm/agents/agent_settings.py), `engine` (LiveEngineConfig), `metrics` (MetricsConfig,
+qlm/metrics/metrics_settings.py), `models` (ModelConfig, qlm/api/api_settings.py) and `fleet`
 (FleetConfig, qlm/fleet_config.py: the same section as in `qlm plan` snapshots and
 `qlm simulate` scenarios). Each settings class lives with the package that reads it; the
 README's configuration section maps them all."""
@@ -22,12 +22,12 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qlm.agents.settings import AgentConfig
-from qlm.api.settings import ApiConfig, ModelConfig
+from qlm.agents.agent_settings import AgentConfig
+from qlm.api.api_settings import ApiConfig, ModelConfig
 from qlm.config import Problem, QlmConfig, StrictModel, fail_at
 from qlm.engine.openai_fields import EngineKind
 from qlm.fleet_config import FleetConfig
-from qlm.metrics.settings import MetricsConfig
+from qlm.metrics.metrics_settings import MetricsConfig
 from qlm.queue.bounds import QueueBounds
 from qlm.types import Fleet, Instance
 
@@ -245,7 +245,7 @@ class ServeConfig(StrictModel):
             yield ("engine", "standby_models"), f"emulated engines only; {instead}"
         if self.engine.kind != "vllm":
             return
-        from qlm.engine.vllm.config import VllmEngineConfig
+        from qlm.engine.vllm.vllm_config import VllmEngineConfig
 
         try:
             VllmEngineConfig.model_validate(self.engine.vllm)
