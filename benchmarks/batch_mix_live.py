@@ -46,8 +46,8 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.runtime import Plane, running_plane
-from qlm.serve.serve_config import ServeConfig
 from qlm.sim.scenario import Scenario, load_scenario
 from qlm.types import Request, RequestState
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.report import RESULTS_DIR, write_results
+from qlm.config.profile_files import profile_named
 from qlm.engine.model.core import EngineModel
 from qlm.engine.model.output_length import lognormal_params
-from qlm.engine.profiling.library import profile_named
 from qlm.perf.profile import Profile
 from qlm.types import DEFAULT_GPU_TYPES, Instance, Request
 from tests.engine.reference import RefRequest, run_reference

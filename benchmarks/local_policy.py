@@ -45,10 +45,11 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.clock import WallClock
+from qlm.config.engine_config import EngineConfig
+from qlm.config.native_config import NativeEngineConfig
 from qlm.engine.engine_types import EngineFailed, FirstToken, RequestFinished
-from qlm.engine.model.engine_config import EngineConfig
-from qlm.engine.native.native_config import NativeEngineConfig
 from qlm.engine.native.native_engine import NativeEngine
+from qlm.engine.native.runner_config import RunnerConfig
 from qlm.types import Instance, Request
 from tests.vllm_fixtures import VLLM_PYTHON, build_tiny_models
 
@@ -192,7 +193,7 @@ def model_rows(
     models: dict[str, Path], args: argparse.Namespace, plans: dict[int, list[Arrival]]
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The same arrivals on the engine model, per policy; and the fitted step time."""
-    native = engine_config(models, args, "fcfs").runner_config(num_blocks=4096)
+    native = RunnerConfig.of(engine_config(models, args, "fcfs"), num_blocks=4096)
     step_time = fit_step_time(models[MODEL], native)
     rows = []
     for policy in POLICIES:

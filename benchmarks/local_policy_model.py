@@ -16,12 +16,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_types import FirstToken, RequestFinished
 from qlm.engine.model.core import EngineModel
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.native.step_runner import NativeRunner, RunnerConfig
+from qlm.engine.native.runner_config import RunnerConfig
+from qlm.engine.native.step_runner import NativeRunner
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.types import Instance, Request

@@ -37,9 +37,9 @@ from benchmarks.report import (
     write_results,
 )
 from qlm.clock import WallClock
+from qlm.config.native_config import NativeEngineConfig
 from qlm.engine.client import EngineClient
 from qlm.engine.engine_types import RequestFinished
-from qlm.engine.native.native_config import NativeEngineConfig
 from qlm.engine.native.native_engine import NativeEngine
 from qlm.types import Instance, Request
 from tests.vllm_fixtures import VLLM_PYTHON, build_tiny_models, tiny_engine_config

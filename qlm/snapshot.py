@@ -1,4 +1,4 @@
-"""A planning snapshot file: a fleet (qlm/fleet_config.py), the work already running on it
+"""A planning snapshot file: a fleet (qlm/config/fleet_config.py), the work already running on it
 and a synthetic queue, validated by pydantic.
 
 Used by `qlm plan` (the embedded main job) to run grouping, estimation and planning once."""
@@ -12,7 +12,7 @@ from types import MappingProxyType
 from pydantic import Field, NonNegativeFloat, model_validator
 
 from qlm.config import Problem, QlmConfig, StrictModel, fail_at
-from qlm.fleet_config import FleetConfig
+from qlm.config.fleet_config import FleetConfig
 from qlm.types import Fleet, Request, SloClass
 
 

@@ -328,7 +328,7 @@ def test_the_strict_base_is_declared_once() -> None:
         for path, node in _classes()
         if 'extra="forbid"' in ast.unparse(node).replace("'", '"')
     ]
-    assert strict == ["config.py:StrictModel"]
+    assert strict == ["config/strict.py:StrictModel"]
 
 
 def test_config_classes_end_in_config() -> None:

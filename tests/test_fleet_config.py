@@ -11,10 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from qlm.config import ConfigError, load_yaml_model
-from qlm.engine.profiling.library import ProfileFile, profile_named, save_profile
-from qlm.fleet_config import FleetConfig
+from qlm.config.fleet_config import FleetConfig
+from qlm.config.profile_files import ProfileFile, profile_named, save_profile
+from qlm.config.serve_config import ServeConfig
 from qlm.perf.profile import GIB
-from qlm.serve.serve_config import ServeConfig
 from qlm.sim.scenario import Scenario
 from qlm.snapshot import Snapshot
 

@@ -28,7 +28,7 @@ IO_LIBRARIES = {
 }
 CORE = [
     "types.py",
-    "config.py",
+    "config",
     "registry.py",
     "perf",
     "grouping",
@@ -49,7 +49,6 @@ CORE = [
 ]
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {
-    "queue/redis/redis_config.py": {"redis"},
     "queue/redis/connect.py": {"redis"},
     "queue/redis/queue.py": {"redis"},
     "queue/redis/batching.py": {"redis", "asyncio"},
@@ -92,9 +91,9 @@ PURE_ENGINE = [
     "engine/model/kv_cache.py",
     "engine/model/scheduler.py",
     "engine/model/segment.py",
-    "engine/model/engine_config.py",
+    "config/engine_config.py",
     "engine/model/stats.py",
-    "engine/vllm/vllm_config.py",
+    "config/vllm_config.py",
     "engine/vllm/protocol.py",
     "engine/vllm/metrics.py",
 ]

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from qlm.clock import WallClock
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.types import Instance
 

@@ -33,7 +33,7 @@ def example_fleet() -> dict[str, Any]:
 
 def instance_ids(config: Path) -> list[str]:
     """The ids of the instances a fleet file declares (what `qlm agent --instance` takes)."""
-    from qlm.serve.serve_config import ServeConfig
+    from qlm.config.serve_config import ServeConfig
 
     data = yaml.safe_load(config.read_text())
     return [i.id for i in ServeConfig.model_validate(data).instance_list()]

@@ -62,7 +62,7 @@ def engine_settings(model_path: Path, cpu_cores: tuple[int, ...] | None) -> Any:
 
 
 def start_bare_vllm(engine: Any, log_dir: Path) -> Proc:
-    from qlm.engine.vllm.vllm_config import serve_argv
+    from qlm.config.vllm_config import serve_argv
 
     port = free_port()
     log_path = log_dir / f"bare-vllm-{port}.log"
@@ -150,7 +150,7 @@ def stop_group(proc: Proc, grace_s: float = 20.0) -> None:
 
 def find_vllm_server(qlm_pid: int) -> tuple[int, int]:
     """(pid, port) of the vLLM server that a `qlm serve` process started."""
-    from qlm.engine.vllm.vllm_config import SERVE_MODULE
+    from qlm.config.vllm_config import SERVE_MODULE
 
     for pid in descendants(qlm_pid):
         with contextlib.suppress(OSError, ValueError, IndexError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.density.scenario import LARGE, SMALL
-from qlm.fleet_config import InstanceGroupConfig
+from qlm.config.fleet_config import InstanceGroupConfig
 from qlm.sim.miss_causes import miss_cause_counts
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario

@@ -20,7 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from qlm.engine.profiling.library import load_profile_file, packaged_profile_paths
+from qlm.config.profile_files import load_profile_file, packaged_profile_paths
 from qlm.sim.scenario import Scenario
 
 SIZES = (("7b", "mistral-7b", "H100"), ("13b", "vicuna-13b", "H100"), ("70b", "llama-70b", "A100"))

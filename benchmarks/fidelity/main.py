@@ -49,7 +49,7 @@ from benchmarks.fidelity.simulated import sim_run
 from benchmarks.fidelity.tables import error_table, misses, one_line
 from benchmarks.report import code_version
 from qlm.clock import WallClock
-from qlm.engine.profiling.library import ProfileFile, load_profile_file
+from qlm.config.profile_files import ProfileFile, load_profile_file
 from qlm.engine.profiling.measured import ProfileFit
 from qlm.engine.profiling.probes import ProfileGrid
 from qlm.serve.runtime import Plane, running_plane

@@ -22,11 +22,11 @@ from benchmarks.fidelity.settings import (
     say,
 )
 from qlm.clock import WallClock
-from qlm.engine.profiling.library import ProfileFile, StepTimeConfig, write_profile_file
+from qlm.config.profile_files import ProfileFile, StepTimeConfig, write_profile_file
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.profiling.measured import ProfileFit, ProfileTarget, build_profile_file, fit_profile
 from qlm.engine.profiling.probes import ProfileGrid
 from qlm.engine.profiling.vllm_profiler import VllmProfiler
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.perf.profile import GIB, Profile
 from qlm.serve.runtime import Plane
 from qlm.types import Fleet

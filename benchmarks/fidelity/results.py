@@ -16,7 +16,7 @@ from benchmarks.fidelity.outcomes import LiveRun
 from benchmarks.fidelity.settings import Paths, RunSpec
 from benchmarks.fidelity.simulated import sim_outcomes
 from benchmarks.report import command_line, json_safe
-from qlm.engine.profiling.library import ProfileFile
+from qlm.config.profile_files import ProfileFile
 from qlm.engine.profiling.measured import ProfileFit
 from qlm.sim.result import SimResult
 

@@ -27,8 +27,8 @@ from benchmarks.fidelity.settings import (
 )
 from benchmarks.report import ROOT
 from qlm.config import QlmConfig
-from qlm.engine.profiling.library import ProfileFile
-from qlm.serve.serve_config import ServeConfig
+from qlm.config.profile_files import ProfileFile
+from qlm.config.serve_config import ServeConfig
 from qlm.sim.scenario import Scenario, load_scenario
 
 

@@ -11,7 +11,7 @@ from benchmarks.fidelity.comparison import Comparison
 from benchmarks.fidelity.estimator import EstimatorCheck
 from benchmarks.fidelity.host import HostSample
 from benchmarks.fidelity.settings import TARGET_E2E_P50, TARGET_TTFT_P50
-from qlm.engine.profiling.library import ProfileFile
+from qlm.config.profile_files import ProfileFile
 from qlm.engine.profiling.measured import ProfileFit
 
 

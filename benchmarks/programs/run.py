@@ -15,10 +15,10 @@ import httpx
 
 from benchmarks.common.stats import percentile
 from benchmarks.programs.apps import APPS, App, documents
+from qlm.config.serve_config import ServeConfig
 from qlm.programs.deadlines import CallTime, critical_path_s
 from qlm.programs.graph import ProgramCall, ProgramGraph, render
 from qlm.serve.runtime import running_plane
-from qlm.serve.serve_config import ServeConfig
 
 MODEL = "mistral-7b"
 PROGRAMS = "/v1/qlm/programs"

@@ -20,8 +20,8 @@ from benchmarks.programs.run import (
     summary,
     workload,
 )
+from qlm.config.serve_config import ServeConfig
 from qlm.programs.deadlines import call_deadlines
-from qlm.serve.serve_config import ServeConfig
 from qlm.sim.dependencies import Dependency
 from qlm.sim.simulate import SimConfig, simulate
 from qlm.types import Request

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Mapping, Sequence
 from qlm.agents.actions import Action, Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.agent_events import EventWriter
 from qlm.agents.agent_reports import instance_status
-from qlm.agents.agent_settings import AgentConfig
 from qlm.agents.drain import engine_timing, load_left_s
 from qlm.agents.engine_loads import ModelLoads, RefillBacklog
 from qlm.agents.job_gate import prefilling_ids
@@ -22,12 +21,19 @@ from qlm.agents.leases import LeaseKeeper
 from qlm.agents.live_queue import AgentQueue
 from qlm.agents.live_warming import start_fetch
 from qlm.agents.pacing import Pacing
-from qlm.agents.reconcile import EngineTiming, QueuedGroup, ReconcileInput, reconcile
+from qlm.agents.reconcile import (
+    EngineTiming,
+    QueuedGroup,
+    ReconcileConfig,
+    ReconcileInput,
+    reconcile,
+)
 from qlm.agents.reported_fleet import PeerReports, ReportedFleet
 from qlm.agents.rounds import AgentCounters, Held
 from qlm.aio import first_done
 from qlm.clock import Clock
 from qlm.config import ControlConfig
+from qlm.config.agent_settings import AgentConfig
 from qlm.control.plan import PublishedPlan
 from qlm.engine.client import EngineClient, EventWaiter
 from qlm.engine.engine_types import (
@@ -146,8 +152,8 @@ class Agent:
             await self.peers.refresh(self.queue, self.clock.now_s())
             obs = self.engine.observe()
             inp = ReconcileInput(obs, self._heads(plan, obs), self.priority, self._timing(obs))
-            options = self.settings.reconcile_options(
-                self._backlog.size, self.control.prefill_backlog_s
+            options = ReconcileConfig.of(
+                self.settings, self._backlog.size, self.control.prefill_backlog_s
             )
             actions = reconcile(inp, options)
             loading = obs.state is EngineState.LOADING

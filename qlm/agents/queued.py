@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from qlm.config.agent_settings import AgentConfig
 from qlm.engine.engine_types import EngineObservation
 from qlm.types import Request
 
@@ -102,6 +103,22 @@ class ReconcileConfig:
     # global queue instead, where urgency orders it and any instance can take it. The
     # engine always gets one prompt to prefill. None: no bound (slots and KV only).
     prefill_backlog_s: float | None = 1.0
+
+    @classmethod
+    def of(
+        cls, agent: AgentConfig, engine_backlog: int, prefill_backlog_s: float | None = 1.0
+    ) -> ReconcileConfig:
+        """A live agent's settings (the fleet file's `agent:`), with the backlog the agent uses
+        this round (the configured number, or its measured one under auto:
+        qlm/agents/engine_loads.py) and the bound on queued prefill
+        (`qlm.control.prefill_backlog_s`, the simulator's too)."""
+        return cls(
+            allow_evict=agent.allow_evict,
+            allow_model_swap=agent.allow_model_swap,
+            allow_kv_swap=agent.allow_kv_swap,
+            engine_backlog=engine_backlog,
+            prefill_backlog_s=prefill_backlog_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
-from qlm.api.api_settings import ApiAppConfig, ModelConfig
 from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.schemas import Body, ChatBody
 from qlm.api.slo import SloResolver
 from qlm.api.tokens import TokenCounter
+from qlm.config.api_settings import ApiAppConfig, ModelConfig
 from qlm.engine.openai_fields import CHAT_TEMPLATE_ENGINES, unsupported
 from qlm.prefixes.prompt_blocks import prompt_prefix
 from qlm.types import Request

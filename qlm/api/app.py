@@ -21,7 +21,6 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from qlm.api.api_settings import ApiAppConfig
 from qlm.api.batch_routes import add_batch_routes
 from qlm.api.batch_runner import BatchRunner
 from qlm.api.context import RECEIVED_AT, ApiContext
@@ -36,6 +35,7 @@ from qlm.api.tokens import TokenCounter
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.batch.job_store import BatchStore, MemoryBatchStore
 from qlm.clock import Clock
+from qlm.config.api_settings import ApiAppConfig
 from qlm.metrics import PlaneMetrics
 from qlm.programs.storage import MemoryProgramStore, ProgramStore
 from qlm.queue.queue_protocol import GlobalQueue, QueueUnavailableError

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-from qlm.api.api_settings import ApiKey
 from qlm.api.errors import ApiError
+from qlm.config.api_settings import ApiKey
 
 AUTHORIZATION = "authorization"
 _CHALLENGE = {"www-authenticate": "Bearer"}

@@ -16,7 +16,6 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from qlm.api.admission import Admitter, parse, read_body
-from qlm.api.api_settings import ApiAppConfig
 from qlm.api.auth import KeyRing
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.api.quotas import TenantQuotas
@@ -26,6 +25,7 @@ from qlm.api.tokens import TokenCounter, make_token_counter
 from qlm.api.wait_estimate import WaitEstimate, WaitEstimator, refuse_unattainable
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock
+from qlm.config.api_settings import ApiAppConfig
 from qlm.metrics import NO_METRICS, MetricsHooks
 from qlm.queue.queue_protocol import (
     DuplicateRequestError,

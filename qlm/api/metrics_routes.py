@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request as HttpRequest
 from starlette.responses import RedirectResponse, Response
 
-from qlm.api.api_settings import ApiAppConfig
 from qlm.api.context import json_response
 from qlm.api.errors import SERVER_ERROR, ApiError
 from qlm.causes.late import Json, late_rows
 from qlm.clock import Clock
+from qlm.config.api_settings import ApiAppConfig
 from qlm.metrics import (
     Dashboard,
     DashboardSource,

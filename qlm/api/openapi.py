@@ -19,10 +19,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter
 
-from qlm.api.api_settings import ApiAppConfig
 from qlm.api.schemas import ChatBody, CompletionBody, Submission
 from qlm.api.slo import HEADER_CLASS, HEADER_LLMD_TTFT_MS, HEADER_TTFT_MS
 from qlm.api.wait_estimate import BASIS_HEADER, WAIT_HEADER
+from qlm.config.api_settings import ApiAppConfig
 
 Json = dict[str, Any]
 _REF = "#/components/schemas/{model}"

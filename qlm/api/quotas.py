@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qlm.api.api_settings import ApiAppConfig, QuotaConfig
 from qlm.api.errors import ApiError
 from qlm.clock import Clock
+from qlm.config.api_settings import ApiAppConfig, QuotaConfig
 
 _PRUNE_ABOVE = 10_000  # tracked tenants before idle buckets are dropped
 

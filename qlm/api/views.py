@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from qlm.api.api_settings import ModelConfig
 from qlm.api.formats import usage
+from qlm.config.api_settings import ModelConfig
 from qlm.output_extras import final_tool_calls
 from qlm.queue.records import RequestRecord, RequestResult
 from qlm.types import Request, RequestState

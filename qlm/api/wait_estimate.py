@@ -58,10 +58,10 @@ from types import MappingProxyType
 from typing import Literal
 
 from qlm.agents.decision import Forecast
-from qlm.api.api_settings import ApiAppConfig
 from qlm.api.errors import ApiError
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock
+from qlm.config.api_settings import ApiAppConfig
 from qlm.control.plan import LoneSpeed, PublishedPlan
 from qlm.queue.queue_protocol import GlobalQueue
 from qlm.types import Request

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from qlm.clock import Clock
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.client import EventBuffer, LiveEngine
 from qlm.engine.engine_types import (
     EngineEvent,
@@ -33,7 +34,6 @@ from qlm.engine.engine_types import (
     TokenChunk,
 )
 from qlm.engine.model.core import EngineModel
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
 from qlm.engine.model.stats import EngineStats
 from qlm.perf.profile import Profile

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Literal
-
-EngineKind = Literal["emulated", "vllm", "native"]  # the fleet file's engine.kind
 
 # Every output field QLM knows, in the order errors name them.
 OUTPUT_FIELDS = (

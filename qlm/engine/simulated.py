@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from qlm.clock import VirtualClock
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_types import EngineEvent, EngineObservation, EngineState
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
 from qlm.engine.model.shared import SharedEngineModel
 from qlm.engine.model.stats import EngineStats

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from qlm.causes.live import LIVE_CAUSES, result_cause
 from qlm.clock import Clock
 from qlm.config import QlmConfig
+from qlm.config.metrics_settings import MetricsConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.engine_types import EngineState
 from qlm.metrics.families import (
@@ -35,7 +36,6 @@ from qlm.metrics.families import (
 )
 from qlm.metrics.history import History
 from qlm.metrics.hooks import PlaneEvent, met_slo
-from qlm.metrics.metrics_settings import MetricsConfig
 from qlm.queue.records import InstanceStatus, RequestResult
 from qlm.solver.plan_types import Plan, PlanStatus
 from qlm.types import Request, RequestState

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qlm.config.queue_limits import check_queue_bounds
 from qlm.queue.queue_protocol import QueueFullError
 
 
@@ -26,18 +27,7 @@ class QueueBounds:
     reserved_classes: frozenset[str] = frozenset({"interactive"})
 
     def __post_init__(self) -> None:
-        for name in ("max_queued", "max_queued_per_tenant"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if self.reserved_queued < 0:
-            raise ValueError(f"reserved_queued must be >= 0, got {self.reserved_queued}")
-        if self.reserved_queued and self.max_queued is None:
-            raise ValueError("reserved_queued needs max_queued (places are reserved out of it)")
-        if self.max_queued is not None and self.reserved_queued > self.max_queued:
-            raise ValueError(
-                f"reserved_queued ({self.reserved_queued}) exceeds max_queued ({self.max_queued})"
-            )
+        check_queue_bounds(self.max_queued, self.max_queued_per_tenant, self.reserved_queued)
 
     def class_limit(self, slo_class: str) -> int | None:
         """Queued requests at most when a request of `slo_class` arrives."""

@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 import yaml
 
-from qlm.engine.profiling.library import ProfileFile
+from qlm.config.profile_files import ProfileFile
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.sim.scenario import Scenario

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import httpx
 
 from qlm.clock import WallClock
+from qlm.config.serve_config import ServeConfig
 from qlm.queue.queue_protocol import GlobalQueue
 from qlm.serve.runtime import running_plane
-from qlm.serve.serve_config import ServeConfig
 from qlm.types import RequestState
 
 

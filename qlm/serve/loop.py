@@ -16,6 +16,7 @@ from qlm.agents.virtual_queue import cut_for_agents, shown, subset
 from qlm.aio import first_done
 from qlm.clock import Clock
 from qlm.config import QlmConfig
+from qlm.config.serve_config import ControllerConfig
 from qlm.control.controller import Controller, InstanceView
 from qlm.control.driver import ControlDriver
 from qlm.control.liveness import InstanceLiveness
@@ -25,7 +26,6 @@ from qlm.prefixes.reports import PrefixHeld
 from qlm.queue.queue_protocol import GlobalQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.pool_scaling import PoolScaling
-from qlm.serve.serve_config import ControllerConfig
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.controller")

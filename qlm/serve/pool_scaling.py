@@ -22,8 +22,8 @@ from qlm.autoscale.gauges import ScalingGauges
 from qlm.autoscale.need import Pool, pool_needs, pools_of
 from qlm.autoscale.replicas import Autoscaler, ScaleDecision
 from qlm.config import ConfigError, QlmConfig
+from qlm.config.serve_config import ServeConfig
 from qlm.queue.records import InstanceStatus
-from qlm.serve.serve_config import ServeConfig
 from qlm.types import Fleet, Request
 
 log = logging.getLogger("qlm.scaling")

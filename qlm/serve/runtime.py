@@ -15,11 +15,12 @@ import uvicorn
 
 from qlm.agents.agent import Agent
 from qlm.agents.pacing import Pacing
-from qlm.api.api_settings import ApiAppConfig
 from qlm.api.app import create_app
 from qlm.api.wait_forecast import QueueForecaster
 from qlm.clock import Clock, WallClock
 from qlm.config import ConfigError
+from qlm.config.api_settings import ApiAppConfig
+from qlm.config.serve_config import ServeConfig
 from qlm.engine.client import EngineClient
 from qlm.metrics import MetricsServer, PlaneMetrics
 from qlm.queue.factory import make_queue
@@ -29,7 +30,6 @@ from qlm.serve import secrets
 from qlm.serve.heap import freeze_startup_heap
 from qlm.serve.loop import ControlLoop
 from qlm.serve.pool_scaling import pool_scaling
-from qlm.serve.serve_config import ServeConfig
 from qlm.types import Fleet, Instance
 
 log = logging.getLogger("qlm.serve")
@@ -50,8 +50,8 @@ ENGINE_KINDS: Registry[ServedEngine] = Registry("engine")
 
 @ENGINE_KINDS.register("emulated")
 def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
+    from qlm.config.engine_config import EngineConfig
     from qlm.engine.emulated import EmulatedEngine
-    from qlm.engine.model.engine_config import EngineConfig
 
     engine: ServedEngine = EmulatedEngine(
         instance,
@@ -68,7 +68,7 @@ def _emulated(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Cloc
 
 @ENGINE_KINDS.register("vllm")
 def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
-    from qlm.engine.vllm.vllm_config import VllmEngineConfig
+    from qlm.config.vllm_config import VllmEngineConfig
     from qlm.engine.vllm.vllm_engine import VllmEngine
 
     engine: ServedEngine = VllmEngine(
@@ -79,7 +79,7 @@ def _vllm(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -
 
 @ENGINE_KINDS.register("native")
 def _native(config: ServeConfig, instance: Instance, fleet: Fleet, clock: Clock) -> ServedEngine:
-    from qlm.engine.native.native_config import NativeEngineConfig
+    from qlm.config.native_config import NativeEngineConfig
     from qlm.engine.native.native_engine import NativeEngine
 
     engine: ServedEngine = NativeEngine(

@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 from pydantic import SecretStr, ValidationError
 
-from qlm.api.api_settings import ApiConfig, ApiKey
 from qlm.config import ConfigError
-from qlm.serve.serve_config import QueueConfig, ServeConfig
+from qlm.config.api_settings import ApiConfig, ApiKey
+from qlm.config.serve_config import QueueConfig, ServeConfig
 
 Environ = Mapping[str, str]
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
@@ -53,13 +53,12 @@ def queue_url(settings: QueueConfig, environ: Environ) -> str | None:
 def queue_options(config: ServeConfig, url: str | None, environ: Environ) -> dict[str, Any]:
     """make_queue options: the bounds, and for Redis the prefix, credentials and TLS files."""
     q = config.queue
-    bounds = config.queue_bounds()
     options: dict[str, Any] = {
         "key_prefix": q.key_prefix,
-        "max_queued": bounds.max_queued,
-        "max_queued_per_tenant": bounds.max_queued_per_tenant,
-        "reserved_queued": bounds.reserved_queued,
-        "reserved_classes": bounds.reserved_classes,
+        "max_queued": q.max_queued,
+        "max_queued_per_tenant": q.max_queued_per_tenant,
+        "reserved_queued": q.reserved_queued,
+        "reserved_classes": config.reserved_classes(),
     }
     if url is None or url.partition("://")[0].lower() not in _REDIS_SCHEMES:
         return options

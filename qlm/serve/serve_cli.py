@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from qlm.config import load_yaml_model
-from qlm.serve.serve_config import ServeConfig
+from qlm.config.serve_config import ServeConfig
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -75,7 +75,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from qlm.config import QlmConfig
-from qlm.engine.model.engine_config import EngineConfig
+from qlm.config.engine_config import EngineConfig
 from qlm.perf.profile import Profile
 from qlm.sim.bound_pricing import (
     prefill_lower_bound_s,

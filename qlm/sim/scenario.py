@@ -1,5 +1,5 @@
-"""Scenario files: a fleet (the shared `fleet:` section, qlm/fleet_config.py), a workload and the
-policy configuration, in YAML.
+"""Scenario files: a fleet (the shared `fleet:` section, qlm/config/fleet_config.py), a workload
+and the policy configuration, in YAML.
 
 `load_scenario(path)` validates a file with pydantic; every error names the file, the line and
 the field. The format is documented in qlm/sim/README.md; sims/ has examples.
@@ -22,8 +22,8 @@ from qlm.config import (
     fail_at,
     load_yaml_model,
 )
-from qlm.engine.model.engine_config import EngineConfig
-from qlm.fleet_config import FleetConfig
+from qlm.config.engine_config import EngineConfig
+from qlm.config.fleet_config import FleetConfig
 from qlm.prefixes.job_plan import PlanBudget, job_budget
 from qlm.sim.fuzz import draw_scenario, parse_random_name
 from qlm.sim.fuzz.many_models import draw_many_models, parse_many_name
@@ -70,7 +70,7 @@ class Scenario(StrictModel):
     engine: EngineConfig = Field(
         default_factory=EngineConfig,
         description="The simulated engines' scheduler settings "
-        "(qlm/engine/model/engine_config.py): token budget, preemption, swap space, waiting "
+        "(qlm/config/engine_config.py): token budget, preemption, swap space, waiting "
         "order. Every policy runs on them.",
     )
 
@@ -103,7 +103,7 @@ class Scenario(StrictModel):
                         "does not fit)",
                     )
 
-    # --- the fleet (qlm/fleet_config.py) ------------------------------------------------------
+    # --- the fleet (qlm/config/fleet_config.py) ---------------------------------------------------
 
     @property
     def models(self) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
-from qlm.engine.model.engine_config import EngineConfig
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.simulated import SimulatedEngine
 from qlm.sim.policies import make_policy
 from qlm.sim.result import SimResult as SimResult

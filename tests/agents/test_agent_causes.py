@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from qlm.agents.actions import LoadModel
 from qlm.agents.agent import Agent
-from qlm.agents.agent_settings import AgentConfig
 from qlm.clock import VirtualClock
+from qlm.config.agent_settings import AgentConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.engine_types import ModelLoaded, RequestFinished
 from qlm.metrics import PlaneMetrics

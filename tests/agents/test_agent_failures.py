@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from qlm.agents.agent import Agent
-from qlm.agents.agent_settings import AgentConfig
 from qlm.clock import VirtualClock
+from qlm.config.agent_settings import AgentConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.engine_types import RequestFinished
 from qlm.queue.memory import MemoryQueue

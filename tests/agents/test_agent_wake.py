@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from qlm.agents.agent import Agent
-from qlm.agents.agent_settings import AgentConfig
 from qlm.clock import VirtualClock
+from qlm.config.agent_settings import AgentConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
 from qlm.types import Fleet

@@ -13,13 +13,13 @@ import pytest
 
 from qlm.agents.live_warming import LiveWarming, start_fetch
 from qlm.clock import WallClock
+from qlm.config.engine_config import EngineConfig
+from qlm.config.serve_config import ServeConfig
 from qlm.control.plan import AgentNotes, PublishedPlan
 from qlm.engine.emulated import EmulatedEngine
 from qlm.engine.engine_types import EngineState
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.queue.records import InstanceStatus
 from qlm.serve.runtime import Plane, running_plane
-from qlm.serve.serve_config import ServeConfig
 from qlm.types import Request
 from tests.serve.test_plane import PROFILE
 

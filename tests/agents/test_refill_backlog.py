@@ -10,9 +10,9 @@ from typing import Literal
 import pytest
 
 from qlm.agents.agent import Agent
-from qlm.agents.agent_settings import AgentConfig
 from qlm.agents.engine_loads import RefillBacklog
 from qlm.clock import VirtualClock
+from qlm.config.agent_settings import AgentConfig
 from qlm.control.plan import PlannedGroup, PublishedPlan
 from qlm.engine.engine_types import FirstToken, RequestFinished
 from qlm.queue.memory import MemoryQueue

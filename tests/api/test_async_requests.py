@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import httpx
 
 from qlm.api import create_app
-from qlm.api.api_settings import ApiAppConfig
 from qlm.clock import VirtualClock
+from qlm.config.api_settings import ApiAppConfig
 from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.types import RequestState

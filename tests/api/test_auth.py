@@ -14,8 +14,8 @@ import pytest
 from fastapi import FastAPI
 
 from qlm.api import ApiAppConfig, create_app
-from qlm.api.api_settings import ApiKey
 from qlm.clock import VirtualClock
+from qlm.config.api_settings import ApiKey
 from qlm.queue.memory import MemoryQueue
 from qlm.types import RequestState
 from tests.api.conftest import make_settings, serving, wait_until

@@ -220,7 +220,7 @@ async def test_files_list_retrieve_delete_and_purpose(client: openai.AsyncOpenAI
 
 async def test_tenants_see_only_their_own_files_and_jobs(queue: MemoryQueue) -> None:
     from qlm.api import create_app
-    from qlm.api.api_settings import ApiKey
+    from qlm.config.api_settings import ApiKey
     from tests.api.conftest import NOW_S, make_settings
 
     keys = (ApiKey(key="sk-alpha-0123456789", tenant="alpha"),

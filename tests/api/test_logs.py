@@ -14,8 +14,8 @@ import pytest
 import uvicorn
 
 from qlm.api import create_app
-from qlm.api.api_settings import ApiKey
 from qlm.clock import VirtualClock
+from qlm.config.api_settings import ApiKey
 from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import RequestResult
 from qlm.types import RequestState

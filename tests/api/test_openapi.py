@@ -23,8 +23,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from qlm.api import create_app
-from qlm.api.api_settings import ApiKey
 from qlm.clock import VirtualClock
+from qlm.config.api_settings import ApiKey
 from qlm.queue.memory import MemoryQueue
 from tests.api.conftest import NOW_S, make_settings
 from tests.api.fake_agent import FakeAgent

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from qlm.api import ApiAppConfig, create_app
-from qlm.api.api_settings import ApiKey, QuotaConfig
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
+from qlm.config.api_settings import ApiKey, QuotaConfig
 from qlm.control.plan import PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue, MemoryQueueConfig
 from qlm.types import RequestState

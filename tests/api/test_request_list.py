@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from qlm.api import create_app
-from qlm.api.api_settings import ApiKey
 from qlm.clock import VirtualClock
+from qlm.config.api_settings import ApiKey
 from qlm.queue.memory import MemoryQueue
 from tests.api.conftest import NOW_S, make_settings
 

@@ -10,12 +10,12 @@ from pydantic import ValidationError
 
 from qlm.api import ApiAppConfig, ModelConfig
 from qlm.api.admission import Admitter
-from qlm.api.api_settings import ApiConfig
 from qlm.api.errors import ApiError, param_of
 from qlm.api.schemas import ChatBody, CompletionBody
 from qlm.api.streaming import TokenForwarder
 from qlm.api.tokens import TOKEN_COUNTERS, flatten_chat, make_token_counter
 from qlm.config import ConfigError, QlmConfig, load_yaml_model
+from qlm.config.api_settings import ApiConfig
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.registry import UnknownPolicyError
 from qlm.types import RequestState

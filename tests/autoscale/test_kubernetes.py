@@ -136,8 +136,8 @@ def test_fleet_file_scaling_errors_name_the_field() -> None:
     from prometheus_client import CollectorRegistry
 
     from qlm.config import ConfigError
+    from qlm.config.serve_config import ServeConfig
     from qlm.serve.pool_scaling import pool_scaling
-    from qlm.serve.serve_config import ServeConfig
 
     base = {
         "models": [{"name": "mistral-7b", "max_context_tokens": 4096}],

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from benchmarks.density_live.plane import Variant, serve_config, swap_counts
 from benchmarks.density_live.workload import Arrival, Seen, arrivals, per_model, summarise
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
-from qlm.serve.serve_config import ServeConfig
+from qlm.config.serve_config import ServeConfig
+from qlm.config.vllm_config import VllmEngineConfig
 
 MODELS = ["m1", "m2", "m3", "m4"]
 

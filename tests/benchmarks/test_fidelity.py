@@ -33,8 +33,8 @@ from benchmarks.fidelity.settings import (
 )
 from benchmarks.fidelity.tables import disagreement_table, error_table, misses
 from benchmarks.report import ROOT
+from qlm.config.profile_files import ProfileFile, save_profile
 from qlm.engine.profiling.calibration import StepTimeFit
-from qlm.engine.profiling.library import ProfileFile, save_profile
 from qlm.engine.profiling.measured import ProfileFit
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime

@@ -16,12 +16,12 @@ import pytest
 
 from qlm.clock import Clock, VirtualClock
 from qlm.config import ControlConfig, PlannerConfig, QlmConfig
+from qlm.config.serve_config import ControllerConfig
 from qlm.control.plan import PublishedPlan
 from qlm.engine.engine_types import EngineObservation, EngineState
 from qlm.queue.memory import MemoryQueue
 from qlm.queue.records import InstanceStatus
 from qlm.serve.loop import ControlLoop
-from qlm.serve.serve_config import ControllerConfig
 from qlm.sim.policies.qlm import QlmPolicy, QlmVariant
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request

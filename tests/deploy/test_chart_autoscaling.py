@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from qlm.autoscale import kubernetes as kubernetes_scale
 from qlm.autoscale.need import pools_of
 from qlm.config import load_yaml_model
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.pool_scaling import pool_scaling
-from qlm.serve.serve_config import ServeConfig
 from tests.deploy.chart import (
     CI_VALUES,
     NAMESPACE,

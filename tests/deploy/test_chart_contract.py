@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from qlm.agents.agent_settings import AgentConfig
-from qlm.api.api_settings import ApiConfig
 from qlm.config import load_yaml_model
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
-from qlm.metrics.metrics_settings import MetricsConfig
+from qlm.config.agent_settings import AgentConfig
+from qlm.config.api_settings import ApiConfig
+from qlm.config.metrics_settings import MetricsConfig
+from qlm.config.serve_config import ControllerConfig, LiveEngineConfig, ServeConfig
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.serve import serve_cli as serve_cli
-from qlm.serve.serve_config import ControllerConfig, LiveEngineConfig, ServeConfig
 from qlm.types import DEFAULT_GPU_TYPES
 from tests.deploy.chart import (
     CHART,

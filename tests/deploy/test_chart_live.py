@@ -27,8 +27,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from qlm.config import load_yaml_model
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.runtime import open_queue
-from qlm.serve.serve_config import ServeConfig
 from tests.deploy.chart import (
     CI_VALUES,
     RELEASE,

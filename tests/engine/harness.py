@@ -21,10 +21,10 @@ from typing import Protocol
 import pytest
 
 from qlm.clock import VirtualClock, WallClock
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.client import EngineClient
 from qlm.engine.emulated import EmulatedEngine
 from qlm.engine.engine_types import EngineEvent
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.simulated import SimulatedEngine
 from qlm.perf.profile import Profile
 from qlm.types import Request
@@ -127,7 +127,7 @@ async def emulated_harness(kv_swap: bool = True) -> AsyncIterator[EngineHarness]
 async def native_harness(kv_swap: bool = True) -> AsyncIterator[EngineHarness]:
     """QLM's own engine on two tiny random Llamas written to a temporary folder (no KV swap
     whatever `kv_swap` asks)."""
-    from qlm.engine.native.native_config import NativeEngineConfig
+    from qlm.config.native_config import NativeEngineConfig
     from qlm.engine.native.native_engine import NativeEngine
     from tests.engine.native.helpers import write_checkpoint
 

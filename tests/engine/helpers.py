@@ -6,9 +6,9 @@ import contextlib
 from collections.abc import Iterable
 from dataclasses import replace
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_types import Aborted, EngineError, EngineEvent, FirstToken, RequestFinished
 from qlm.engine.model.core import EngineModel
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
 from qlm.types import Instance, Request

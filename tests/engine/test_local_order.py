@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.model.core import EngineModel
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.scheduler import mlfq_victim
 from qlm.types import PrefixBlock
 from tests.engine.helpers import engine, finishes, first_tokens, req, run_all

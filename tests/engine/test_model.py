@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_types import (
     Aborted,
     EngineError,
@@ -25,7 +26,6 @@ from qlm.engine.engine_types import (
     RequestFinished,
 )
 from qlm.engine.model.core import EngineModel
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.perf.step import StepTime
 from tests.engine.helpers import (
     OPERATIONS,

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_types import EngineError, ModelLoaded
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.tiers import StandbyTier
 from tests.engine.helpers import engine, exact_profile
 

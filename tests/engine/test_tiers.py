@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from qlm.config import EstimatorConfig
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_types import ModelLoaded
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.tiers import StandbyTier
 from qlm.estimator import RwtEstimator
 from qlm.types import Fleet

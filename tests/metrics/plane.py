@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.runtime import Plane
-from qlm.serve.serve_config import ServeConfig
 
 PROFILE = {
     "gpu_type": "A100",

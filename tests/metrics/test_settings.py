@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from qlm.config import ConfigError, load_yaml_model
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.serve_cli import _load, add_commands
-from qlm.serve.serve_config import ServeConfig
 
 FLEET = {
     "models": [{"name": "mistral-7b"}],

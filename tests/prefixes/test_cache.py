@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.model.core import EngineModel
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.scheduler import prefix_order
 from qlm.engine.model.sequence import Seq, SeqPhase
 from qlm.prefixes.cache import PrefixCache, PrefixCounters

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from qlm.config.redis_config import RedisQueueConfig
 from qlm.programs.deadlines import CallDeadline
 from qlm.programs.graph import ProgramCall
 from qlm.programs.state import Program, ProgramStatus
 from qlm.programs.storage import MemoryProgramStore, ProgramStore
 from qlm.queue.redis.program_store import RedisProgramStore
-from qlm.queue.redis.redis_config import RedisQueueConfig
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])

@@ -18,6 +18,7 @@ from qlm.queue.factory import make_queue
 from qlm.queue.queue_protocol import QueueUnavailableError, UnknownRequestError
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.queue.redis import RedisQueue, RedisQueueConfig
+from qlm.queue.redis.connect import client_options
 from qlm.types import RequestState
 from tests.factories import make_request
 from tests.redis_server import RedisServer, redis_server_binary
@@ -187,15 +188,15 @@ def test_config_hides_the_password_and_checks_the_url() -> None:
     assert "hunter2" not in repr(config)
     assert config.redacted_url == "rediss://u:***@cache:6380/1"
     assert config.tls
-    assert config.client_options()["ssl_cert_reqs"] == "required"
+    assert client_options(config)["ssl_cert_reqs"] == "required"
     assert config.connect_url == config.url
     override = RedisQueueConfig(url="redis://u:old@cache:6379/2", password="new")
     assert override.connect_url == "redis://cache:6379/2"
-    assert (override.client_options()["username"], override.client_options()["password"]) == (
+    assert (client_options(override)["username"], client_options(override)["password"]) == (
         "u",
         "new",
     )
-    assert "ssl_cert_reqs" not in RedisQueueConfig(url="redis://cache").client_options()
+    assert "ssl_cert_reqs" not in client_options(RedisQueueConfig(url="redis://cache"))
     with pytest.raises(ValidationError):
         RedisQueueConfig(url="http://cache:6379")
     with pytest.raises(ValidationError):

@@ -12,12 +12,12 @@ import pytest
 import redis
 from pydantic import ValidationError
 
+from qlm.config.redis_config import SentinelAddress
+from qlm.config.serve_config import QueueConfig
 from qlm.queue.factory import make_queue
 from qlm.queue.queue_protocol import QueueUnavailableError
 from qlm.queue.redis import RedisQueue, RedisQueueConfig
-from qlm.queue.redis.connect import commands_client
-from qlm.queue.redis.redis_config import SentinelAddress
-from qlm.serve.serve_config import QueueConfig
+from qlm.queue.redis.connect import client_options, commands_client
 from tests.factories import make_request
 from tests.redis_sentinel import SentinelGroup
 from tests.redis_server import redis_server_binary
@@ -29,7 +29,7 @@ def test_a_sentinel_url_names_hosts_service_and_db() -> None:
     assert (address.service, address.db) == ("orders", 3)
     assert SentinelAddress.parse("redis+sentinel://s1/qlm").db == 0
     config = RedisQueueConfig(url="redis+sentinel://u%40x:p%2Fw@s1:26379/qlm/2")
-    options = config.client_options()
+    options = client_options(config)
     assert (options["db"], options["username"], options["password"]) == (2, "u@x", "p/w")
     assert "p%2Fw" not in repr(config)
     assert RedisQueueConfig(url="redis://cache:6379/0").sentinel is None

@@ -11,6 +11,7 @@ import pytest
 
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
+from qlm.config.serve_config import LiveEngineConfig, ServeConfig
 from qlm.engine.emulated import EmulatedEngine
 from qlm.prefixes.prompt_blocks import prompt_prefix
 from qlm.replay import sender
@@ -19,7 +20,6 @@ from qlm.replay.embedded import STREAM_INTERVAL_S, embedded_config, scaled_profi
 from qlm.replay.outcomes import live_result, outcome_of, swaps_by_instance
 from qlm.replay.sender import Sent, body_of, prompt_of
 from qlm.serve.runtime import ENGINE_KINDS
-from qlm.serve.serve_config import LiveEngineConfig, ServeConfig
 from qlm.sim.result import OutcomeState
 from qlm.sim.scenario import load_scenario
 from qlm.types import PrefixBlock

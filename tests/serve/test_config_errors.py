@@ -15,9 +15,9 @@ from qlm.api import create_app
 from qlm.cli import main
 from qlm.clock import VirtualClock
 from qlm.config import load_yaml_model
+from qlm.config.serve_config import ControllerConfig, ServeConfig
 from qlm.queue.memory import MemoryQueue
 from qlm.serve.runtime import api_settings
-from qlm.serve.serve_config import ControllerConfig, ServeConfig
 
 ROOT = Path(__file__).parent.parent.parent
 FLEET = (ROOT / "examples" / "fleet.yaml").read_text()

@@ -10,10 +10,10 @@ import pytest
 from qlm.agents.virtual_queue import cut_for_agents
 from qlm.clock import VirtualClock
 from qlm.config import ControlConfig, QlmConfig
+from qlm.config.serve_config import ControllerConfig
 from qlm.control.plan import AgentNotes, PlanForecast, PlannedGroup, PublishedPlan
 from qlm.queue.memory import MemoryQueue
 from qlm.serve.loop import ControlLoop
-from qlm.serve.serve_config import ControllerConfig
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile, make_request
 

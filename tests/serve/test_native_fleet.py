@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.runtime import running_plane
-from qlm.serve.serve_config import ServeConfig
 from tests.serve.test_vllm_plane import backlog_chats_and_swap, plane_config
 from tests.vllm_fixtures import tiny_models, vllm_python  # noqa: F401
 

@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 from tokenizers import Tokenizer
 
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.runtime import running_plane
-from qlm.serve.serve_config import ServeConfig
 from tests.serve.test_vllm_plane import tiny_profile
 from tests.vllm_fixtures import tiny_models, vllm_python  # noqa: F401
 

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.runtime import Plane, running_plane
-from qlm.serve.serve_config import ServeConfig
 from qlm.types import RequestState
 
 pytestmark = pytest.mark.timeout(120)

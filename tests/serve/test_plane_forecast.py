@@ -7,8 +7,8 @@ import asyncio
 
 import httpx
 
+from qlm.config.serve_config import ServeConfig
 from qlm.serve.runtime import running_plane
-from qlm.serve.serve_config import ServeConfig
 from tests.serve.test_plane import config
 
 BODY = {"kind": "completion", "model": "m-a", "prompt": "hi", "max_tokens": 200}

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
+from qlm.config.serve_config import ServeConfig
 from qlm.queue.redis import RedisQueue
 from qlm.serve.runtime import open_queue, running_plane
-from qlm.serve.serve_config import ServeConfig
 from tests.factories import make_request
 from tests.redis_server import RedisServer, redis_server_binary
 from tests.serve.test_plane import PROFILE

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
+from qlm.config.serve_config import ServeConfig
 from qlm.queue.records import RequestRecord
 from qlm.serve.runtime import Plane, running_plane
-from qlm.serve.serve_config import ServeConfig
 from qlm.types import RequestState
 from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # noqa: F401
 

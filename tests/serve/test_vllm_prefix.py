@@ -14,10 +14,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from qlm.config.serve_config import ServeConfig
 from qlm.engine.tiny_models import _VOCABULARY
 from qlm.queue.records import RequestRecord
 from qlm.serve.runtime import Plane, running_plane
-from qlm.serve.serve_config import ServeConfig
 from tests.serve.test_vllm_plane import plane_config, tiny_profile
 from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # noqa: F401
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from qlm.config.serve_config import ServeConfig
 from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.serve.runtime import Plane, running_plane
-from qlm.serve.serve_config import ServeConfig
 from qlm.types import RequestState
 from tests.serve.test_vllm_plane import plane_config, records, submit_batch, tiny_profile
 from tests.vllm_fixtures import tiny_models, vllm_python  # noqa: F401

@@ -17,9 +17,9 @@ import openai
 import pytest
 import pytest_asyncio
 
+from qlm.config.serve_config import ServeConfig
 from qlm.programs.python_client import ProgramBuilder
 from qlm.serve.runtime import running_plane
-from qlm.serve.serve_config import ServeConfig
 from tests.serve.test_vllm_plane import tiny_profile
 from tests.vllm_fixtures import tiny_engine_config, tiny_models, vllm_python  # noqa: F401
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qlm.config import PlannerConfig, QlmConfig, SloClassConfig
-from qlm.engine.profiling.library import profile_named
+from qlm.config.profile_files import profile_named
 from qlm.sim.bound import AttainmentBound, attainment_bound, request_limits
 from qlm.sim.simulate import simulate
 from qlm.types import Fleet, PrefixBlock, Request, SloClass

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qlm.agents.agent_settings import AgentConfig
+from qlm.agents.reconcile import ReconcileConfig
+from qlm.config.agent_settings import AgentConfig
 from qlm.replay.replay_cli import simulate_same
 from qlm.sim.scenario import Scenario, load_scenario
 from tests.factories import make_request
@@ -42,5 +43,5 @@ def test_the_simulated_agents_queue_the_prefill_the_setting_allows() -> None:
 
 
 def test_the_live_agents_take_the_same_setting() -> None:
-    options = AgentConfig().reconcile_options(engine_backlog=0, prefill_backlog_s=0.25)
+    options = ReconcileConfig.of(AgentConfig(), engine_backlog=0, prefill_backlog_s=0.25)
     assert options.prefill_backlog_s == 0.25

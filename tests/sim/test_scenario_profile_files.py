@@ -10,7 +10,7 @@ import pytest
 
 from qlm.cli import main
 from qlm.config import ConfigError
-from qlm.engine.profiling.library import load_profile, packaged_profiles, save_profile
+from qlm.config.profile_files import load_profile, packaged_profiles, save_profile
 from qlm.perf.profile import GIB, Profile
 from qlm.perf.step import StepTime
 from qlm.sim.scenario import load_scenario

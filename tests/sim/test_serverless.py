@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from qlm.engine.model.engine_config import EngineConfig
+from qlm.config.engine_config import EngineConfig
 from qlm.sim.result import OutcomeState, SimResult
 from qlm.sim.simulate import SimulatedEngines, simulate
 from qlm.types import Fleet, Instance, Request

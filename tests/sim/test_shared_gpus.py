@@ -10,12 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from qlm.clock import VirtualClock
+from qlm.config.fleet_config import FleetConfig
+from qlm.config.serve_config import ServeConfig
 from qlm.engine.engine_types import RequestFinished
 from qlm.engine.model.shared import SharedEngineModel
 from qlm.engine.simulated import SimulatedEngine
-from qlm.fleet_config import FleetConfig
 from qlm.perf.profile import GIB
-from qlm.serve.serve_config import ServeConfig
 from qlm.sim.result import SimResult
 from qlm.sim.sharing import SharedGpus
 from qlm.sim.simulate import simulate

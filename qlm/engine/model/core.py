@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_profiles import profiles_for
 from qlm.engine.engine_types import (
     Aborted,
@@ -27,7 +28,6 @@ from qlm.engine.engine_types import (
     EngineState,
     ModelLoaded,
 )
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.scheduler import complete, schedule
 from qlm.engine.model.segment import Segment, plan_segment
 from qlm.engine.model.seq_queues import SeqQueues

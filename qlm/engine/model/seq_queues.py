@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from qlm.config.engine_config import EngineConfig
 from qlm.engine.engine_types import EngineRequest
 from qlm.engine.model.decode_batch import DecodeBatch
-from qlm.engine.model.engine_config import EngineConfig
 from qlm.engine.model.kv_cache import KvCache
 from qlm.engine.model.sequence import Seq, SeqPhase
 from qlm.engine.model.stats import EngineCounters

@@ -28,6 +28,7 @@ import torch
 from tokenizers import Tokenizer
 
 from qlm.clock import Clock
+from qlm.config.native_config import NativeEngineConfig
 from qlm.engine.client import EventBuffer, LiveEngine
 from qlm.engine.engine_types import (
     Aborted,
@@ -45,7 +46,7 @@ from qlm.engine.engine_types import (
 from qlm.engine.native.blocks import KvCache
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.client_view import LiveRequest, decode
-from qlm.engine.native.native_config import NativeEngineConfig
+from qlm.engine.native.runner_config import RunnerConfig
 from qlm.engine.native.sampling import sampling_of, stops_of
 from qlm.engine.native.step_runner import Emitted, NativeRunner, StepResult
 from qlm.types import Instance, Request
@@ -322,7 +323,7 @@ class NativeEngine(LiveEngine):
         blocks = KvCache.blocks_fitting(
             checkpoint.shape, config.kv_cache_bytes(), config.block_size
         )
-        runner_config = config.runner_config(blocks)
+        runner_config = RunnerConfig.of(config, blocks)
         tokenizer_file = path / "tokenizer.json"
         tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file.exists() else None
         return _Loaded(model, NativeRunner(checkpoint, runner_config), tokenizer)

@@ -28,30 +28,7 @@ from qlm.engine.native.checkpoint import Checkpoint
 from qlm.engine.native.llama import LlamaModel, Piece
 from qlm.engine.native.local_policy import LocalPolicyConfig, local_policy
 from qlm.engine.native.paged_sequence import Finish, Sampling, Seq
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerConfig:
-    block_size: int = 16
-    num_blocks: int = 1024
-    max_num_seqs: int = 64
-    max_batched_tokens: int = 2048  # tokens one step computes (prefill chunks + decodes)
-    # Sequences of a step whose tables start with the same full blocks (forks of one parent)
-    # read that prefix's K and V once (attention.py); False: each reads its whole context.
-    shared_prefix: bool = True
-    # Full blocks stay cached (by a digest of their tokens and all before them) after their
-    # sequences end, and a new sequence starting with the same tokens takes them back.
-    prefix_caching: bool = True
-    policy: str = "fcfs"  # local scheduling (local_policy.py): fcfs, srpt-mlfq, prefix-groups
-    max_wait_steps: int = 64  # srpt-mlfq: a sequence waiting this many steps goes first
-    mlfq_quantum_tokens: int = 16  # srpt-mlfq: output tokens of the first feedback level
-    prefix_groups: int = 10  # prefix-groups: priority groups by cache-hit share (Preble's P)
-
-    def __post_init__(self) -> None:
-        if min(self.block_size, self.num_blocks, self.max_num_seqs) < 1:
-            raise ValueError("block_size, num_blocks and max_num_seqs must be >= 1")
-        if self.max_batched_tokens < self.max_num_seqs:
-            raise ValueError("max_batched_tokens must be >= max_num_seqs (one decode each)")
+from qlm.engine.native.runner_config import RunnerConfig
 
 
 @dataclass(frozen=True, slots=True)

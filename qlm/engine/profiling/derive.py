@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from qlm.engine.profiling.calibration import StepTimeFit
-from qlm.engine.profiling.library import (
+from qlm.config.profile_files import (
     FieldSource,
     ProfileFile,
     Provenance,
     StepTimeConfig,
     write_profile_file,
 )
+from qlm.engine.profiling.calibration import StepTimeFit
 from qlm.engine.profiling.public_figures import (
     BANDWIDTH_BYTES_PER_S,
     FP16_FLOPS,

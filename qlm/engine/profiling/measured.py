@@ -15,8 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from qlm.engine.profiling.calibration import StepSample, StepTimeFit, fit_step_time
-from qlm.engine.profiling.library import (
+from qlm.config.profile_files import (
     FieldSource,
     FitQuality,
     MeasuredIteration,
@@ -25,6 +24,7 @@ from qlm.engine.profiling.library import (
     Provenance,
     StepTimeConfig,
 )
+from qlm.engine.profiling.calibration import StepSample, StepTimeFit, fit_step_time
 from qlm.engine.profiling.probes import LabeledSample, ProfileGrid, SampleKind
 from qlm.engine.vllm.metrics import KvFacts
 

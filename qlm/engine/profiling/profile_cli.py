@@ -22,7 +22,7 @@ from typing import Any
 
 from qlm.clock import WallClock
 from qlm.config import load_yaml_model
-from qlm.engine.profiling.library import ProfileFile, write_profile_file
+from qlm.config.profile_files import ProfileFile, write_profile_file
 from qlm.engine.profiling.measured import (
     ModelFacts,
     ProfileFit,
@@ -42,9 +42,9 @@ PROFILE_ENGINES: Registry[ProfileJob] = Registry("profiling engine")
 
 @PROFILE_ENGINES.register("vllm")
 def _vllm(args: argparse.Namespace, grid: ProfileGrid) -> ProfileJob:
+    from qlm.config.vllm_config import VllmEngineConfig
     from qlm.engine.profiling.vllm_profiler import VllmProfiler
     from qlm.engine.profiling.vllm_setup import profile_engine_config
-    from qlm.engine.vllm.vllm_config import VllmEngineConfig
 
     name = args.name or args.model.name
     config = VllmEngineConfig(

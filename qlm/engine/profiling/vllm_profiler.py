@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 
 from qlm.clock import Clock
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.profiling.measured import ModelFacts, ProfileRun
 from qlm.engine.profiling.probe_client import ProbeClient, ProbeStream, ProfilingError, Progress
 from qlm.engine.profiling.probes import (
@@ -46,7 +47,6 @@ from qlm.engine.vllm.metrics import (
     kv_facts,
     parse_metrics,
 )
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.engine.vllm.vllm_engine import VllmEngine
 from qlm.types import Instance
 

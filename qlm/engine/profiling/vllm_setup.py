@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.profiling.probe_client import ProfilingError
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
 
 VLLM_DEFAULT_TOKEN_BUDGET = 2048  # vLLM 0.32 SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import aiohttp
 
+from qlm.config.vllm_config import VllmEngineConfig, serve_argv
 from qlm.engine.engine_types import EngineError
 from qlm.engine.model.tiers import StandbyTier
-from qlm.engine.vllm.vllm_config import VllmEngineConfig, serve_argv
 
 log = logging.getLogger("qlm.engine.vllm")
 HEALTH_POLL_S = 0.25

@@ -18,8 +18,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.openai_fields import ENGINE_FIELDS
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.types import Request
 
 # Passed to vLLM as the client sent them (the API refused anything vLLM does not honour).

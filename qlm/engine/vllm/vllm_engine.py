@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 
 from qlm.clock import Clock
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.client import EventBuffer, LiveEngine
 from qlm.engine.engine_types import (
     EngineError,
@@ -50,7 +51,6 @@ from qlm.engine.vllm.metrics import VllmMetrics, parse_metrics
 from qlm.engine.vllm.process import METRICS_TIMEOUT, ServerProcess, Supervisor
 from qlm.engine.vllm.protocol import request_body
 from qlm.engine.vllm.request_streams import RequestStreams
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.types import Instance, Request
 
 

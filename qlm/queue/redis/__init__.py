@@ -14,7 +14,7 @@ This is the only package that imports the redis library; qlm.queue.factory impor
 for a Redis URL.
 """
 
+from qlm.config.redis_config import RedisQueueConfig
 from qlm.queue.redis.queue import RedisQueue
-from qlm.queue.redis.redis_config import RedisQueueConfig
 
 __all__ = ["RedisQueue", "RedisQueueConfig"]

@@ -11,8 +11,8 @@ from typing import Any
 import redis.asyncio as redis
 
 from qlm.batch.jobs import BatchJob, StoredFile
+from qlm.config.redis_config import RedisQueueConfig
 from qlm.queue.redis.connect import store_client
-from qlm.queue.redis.redis_config import RedisQueueConfig
 
 
 class RedisBatchStore:

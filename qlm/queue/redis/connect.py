@@ -17,11 +17,57 @@ can never starve the commands.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.backoff import ExponentialWithJitterBackoff
 
-from qlm.queue.redis.redis_config import RedisQueueConfig
+from qlm.config.redis_config import RedisQueueConfig
+
+
+def client_options(config: RedisQueueConfig) -> dict[str, Any]:
+    """Keyword arguments for redis.asyncio.Redis.from_url(config.connect_url, ...): timeouts,
+    retries with jittered backoff, credentials and TLS from the queue's settings."""
+    parts = urlsplit(config.url)
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": config.socket_connect_timeout_s,
+        "socket_timeout": config.socket_timeout_s,
+        "health_check_interval": config.health_check_interval_s,
+        # Both pools need it: a pool built outside Redis() gets no retries by default.
+        "retry": Retry(
+            ExponentialWithJitterBackoff(
+                cap=config.retry_backoff_cap_s, base=config.retry_backoff_base_s
+            ),
+            config.retries,
+        ),
+    }
+    sentinel = config.sentinel
+    if sentinel is not None:  # no URL goes to redis-py: db and credentials as options
+        options["db"] = sentinel.db
+    if config.username is not None or config.password is not None or sentinel is not None:
+        url_user, url_password = parts.username, parts.password
+        if sentinel is not None:  # redis-py unquotes the URLs it parses, not these
+            url_user = None if url_user is None else unquote(url_user)
+            url_password = None if url_password is None else unquote(url_password)
+        options["username"] = config.username or url_user
+        options["password"] = (
+            url_password if config.password is None else config.password.get_secret_value()
+        )
+    if config.tls:
+        options["ssl_cert_reqs"] = config.ssl_cert_reqs
+        options |= {
+            key: value
+            for key, value in (
+                ("ssl_ca_certs", config.ssl_ca_certs),
+                ("ssl_certfile", config.ssl_certfile),
+                ("ssl_keyfile", config.ssl_keyfile),
+            )
+            if value is not None
+        }
+    return options
 
 
 class FailoverConnection(SentinelManagedConnection):
@@ -48,7 +94,7 @@ class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool)
 
 def commands_client(config: RedisQueueConfig) -> redis.Redis:
     """The client for commands: at most `max_connections`, callers wait `pool_timeout_s`."""
-    options = config.client_options()
+    options = client_options(config)
     if config.sentinel is None:
         pool = redis.BlockingConnectionPool.from_url(
             config.connect_url,
@@ -76,7 +122,7 @@ def blocking_client(config: RedisQueueConfig) -> redis.Redis:
 def store_client(config: RedisQueueConfig, **overrides: Any) -> redis.Redis:
     """A client of its own on the queue's server (the batch and program stores): the queue's
     options with `overrides` (e.g. decode_responses=False for bytes)."""
-    options = {**config.client_options(), **overrides}
+    options = {**client_options(config), **overrides}
     if config.sentinel is None:
         return redis.Redis.from_url(config.connect_url, **options)
     client: redis.Redis = _sentinels(config).master_for(

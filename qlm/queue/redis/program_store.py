@@ -9,10 +9,10 @@ from typing import Any
 
 import redis.asyncio as redis
 
+from qlm.config.redis_config import RedisQueueConfig
 from qlm.programs.state import Program
 from qlm.programs.storage import newest_first
 from qlm.queue.redis.connect import store_client
-from qlm.queue.redis.redis_config import RedisQueueConfig
 
 
 class RedisProgramStore:

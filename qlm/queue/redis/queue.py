@@ -20,7 +20,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
+from qlm.config.redis_config import RedisQueueConfig
 from qlm.control.plan import PublishedPlan
+from qlm.queue.bounds import QueueBounds
 from qlm.queue.listing import RecordFilter, RecordPage
 from qlm.queue.queue_protocol import (
     DuplicateRequestError,
@@ -56,7 +58,6 @@ from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.listed_index import list_page
 from qlm.queue.redis.lua import scripts
 from qlm.queue.redis.plans import PlanBoard
-from qlm.queue.redis.redis_config import RedisQueueConfig
 from qlm.queue.redis.streams import OutputStreams
 from qlm.types import Request, RequestState
 
@@ -72,7 +73,12 @@ class RedisQueue:
     def __init__(self, config: RedisQueueConfig, client: redis.Redis | None = None) -> None:
         self.config = config
         self._keys = Keys(config.key_prefix)
-        self._bounds = config.bounds
+        self._bounds = QueueBounds(
+            config.max_queued,
+            config.max_queued_per_tenant,
+            config.reserved_queued,
+            config.reserved_classes,
+        )
         if client is None:
             self._redis, self._blocking = commands_client(config), blocking_client(config)
         else:

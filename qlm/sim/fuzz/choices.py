@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from qlm.engine.profiling.library import packaged_profiles
+from qlm.config.profile_files import packaged_profiles
 from qlm.perf.profile import Profile
 from qlm.types import DEFAULT_GPU_TYPES, DEFAULT_SLO_CLASSES
 

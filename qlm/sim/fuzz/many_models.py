@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from qlm.engine.profiling.library import ProfileFile
+from qlm.config.profile_files import ProfileFile
 from qlm.sim.fuzz.build import DATA_DIR, FuzzDraw, instance_rates, stream_document
 from qlm.sim.fuzz.choices import AZURE, InstancePlan, LengthMix, Shape, StreamPlan, fitting_profiles
 from qlm.sim.fuzz.throughput import fleet_capacity_per_s

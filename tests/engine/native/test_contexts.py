@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.native.step_runner import NativeRunner, RunnerConfig
+from qlm.engine.native.runner_config import RunnerConfig
+from qlm.engine.native.step_runner import NativeRunner
 from tests.engine.native.helpers import random_checkpoint
 
 GREEDY = Sampling(max_tokens=6, temperature=0.0, ignore_eos=True)

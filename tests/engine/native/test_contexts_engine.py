@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from qlm.clock import WallClock
+from qlm.config.native_config import NativeEngineConfig
 from qlm.engine.engine_types import EngineError, EngineEvent, RequestFinished
 from qlm.engine.native.contexts import NativeContexts
-from qlm.engine.native.native_config import NativeEngineConfig
 from qlm.engine.native.native_engine import NativeEngine
 from qlm.types import Instance, Request
 from tests.vllm_fixtures import tiny_models, vllm_python  # noqa: F401

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qlm.clock import WallClock
+from qlm.config.native_config import NativeEngineConfig
 from qlm.engine.engine_types import (
     Aborted,
     EngineError,
@@ -18,7 +19,6 @@ from qlm.engine.engine_types import (
     FirstToken,
     RequestFinished,
 )
-from qlm.engine.native.native_config import NativeEngineConfig
 from qlm.engine.native.native_engine import NativeEngine
 from qlm.types import Instance, Request
 from tests.engine.native.helpers import write_checkpoint

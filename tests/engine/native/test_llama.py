@@ -21,7 +21,8 @@ from qlm.engine.native.blocks import BlockPool, BlockTable, KvCache
 from qlm.engine.native.checkpoint import load_checkpoint
 from qlm.engine.native.llama import LlamaModel, Piece
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.native.step_runner import NativeRunner, RunnerConfig
+from qlm.engine.native.runner_config import RunnerConfig
+from qlm.engine.native.step_runner import NativeRunner
 from tests.vllm_fixtures import REPO, vllm_python_or_skip
 
 ATOL, RTOL = 5e-4, 0.0  # float32 both: measured up to 7e-5 (sums in another order)

@@ -11,7 +11,8 @@ import pytest
 
 from qlm.engine.native.local_policy import LocalPolicyConfig, local_policy
 from qlm.engine.native.paged_sequence import Sampling
-from qlm.engine.native.step_runner import NativeRunner, RunnerConfig
+from qlm.engine.native.runner_config import RunnerConfig
+from qlm.engine.native.step_runner import NativeRunner
 from tests.engine.native.helpers import random_checkpoint
 
 LONG_PROMPT = 600

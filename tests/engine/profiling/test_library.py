@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qlm.config import ConfigError
-from qlm.engine.profiling.library import (
+from qlm.config.profile_files import (
     PROFILE_FIELDS,
     load_profile,
     load_profile_file,

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qlm.config.profile_files import load_profile, load_profile_file, write_profile_file
 from qlm.engine.profiling.calibration import StepSample
-from qlm.engine.profiling.library import load_profile, load_profile_file, write_profile_file
 from qlm.engine.profiling.measured import (
     ModelFacts,
     ProfileRun,

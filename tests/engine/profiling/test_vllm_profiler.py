@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qlm.cli import main
-from qlm.engine.profiling.library import load_profile_file
+from qlm.config.profile_files import load_profile_file
 from qlm.engine.profiling.probes import Probe, ProbeKind, ProfileGrid
 from qlm.perf.profile import GIB
 from qlm.sim.scenario import load_scenario

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.types import Request
 
 

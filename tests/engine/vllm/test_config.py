@@ -1,4 +1,4 @@
-"""How a vLLM server is run (qlm/engine/vllm/vllm_config.py): its command line and its settings."""
+"""How a vLLM server is run (qlm/config/vllm_config.py): its command line and its settings."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from qlm.clock import WallClock
+from qlm.config.vllm_config import SERVE_MODULE, VllmEngineConfig, serve_argv
 from qlm.engine.engine_types import EngineError
-from qlm.engine.vllm.vllm_config import SERVE_MODULE, VllmEngineConfig, serve_argv
 from qlm.engine.vllm.vllm_engine import VllmEngine
 from tests.engine.vllm.helpers import config
 from tests.vllm_fixtures import tiny_instance

@@ -6,8 +6,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.vllm.protocol import SseLines, parse_sse_line, request_body, synthetic_prompt
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.types import Request
 from tests.engine.vllm.helpers import config, make_request
 

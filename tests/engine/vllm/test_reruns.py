@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
+from qlm.config.vllm_config import VllmEngineConfig
 from qlm.engine.vllm.protocol import request_body
-from qlm.engine.vllm.vllm_config import VllmEngineConfig
 from qlm.types import Request
 from tests.factories import make_request
 

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from qlm.config.vllm_config import serve_argv
 from qlm.engine.vllm.process import ServerProcess, Supervisor, _group_alive
-from qlm.engine.vllm.vllm_config import serve_argv
 from tests.engine.vllm.helpers import config
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 {{/*
-The fleet file (qlm/serve/serve_config.py, ServeConfig) the qlm processes read with --config.
+The fleet file (qlm/config/serve_config.py, ServeConfig) the qlm processes read with --config.
 
 One file for the API and the controller (every model's weights in engine.vllm.models) and one
 per pool for its agents: the same fleet, with the pool's engine overrides and only the pool's
@@ -75,7 +75,7 @@ A pool's autoscaling settings with the defaults filled in: include "qlm.poolAuto
 {{- end -}}
 
 {{/*
-qlm.autoscale.pools (AutoscalePoolConfig, qlm/config.py) of the autoscaled pools; the
+qlm.autoscale.pools (AutoscalePoolConfig, qlm/config/policy_config.py) of the autoscaled pools; the
 StatefulSet only for via controller, whose scale the controller sets itself.
 */}}
 {{- define "qlm.autoscalePools" -}}

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from qlm.config import StrictModel
-
-if TYPE_CHECKING:
-    from qlm.engine.native.step_runner import RunnerConfig
 
 GIB = 1 << 30
 
@@ -59,19 +56,3 @@ class NativeEngineConfig(StrictModel):
 
     def kv_cache_bytes(self) -> int:
         return int(self.kv_cache_gib * GIB)
-
-    def runner_config(self, num_blocks: int) -> RunnerConfig:
-        """The runner's settings for a cache of `num_blocks` blocks."""
-        from qlm.engine.native.step_runner import RunnerConfig  # torch: only where it runs
-
-        return RunnerConfig(
-            block_size=self.block_size,
-            num_blocks=num_blocks,
-            max_num_seqs=self.max_num_seqs,
-            max_batched_tokens=max(self.max_batched_tokens, self.max_num_seqs),
-            shared_prefix=self.shared_prefix,
-            prefix_caching=self.prefix_caching,
-            policy=self.policy,
-            max_wait_steps=self.max_wait_steps,
-            prefix_groups=self.prefix_groups,
-        )

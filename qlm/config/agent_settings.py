@@ -1,7 +1,7 @@
 """The live agent's settings (the fleet file's `agent:` section, `ServeConfig.agent`): how
 often it wakes and reports, how long its leases last, what it may do to its engine and how
 many requests wait inside the engine beyond its sequence slots. Reconcile's own options are
-`ReconcileConfig` (reconcile.py); `reconcile_options` builds them from these."""
+`ReconcileConfig` (qlm/agents/queued.py); `ReconcileConfig.of` builds them from these."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from qlm.agents.reconcile import ReconcileConfig
 from qlm.config import StrictModel
 
 
@@ -41,17 +40,3 @@ class AgentConfig(StrictModel):
         "agent's next round). auto: as many as ended between two agent rounds, the last "
         "time any did (qlm/agents/engine_loads.py); 0 keeps all waiting in the global queue.",
     )
-
-    def reconcile_options(
-        self, engine_backlog: int, prefill_backlog_s: float | None = 1.0
-    ) -> ReconcileConfig:
-        """Reconcile's settings, with the backlog the agent uses this round (the configured
-        number, or its measured one under auto: qlm/agents/engine_loads.py) and the bound on
-        queued prefill (`qlm.control.prefill_backlog_s`, the simulator's too)."""
-        return ReconcileConfig(
-            allow_evict=self.allow_evict,
-            allow_model_swap=self.allow_model_swap,
-            allow_kv_swap=self.allow_kv_swap,
-            engine_backlog=engine_backlog,
-            prefill_backlog_s=prefill_backlog_s,
-        )

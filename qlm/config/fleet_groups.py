@@ -1,4 +1,4 @@
-"""An instance group of the fleet (`fleet.instances[i]`, qlm/fleet_config.py): `count`
+"""An instance group of the fleet (`fleet.instances[i]`, qlm/config/fleet_config.py): `count`
 instances of one GPU type with the same initial model, and how engines share their GPUs
 (`slices`, `slice_memory`, `kv_pool`; the simulator's qlm/sim/sharing.py)."""
 

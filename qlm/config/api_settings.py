@@ -13,7 +13,7 @@ from types import MappingProxyType
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from qlm.config import QlmConfig, SloClassConfig, StrictModel
-from qlm.engine.openai_fields import EngineKind
+from qlm.config.engine_kinds import EngineKind
 from qlm.types import SloClass
 
 _WEEK_S = 7 * 24 * 3600.0

@@ -26,8 +26,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from qlm.config import Problem, StrictModel, fail_at, resolve_relative
-from qlm.engine.profiling.library import ProfileFile, load_profile, packaged_profiles
-from qlm.fleet_groups import InstanceGroupConfig as InstanceGroupConfig
+from qlm.config.fleet_groups import InstanceGroupConfig as InstanceGroupConfig
+from qlm.config.profile_files import ProfileFile, load_profile, packaged_profiles
 from qlm.perf.profile import GIB, Profile
 from qlm.types import DEFAULT_GPU_TYPES, Fleet, Instance
 

@@ -9,15 +9,13 @@ two connection pools, and the retries a command gets after a connection error or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
 
 from qlm.config import StrictModel
-from qlm.queue.bounds import QueueBounds
+from qlm.config.queue_limits import check_queue_bounds
 
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
 SENTINEL_PORT = 26379
@@ -174,14 +172,8 @@ class RedisQueueConfig(StrictModel):
 
     @model_validator(mode="after")
     def _bounds_consistent(self) -> RedisQueueConfig:
-        _ = self.bounds  # QueueBounds raises ValueError for inconsistent bounds
+        check_queue_bounds(self.max_queued, self.max_queued_per_tenant, self.reserved_queued)
         return self
-
-    @property
-    def bounds(self) -> QueueBounds:
-        return QueueBounds(
-            self.max_queued, self.max_queued_per_tenant, self.reserved_queued, self.reserved_classes
-        )
 
     @property
     def sentinel(self) -> SentinelAddress | None:
@@ -211,44 +203,3 @@ class RedisQueueConfig(StrictModel):
         if (self.username is None and self.password is None) or "@" not in parts.netloc:
             return self.url
         return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-
-    def client_options(self) -> dict[str, Any]:
-        """Keyword arguments for redis.asyncio.Redis.from_url(connect_url, ...)."""
-        parts = urlsplit(self.url)
-        options: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_connect_timeout": self.socket_connect_timeout_s,
-            "socket_timeout": self.socket_timeout_s,
-            "health_check_interval": self.health_check_interval_s,
-            # Both pools need it: a pool built outside Redis() gets no retries by default.
-            "retry": Retry(
-                ExponentialWithJitterBackoff(
-                    cap=self.retry_backoff_cap_s, base=self.retry_backoff_base_s
-                ),
-                self.retries,
-            ),
-        }
-        sentinel = self.sentinel
-        if sentinel is not None:  # no URL goes to redis-py: db and credentials as options
-            options["db"] = sentinel.db
-        if self.username is not None or self.password is not None or sentinel is not None:
-            url_user, url_password = parts.username, parts.password
-            if sentinel is not None:  # redis-py unquotes the URLs it parses, not these
-                url_user = None if url_user is None else unquote(url_user)
-                url_password = None if url_password is None else unquote(url_password)
-            options["username"] = self.username or url_user
-            options["password"] = (
-                url_password if self.password is None else self.password.get_secret_value()
-            )
-        if self.tls:
-            options["ssl_cert_reqs"] = self.ssl_cert_reqs
-            options |= {
-                key: value
-                for key, value in (
-                    ("ssl_ca_certs", self.ssl_ca_certs),
-                    ("ssl_certfile", self.ssl_certfile),
-                    ("ssl_keyfile", self.ssl_keyfile),
-                )
-                if value is not None
-            }
-        return options

@@ -4,13 +4,12 @@ reads the environment or secret files: the file names where secrets are (an envi
 variable holding the queue URL or the Redis password, a mounted file with the password or
 the API keys), and qlm/serve/secrets.py reads them when a process starts.
 
-Sections: `qlm` (QlmConfig, qlm/config.py), `queue` (QueueConfig), `api` (ApiConfig,
-qlm/api/api_settings.py), `controller` (ControllerConfig), `agent` (AgentConfig,
-qlm/agents/agent_settings.py), `engine` (LiveEngineConfig), `metrics` (MetricsConfig,
-qlm/metrics/metrics_settings.py), `models` (ModelConfig, qlm/api/api_settings.py) and `fleet`
-(FleetConfig, qlm/fleet_config.py: the same section as in `qlm plan` snapshots and
-`qlm simulate` scenarios). Each settings class lives with the package that reads it; the
-README's configuration section maps them all."""
+Sections: `qlm` (QlmConfig, policy_config.py), `queue` (QueueConfig), `api` (ApiConfig,
+api_settings.py), `controller` (ControllerConfig), `agent` (AgentConfig, agent_settings.py),
+`engine` (LiveEngineConfig), `metrics` (MetricsConfig, metrics_settings.py), `models`
+(ModelConfig, api_settings.py) and `fleet` (FleetConfig, fleet_config.py: the same section as
+in `qlm plan` snapshots and `qlm simulate` scenarios). Every settings class is in this package
+(qlm/config/); the README's configuration section maps them all."""
 
 from __future__ import annotations
 
@@ -22,13 +21,13 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qlm.agents.agent_settings import AgentConfig
-from qlm.api.api_settings import ApiConfig, ModelConfig
 from qlm.config import Problem, QlmConfig, StrictModel, fail_at
-from qlm.engine.openai_fields import EngineKind
-from qlm.fleet_config import FleetConfig
-from qlm.metrics.metrics_settings import MetricsConfig
-from qlm.queue.bounds import QueueBounds
+from qlm.config.agent_settings import AgentConfig
+from qlm.config.api_settings import ApiConfig, ModelConfig
+from qlm.config.engine_kinds import EngineKind
+from qlm.config.fleet_config import FleetConfig
+from qlm.config.metrics_settings import MetricsConfig
+from qlm.config.queue_limits import check_queue_bounds
 from qlm.types import Fleet, Instance
 
 
@@ -233,7 +232,7 @@ class ServeConfig(StrictModel):
             if name not in known:
                 yield ("queue", "reserved_classes"), f"{name!r} is not a class; known: {known}"
         try:
-            self.queue_bounds()
+            check_queue_bounds(queue.max_queued, queue.max_queued_per_tenant, queue.reserved_queued)
         except ValueError as exc:
             yield ("queue", "reserved_queued"), str(exc)
 
@@ -245,7 +244,7 @@ class ServeConfig(StrictModel):
             yield ("engine", "standby_models"), f"emulated engines only; {instead}"
         if self.engine.kind != "vllm":
             return
-        from qlm.engine.vllm.vllm_config import VllmEngineConfig
+        from qlm.config.vllm_config import VllmEngineConfig
 
         try:
             VllmEngineConfig.model_validate(self.engine.vllm)
@@ -260,13 +259,6 @@ class ServeConfig(StrictModel):
             return frozenset(self.queue.reserved_classes)
         top = max(c.priority for c in self.qlm.slo_classes)
         return frozenset(c.name for c in self.qlm.slo_classes if c.priority == top)
-
-    def queue_bounds(self) -> QueueBounds:
-        """The queue's bounds (ValueError when inconsistent)."""
-        q = self.queue
-        return QueueBounds(
-            q.max_queued, q.max_queued_per_tenant, q.reserved_queued, self.reserved_classes()
-        )
 
     def fleet(self) -> Fleet:
         """The instances, with the profiles of the served models on their GPU types."""
