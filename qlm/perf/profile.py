@@ -28,7 +28,7 @@ class Profile:
     decode_step_s[i] is the time of one decode iteration that advances decode_batch_sizes[i]
     sequences by one token each. step_time, when present, times any iteration (prefill chunks,
     decodes, context; see step.py) and is what the engines use; the table is then its value at
-    a typical context length (see library.py).
+    a typical context length (see qlm/config/profile_files.py).
     """
 
     model: str

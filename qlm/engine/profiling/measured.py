@@ -3,9 +3,9 @@
 Question answered: how does a profiling run become a profile file? `ProfileRun` is everything
 the live driver (vllm_profiler.py) measured; `fit_profile` fits the step-time formula to its
 samples (calibration.fit_step_time over the median of each probe's repeats) and reports the
-fit's quality; `build_profile_file` writes the profile (library.py format) with every number's
-provenance: the step model, load time and KV figures `measured`, the rest saying how it was
-chosen, and a `measurement` section with the run itself. Pure.
+fit's quality; `build_profile_file` writes the profile (qlm/config/profile_files.py format)
+with every number's provenance: the step model, load time and KV figures `measured`, the rest
+saying how it was chosen, and a `measurement` section with the run itself. Pure.
 """
 
 from __future__ import annotations

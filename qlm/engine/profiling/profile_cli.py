@@ -5,9 +5,9 @@
 Starts the engine with the model (timing the load), runs the planned grid of prefill, decode
 and mixed probes (probes.py), fits t = b0 + b1 prefill + b2 decodes + b3 context by
 non-negative least squares on relative error, prints the fit quality (R^2, maximum relative
-error) and writes the profile file (library.py format, provenance `measured`, the grid and
-every measured iteration under `measurement`), which `qlm simulate` reads through a scenario's
-`fleet.profile_files`. How to run it and what it measures: README.md here.
+error) and writes the profile file (qlm/config/profile_files.py format, provenance `measured`,
+the grid and every measured iteration under `measurement`), which `qlm simulate` reads through
+a scenario's `fleet.profile_files`. How to run it and what it measures: README.md here.
 """
 
 from __future__ import annotations
