@@ -108,3 +108,17 @@ def test_no_cycle_between_top_level_parts() -> None:
 @pytest.mark.parametrize("edges", [{"a": {"b"}, "b": {"a"}}, {"a": {"b"}, "b": {"c"}, "c": {"a"}}])
 def test_the_cycle_finder_finds_cycles(edges: dict[str, set[str]]) -> None:
     assert list(cycles(edges)) == [sorted(edges)]
+
+
+def test_the_configuration_package_is_a_leaf() -> None:
+    """qlm/config/ holds every settings class and imports only the domain values and the
+    performance model: components import their settings from it, never the other way round
+    (a setting that needs a component's code builds itself there, e.g. ReconcileConfig.of)."""
+    reached = {
+        top_level(target)
+        for module, targets in graph().items()
+        if top_level(module) == "qlm.config"
+        for target in targets
+    }
+    assert reached - {"qlm.config"} <= {"qlm.types", "qlm.perf"}
+    assert "qlm.config" in {top_level(t) for t in graph()["qlm.engine.openai_fields"]}
