@@ -121,4 +121,4 @@ def test_the_configuration_package_is_a_leaf() -> None:
         for target in targets
     }
     assert reached - {"qlm.config"} <= {"qlm.types", "qlm.perf"}
-    assert "qlm.config" in {top_level(t) for t in graph()["qlm.engine.openai_fields"]}
+    assert "qlm.config.agent_settings" in graph()["qlm.agents.queued"]  # the direction
