@@ -8,7 +8,8 @@ errors, instances frozen) and is named `...Config`.
     fleet_config.py     the `fleet:` section: instance groups (fleet_groups.py), GPU types,
                         profiles (profile_files.py: the profile file format)
     serve_config.py     the fleet file (ServeConfig): queue, controller, engine and the sections
-                        below
+                        below; engine_kinds.py (`engine.kind`), queue_limits.py (the queue
+                        bounds' consistency rule, which the queues' QueueBounds applies too)
     api_settings.py     `api:`, `models:`          agent_settings.py    `agent:`
     metrics_settings.py `metrics:`                 redis_config.py      the Redis queue
     engine_config.py    the engine model's scheduler (`engine:` of a scenario)
