@@ -51,19 +51,27 @@ def outcome_of(sent: Sent, speedup: float) -> RequestOutcome:
         return request.arrival_at_s + (float(value) - float(arrival_srv)) * speedup
 
     state = _STATES.get(str(record.get("state")), OutcomeState.UNFINISHED)  # unended, no record
+    dispatch_s = at("dispatched_at_s")
+    # The miss causes' facts, by the live plane's rule (qlm/causes/live.py): the queue wait is
+    # the last dispatch less the arrival, and a request dispatched more than once was let go
+    # before its last dispatch. Without them every live miss read as `in_engine`.
+    queue_wait_s = 0.0 if dispatch_s is None else max(0.0, dispatch_s - request.arrival_at_s)
+    interrupted = int(record.get("dispatches") or 0) > 1
     return RequestOutcome(
         request_id=request.id,
         slo_class=request.slo_class,
         model=request.model,
         instance_id=record.get("instance_id"),
         arrival_s=request.arrival_at_s,
-        dispatch_s=at("dispatched_at_s"),
+        dispatch_s=dispatch_s,
         first_token_s=at("first_token_at_s"),
         finish_s=at("finished_at_s"),
         ttft_deadline_s=request.ttft_deadline_at_s,
         completion_deadline_s=request.completion_deadline_at_s,
         evictions=int(record.get("evictions") or 0),
         state=state,
+        queue_wait_s=queue_wait_s,
+        interrupted_s=dispatch_s if interrupted else None,
     )
 
 

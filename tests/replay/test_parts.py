@@ -20,6 +20,7 @@ from qlm.replay.embedded import STREAM_INTERVAL_S, embedded_config, scaled_profi
 from qlm.replay.outcomes import live_result, outcome_of, swaps_by_instance
 from qlm.replay.sender import Sent, body_of, prompt_of
 from qlm.serve.runtime import ENGINE_KINDS
+from qlm.sim.miss_causes import MissCause, miss_cause
 from qlm.sim.result import OutcomeState
 from qlm.sim.scenario import load_scenario
 from qlm.types import PrefixBlock
@@ -110,6 +111,23 @@ def test_server_times_come_back_as_scenario_seconds() -> None:
     refused = outcome_of(Sent(request, None, error="HTTP 429"), 4.0)
     assert refused.state is OutcomeState.UNFINISHED
     assert refused.first_token_s is None
+
+
+def test_a_live_miss_is_put_down_to_where_its_time_went() -> None:
+    """The live outcome carries the miss causes' facts (qlm/causes/live.py's rule): a request
+    that waited in the queue past its deadline is `queued`, one dispatched twice `evicted`."""
+    request = make_request(arrival_at_s=100.0, ttft_s=60.0)
+    times = {"arrival_at_s": 5000.0, "dispatched_at_s": 5050.0, "first_token_at_s": 5051.0,
+             "finished_at_s": 5060.0}  # fmt: skip
+    record = {"state": "completed", "times": times, "dispatches": 1}
+    waited = outcome_of(Sent(request, "req-1", record=record), speedup=4.0)
+    assert waited.queue_wait_s == pytest.approx(200.0)
+    assert miss_cause(waited, run_end_s=500.0) is MissCause.QUEUED
+    again = outcome_of(Sent(request, "req-1", record={**record, "dispatches": 2}), speedup=4.0)
+    assert miss_cause(again, run_end_s=500.0) is MissCause.EVICTED
+    quick = {**times, "dispatched_at_s": 5000.5, "first_token_at_s": 5020.0}
+    slow_engine = outcome_of(Sent(request, "r", record={**record, "times": quick}), speedup=4.0)
+    assert miss_cause(slow_engine, run_end_s=500.0) is MissCause.IN_ENGINE
 
 
 def test_swaps_are_read_from_the_plane_metrics() -> None:
