@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -125,18 +126,11 @@ def disagreements(
 ) -> Disagreements:
     """Request by request: which requests only one plane missed, and why live did."""
     only_live = [i for i in ids if sim[i].met_slo and not live[i].met_slo]
-    by_cause: dict[str, int] = {}
-    for i in only_live:
-        cause = _cause(live[i], sim[i])
-        by_cause[cause] = by_cause.get(cause, 0) + 1
-    by_model: dict[str, int] = {}
-    for i in only_live:
-        by_model[live[i].model] = by_model.get(live[i].model, 0) + 1
     return Disagreements(
         missed_live_only=len(only_live),
         missed_sim_only=sum(live[i].met_slo and not sim[i].met_slo for i in ids),
-        by_cause=by_cause,
-        by_model=by_model,
+        by_cause=dict(Counter(_cause(live[i], sim[i]) for i in only_live)),
+        by_model=dict(Counter(live[i].model for i in only_live)),
         first_dispatch_s={
             m: (_first_dispatch(live, ids, m), _first_dispatch(sim, ids, m))
             for m in sorted({live[i].model for i in ids})

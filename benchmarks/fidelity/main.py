@@ -27,7 +27,6 @@ from benchmarks.fidelity.profiles import (
     refit_profile,
     reprofile,
     reprofile_together,
-    scaled_profile,
     slowdown,
     trace_lengths,
     with_profiles,
@@ -184,10 +183,15 @@ def _simulate_together(
     measured: Measured,
 ) -> None:
     """The run simulated on the step model measured with every engine busy: tiny-a's fit,
-    and every other model slowed by the factor that fit shows against tiny-a's profile file."""
+    and every other model slowed by the factor that fit shows against tiny-a's profile file
+    (`Profile.slowed`; left as profiled should the fit come out faster)."""
     tiny_a = setup.profiles["tiny-a"]
     factor = slowdown(tiny_a, fit, *setup.lengths)
-    others = [scaled_profile(spec, factor) for m, spec in setup.profiles.items() if m != "tiny-a"]
+    others = [
+        spec.to_profile().slowed(max(1.0, factor))
+        for m, spec in setup.profiles.items()
+        if m != "tiny-a"
+    ]
     fleet = with_profiles(scenario.fleet(), [refit_profile(tiny_a, fit), *others])
     result = sim_run(scenario, live.requests, live, fleet)
     measured.together_fits[run.name] = fit

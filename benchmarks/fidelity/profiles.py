@@ -140,20 +140,6 @@ def slowdown(spec: ProfileFile, fit: ProfileFit, prompt_mean: float, output_mean
     )
 
 
-def scaled_profile(spec: ProfileFile, factor: float) -> Profile:
-    """The profile file's model with every step-time coefficient `factor` times as long (a
-    model not measured together, slowed as much as the host slowed the one that was)."""
-    st = spec.step_time
-    assert st is not None
-    step = StepTimeConfig(
-        base_s=st.base_s * factor,
-        per_prefill_token_s=st.per_prefill_token_s * factor,
-        per_decode_seq_s=st.per_decode_seq_s * factor,
-        per_context_token_s=st.per_context_token_s * factor,
-    )
-    return spec.model_copy(update={"step_time": step, "decode_table": None}).to_profile()
-
-
 def refit_profile(spec: ProfileFile, fit: ProfileFit) -> Profile:
     """The profile file with its step model replaced by a new fit (all else unchanged)."""
     st = fit.fit.step_time

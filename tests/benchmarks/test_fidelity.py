@@ -17,7 +17,6 @@ from benchmarks.fidelity.outcomes import LiveRun, Outcome, Prediction
 from benchmarks.fidelity.profiles import (
     capacity_rps,
     refit_profile,
-    scaled_profile,
     slowdown,
     with_profiles,
 )
@@ -182,8 +181,7 @@ def test_a_fit_twice_as_slow_halves_capacity_and_slows_the_other_models_alike() 
     )
     assert slowdown(spec, fit, 500, 150) == pytest.approx(2.0)
     assert refit_profile(spec, fit).step_time == doubled
-    other = ProfileFile.of(tiny("tiny-b", 30), "test", typical_context_tokens=500)
-    slowed = scaled_profile(other, 2.0)
+    slowed = tiny("tiny-b", 30).slowed(2.0)  # the other models, slowed alike
     assert slowed.step_time == doubled
     assert capacity_rps(slowed, 500, 150) == pytest.approx(
         capacity_rps(tiny("b", 30), 500, 150) / 2
