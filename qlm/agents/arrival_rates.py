@@ -6,8 +6,18 @@ last `window_s` seconds (a sliding window on the caller's clock) with their TTFT
 (deadline less arrival); `at_risk(model, now, away_s)` is the rate of those whose budget is
 shorter than `away_s`, times `away_s`: the requests expected while the model has no instance
 that cannot wait for it to come back. A swap that takes a model's last instance away puts
-them at risk (qlm/sim/policies/qlm_dispatch.py `swap_pays`); requests with budgets longer
+them at risk (qlm/agents/decision.py `swap_pays`); requests with budgets longer
 than the absence wait and are served when the model returns.
+
+`expected(model, now, span_s)` counts all of them: the arrivals an instance would serve over
+a stay on a model no other instance serves (`swap_pays`'s gain).
+
+Rates are taken over the window, or over the time watched (since the first arrival of any
+model) while that is shorter: five arrivals in the first five seconds are a rate of one a
+second. Taken over the whole window they read as one every twelve seconds, and a plane just
+started gave away a model's only instance in the lull before its traffic (`qlm simulate
+many:27`, measured ad hoc before the change: the model the fleet file placed there met 5
+of its 106 requests).
 
 `recent(model, now)` gives the window's arrivals themselves (those noted with their queued
 item): the wait forecast prices the work among them that will pass a queued request
@@ -20,6 +30,9 @@ import math
 from collections import deque
 
 from qlm.agents.queued import QueuedItem
+
+# The shortest time a rate is taken over (one arrival just seen is not a rate of thousands).
+MIN_SPAN_S = 1.0
 
 
 class ArrivalRates:
@@ -72,7 +85,21 @@ class ArrivalRates:
         self._trim(seen, now_s)
         since_s = now_s - self.window_s
         urgent = sum(1 for at_s, budget_s, _ in seen if budget_s < away_s and at_s >= since_s)
-        return urgent / self.window_s * away_s
+        return urgent / self._span_s(now_s) * away_s
+
+    def expected(self, model: str, now_s: float, span_s: float) -> float:
+        """Arrivals of `model` expected in the next `span_s` seconds, at its recent rate."""
+        seen = self._seen.get(model)
+        if not seen or span_s <= 0:
+            return 0.0
+        self._trim(seen, now_s)
+        since_s = now_s - self.window_s
+        return sum(1 for at_s, _, _ in seen if at_s >= since_s) / self._span_s(now_s) * span_s
+
+    def _span_s(self, now_s: float) -> float:
+        """The time the rates are taken over: the window, or the time watched while shorter
+        (n arrivals in the first 5 s are a rate of n / 5, not n / 60)."""
+        return max(MIN_SPAN_S, min(self.window_s, now_s - self._since_s))
 
     def _trim(self, seen: deque[tuple[float, float, QueuedItem | None]], now_s: float) -> None:
         """Drop the oldest noted while past the window. Arrivals may be noted a little out of

@@ -86,6 +86,11 @@ class FleetView(Protocol):
         """The models asleep in the instance's standby tier (a swap to one is a wake)."""
         ...
 
+    def standby_capacity(self, instance_id: str) -> int:
+        """How many models the instance's standby tier holds (0: none; a model it leaves is
+        unloaded and comes back with a cold load)."""
+        ...
+
     def blocks_of(self, instance_id: str) -> tuple[float, Mapping[str, float]]:
         """The instance's prefill speed (tokens/s) and, per SLO class, how long the work
         admitted to its engine delays a new request's first token
@@ -137,46 +142,89 @@ class Dispatcher:
 
     def swap_pays(self, view: FleetView, target: str, instance_id: str, now_s: float) -> bool:
         """Whether swapping the instance to `target` keeps more promises than it breaks (no
-        swap on a whim): the target model's requests it would keep (kept with the instance
-        in the target's pool and not without it, due after the load) must outnumber the
-        requests of its own model that its pool keeps with it and not without it, plus, when
-        the instance is its model's last, the arrivals of that model expected while it is
-        away (the target's load and the load back) that cannot wait that long
-        (`ArrivalRates.at_risk`); and never before arrivals have been watched for that long
-        (`ArrivalRates.watched_for`: no arrival yet says nothing of a rate, and a plane just
-        started would give away its popular models' only instances for the first requests of
-        tail ones). Instances loading the target count in its pool, so two
-        instances do not swap for the same requests. A wake from the standby tier gains at
-        least the target's urgent arrivals expected while its backlog lasts
-        (`backlog_risk`): a pool overrun by a burst drops what is due before the wake is
-        ready, which the count above leaves out, and goes on dropping the next arrivals."""
+        swap on a whim).
+
+        Broken (`_lost`): the requests of its own model that its pool keeps with it and not
+        without it, plus, when the instance is its model's last, the arrivals of that model
+        expected while it is away that cannot wait that long (`ArrivalRates.at_risk`). Away
+        is the target's load, the stay there, and the way back (a wake when the instance has
+        a standby tier for the model to sleep in, a cold load when not). The stay: beside
+        other instances of the target it helps through a backlog and is free to come back
+        (none counted); alone on the target it carries all the target's traffic, and a load
+        is worth making only for a stay at least as long as the load took (ski rental: what
+        keeps an instance from leaving a busy model for a tail one and coming back). Never
+        before arrivals have been watched for the absence (`ArrivalRates.watched_for`: no
+        arrival yet says nothing of a rate, and a plane just started would give away its
+        popular models' only instances for the first requests of tail ones).
+
+        Kept, when other instances serve or load the target: its queued requests due after
+        the load that the pool keeps with the instance and not without it (instances loading
+        count, so two instances do not swap for the same requests); a wake from the standby
+        tier at least the target's urgent arrivals expected while its backlog lasts
+        (`backlog_risk`: a pool overrun by a burst drops what is due before the wake is
+        ready, which the count leaves out, and goes on dropping the next arrivals). Kept,
+        when it would be the target's only instance (`_gained_alone`): the target's queued
+        requests due after the load that it keeps, and the target's arrivals over the stay;
+        and a swap that breaks no promise (fewer than one) is always taken, so that no
+        queued request waits for ever for a model no instance serves."""
         fleet = self.fleet
         model = view.model_of(instance_id)
         profile = fleet.profile(target, fleet.instance(instance_id))
         if model is None or profile is None:
             return profile is not None
-        pool = self.pool(view, model, instance_id)
-        rest = tuple(i for i in pool if i != instance_id)
-        lost: float = self._unkept(view, model, rest, now_s) - self._unkept(
-            view, model, pool, now_s
-        )
         standby = target in view.standby_models(instance_id)
-        ready_s = now_s + profile.load_time_s(standby)
-        if not rest:  # its last instance: what arrives for it meanwhile is at risk
-            back = fleet.profile(model, fleet.instance(instance_id))
-            away_s = ready_s - now_s + (0.0 if back is None else back.load_time_s(True))
-            if not self.arrivals.watched_for(now_s, away_s):
-                return False  # too little seen of its arrivals to know what the absence costs
-            lost += self.arrivals.at_risk(model, now_s, away_s)
+        load_s = profile.load_time_s(standby)
+        ready_s = now_s + load_s
         others = view.serving(target) + view.loading(target)
-        if not others:  # it serves a model no instance serves unless a promise breaks
-            return lost < 1
+        lost = self._lost(view, model, instance_id, now_s, load_s, 0.0 if others else load_s)
+        if lost is None:
+            return False  # too little seen of its arrivals to know what the absence costs
+        if not others:
+            return lost < 1 or self._gained_alone(view, target, instance_id, now_s, load_s) > lost
         gained: float = self._unkept(view, target, others, now_s, ready_s) - self._unkept(
             view, target, (*others, instance_id), now_s, ready_s
         )
         if standby and self.wake_for_backlog:
             gained = max(gained, self.backlog_risk(view, target, others, now_s, ready_s))
         return gained > lost
+
+    def _lost(
+        self,
+        view: FleetView,
+        model: str,
+        instance_id: str,
+        now_s: float,
+        load_s: float,
+        stay_s: float,
+    ) -> float | None:
+        """`swap_pays`'s promises broken for the instance's own `model` by a load of
+        `load_s` and a stay of `stay_s` away from it (None: arrivals not yet watched for
+        the absence)."""
+        pool = self.pool(view, model, instance_id)
+        rest = tuple(i for i in pool if i != instance_id)
+        lost: float = self._unkept(view, model, rest, now_s) - self._unkept(
+            view, model, pool, now_s
+        )
+        if rest:
+            return lost
+        back = self.fleet.profile(model, self.fleet.instance(instance_id))
+        asleep = view.standby_capacity(instance_id) > 0  # it waits in the tier, or not
+        away_s = load_s + stay_s + (0.0 if back is None else back.load_time_s(asleep))
+        if not self.arrivals.watched_for(now_s, away_s):
+            return None
+        return lost + self.arrivals.at_risk(model, now_s, away_s)
+
+    def _gained_alone(
+        self, view: FleetView, target: str, instance_id: str, now_s: float, load_s: float
+    ) -> float:
+        """`swap_pays`'s promises kept by the instance as the target's only one: the queued
+        requests due after its load that it keeps, and the arrivals over a stay as long as
+        the load."""
+        ready_s = now_s + load_s
+        queued = self.queues.items(target).values()
+        due_later = sum(item.ttft_deadline_at_s >= ready_s for item in queued)
+        unkept = self._unkept(view, target, (instance_id,), now_s, ready_s)
+        return due_later - unkept + self.arrivals.expected(target, now_s, load_s)
 
     def backlog_risk(
         self, view: FleetView, model: str, pool: tuple[str, ...], now_s: float, ready_s: float

@@ -84,6 +84,12 @@ class ReportedFleet:
         report = self.reports.get(instance_id)
         return () if report is None else report.standby_models
 
+    def standby_capacity(self, instance_id: str) -> int:
+        if self.own is not None and instance_id == self.instance_id:
+            return self.own.standby_capacity
+        report = self.reports.get(instance_id)
+        return 0 if report is None else report.standby_capacity
+
     def blocks_of(self, instance_id: str) -> tuple[float, Mapping[str, float]]:
         model = self.model_of(instance_id)
         instance = self.fleet.instance(instance_id)

@@ -91,7 +91,7 @@ def draw_state(rng: random.Random, now_s: float) -> FakeSim:
         engine_state = EngineState.LOADING if loading else EngineState.READY
         observations[i] = EngineObservation(
             i, engine_state, model, admitted, sum(r.context_tokens for r in admitted),
-            400_000, 64, at_s=now_s,
+            400_000, 64, at_s=now_s, standby_capacity=rng.choice((0, 1)),
         )  # fmt: skip
     config = QlmConfig.model_validate(
         {

@@ -18,9 +18,11 @@ def test_at_risk_counts_recent_arrivals_whose_budget_is_shorter_than_the_absence
     rates = ArrivalRates(window_s=10.0)
     for k in range(10):
         rates.arrived("m", float(k), budget_s=2.0 if k % 2 else 60.0)
-    # 5 urgent arrivals in the last 10 s: 0.5 / s; an absence of 4 s puts 2 at risk
-    assert rates.at_risk("m", 9.0, 4.0) == 2.0
-    assert rates.at_risk("m", 9.0, 100.0) == 10 / 10 * 100.0  # all are urgent then
+    # 5 urgent arrivals in the 10 s window: 0.5 / s; an absence of 4 s puts 2 at risk
+    assert rates.at_risk("m", 10.0, 4.0) == 2.0
+    assert rates.at_risk("m", 10.0, 100.0) == 10 / 10 * 100.0  # all are urgent then
+    # watched for 9 s only (since the first arrival at 0): the rate is over those 9 s
+    assert rates.at_risk("m", 9.0, 4.0) == 5 / 9 * 4.0
     assert rates.at_risk("m", 30.0, 4.0) == 0.0  # the window moved past them
     assert rates.at_risk("other", 9.0, 4.0) == 0.0
 
@@ -81,3 +83,44 @@ def test_watched_for_counts_from_the_first_arrival_of_any_model() -> None:
     rates.arrived("a", 3.0, 20.0)
     assert rates.watched_for(13.0, 10.0)
     assert not rates.watched_for(12.9, 10.0)
+
+
+def test_rates_are_taken_over_the_time_watched_while_shorter_than_the_window() -> None:
+    """Five arrivals in the first 5 s are a rate of 1 / s, not 5 / 60 (which let a plane
+    just started give away a model's only instance in the lull before its traffic)."""
+    rates = ArrivalRates(window_s=60.0)
+    for k in range(5):
+        rates.arrived("m", float(k), budget_s=10.0)
+    assert rates.expected("m", 5.0, 10.0) == 10.0
+    assert rates.at_risk("m", 5.0, 20.0) == 20.0  # every budget is shorter than the absence
+    assert rates.expected("m", 60.0, 10.0) == 5 / 60 * 10.0  # the window is full by then
+    assert rates.expected("other", 5.0, 10.0) == 0.0
+
+
+def test_a_model_with_no_instance_wins_one_when_its_traffic_outweighs_the_loaded_ones() -> None:
+    """One instance holds m7b, which gets a chat every 4 s (3 s budget) for 200 s; m13b has
+    no instance and gets a batch request every 0.5 s (120 s budget). Taking the instance
+    breaks about four m7b promises (its arrivals over the load, an equal stay, the way back:
+    3 x 5 s at 0.25 / s) and keeps every m13b request; waiting for m7b's traffic to stop, as
+    the gate did when it let an instance go to a model no instance serves only if that
+    broke no promise at all, misses them all."""
+    fleet = two_model_fleet(num_7b=1, num_13b=0, load_s=5.0)
+    chats = [
+        make_request(model="m7b", arrival_at_s=4.0 * k, ttft_s=3.0, max_output_tokens=16)
+        for k in range(50)
+    ]
+    batch = [
+        make_request(
+            model="m13b", slo_class="batch-1", arrival_at_s=20.0 + 0.5 * k, ttft_s=120.0,
+            max_output_tokens=16,
+        )
+        for k in range(300)
+    ]  # fmt: skip
+    classes = (
+        SloClassConfig(name="interactive", ttft_s=3.0, lateness_weight=100, priority=2),
+        SloClassConfig(name="batch-1", ttft_s=120.0, lateness_weight=1, priority=0),
+    )
+    result = simulate(fleet, [*chats, *batch], "qlm", QlmConfig(slo_classes=classes), 0)
+    assert result.attainment("batch-1") >= 0.9
+    assert result.attainment() >= 0.85
+    assert min(load.start_s for load in result.loads if load.model == "m13b") < 60.0

@@ -267,6 +267,9 @@ class SimDispatch:
     def standby_models(self, instance_id: str) -> Collection[str]:
         return self.ctx.observe(instance_id).standby_models
 
+    def standby_capacity(self, instance_id: str) -> int:
+        return self.ctx.observe(instance_id).standby_capacity
+
     def _schedule(self, model: str, pool: tuple[str, ...]) -> Schedule:
         return self.decision.schedule(self, model, pool, self.ctx.clock.now_s())
 
