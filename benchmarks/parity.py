@@ -77,8 +77,12 @@ def within(case: dict[str, Any]) -> bool:
     return abs(gap["overall"]) <= OVERALL_POINTS and classes_ok and swaps_ok
 
 
+# Scenarios drawn from a seed by qlm/sim/fuzz (`random:K`, `many:K`): named, not files.
+DRAWN = ("random:", "many:")
+
+
 def case_path(name: str) -> Path:
-    return Path(name) if name.startswith("random:") else ROOT / "sims" / f"{name}.yaml"
+    return Path(name) if name.startswith(DRAWN) else ROOT / "sims" / f"{name}.yaml"
 
 
 def replay_once(
@@ -155,8 +159,7 @@ def add_baselines(path: Path) -> None:
     for case in report["cases"]:
         if "baselines" not in case:
             name = case["case"]
-            where = Path(name) if name.startswith("random:") else ROOT / "sims" / f"{name}.yaml"
-            case["baselines"] = simulated_baselines(load_scenario(where), case["seed"])
+            case["baselines"] = simulated_baselines(load_scenario(case_path(name)), case["seed"])
             print(f"  {name} seed {case['seed']}: {_versus_baselines(case)}", flush=True)
     write_results(path, report)
 
@@ -276,8 +279,8 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
 
 def cases_to_run(args: argparse.Namespace) -> list[tuple[str, int]]:
     """(case, seed): each shipped scenario at each seed, then each random one at its own."""
-    todo = [(n, s) for n in args.quick if not n.startswith("random:") for s in args.seeds]
-    todo += [(n, load_scenario(Path(n)).seed) for n in args.quick if n.startswith("random:")]
+    todo = [(n, s) for n in args.quick if not n.startswith(DRAWN) for s in args.seeds]
+    todo += [(n, load_scenario(Path(n)).seed) for n in args.quick if n.startswith(DRAWN)]
     todo += [(f"random:{k}", load_scenario(Path(f"random:{k}")).seed) for k in range(args.random)]
     return todo
 
@@ -312,7 +315,7 @@ def main(argv: Sequence[str]) -> int:
         "--quick",
         nargs="*",
         default=list(QUICK),
-        help="shipped scenarios (or random:K at its seed)",
+        help="shipped scenarios (or random:K, many:K at its seed)",
     )
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 7])
     parser.add_argument("--random", type=int, default=20, help="random scenarios random:0..N-1")

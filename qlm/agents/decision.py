@@ -150,9 +150,11 @@ class Dispatcher:
         is the target's load, the stay there, and the way back (a wake when the instance has
         a standby tier for the model to sleep in, a cold load when not). The stay: beside
         other instances of the target it helps through a backlog and is free to come back
-        (none counted); alone on the target it carries all the target's traffic, and a load
-        is worth making only for a stay at least as long as the load took (ski rental: what
-        keeps an instance from leaving a busy model for a tail one and coming back). Never
+        (none counted); alone on the target it carries all the target's traffic, and a move
+        is worth making only for a stay at least as long as the round trip takes, the load
+        there and the way back (after ski rental: what keeps an instance from
+        leaving a busy model for a tail one and coming back; a wake's short trip commits
+        it for seconds, a cold load's for a minute or more). Never
         before arrivals have been watched for the absence (`ArrivalRates.watched_for`: no
         arrival yet says nothing of a rate, and a plane just started would give away its
         popular models' only instances for the first requests of tail ones).
@@ -176,11 +178,18 @@ class Dispatcher:
         load_s = profile.load_time_s(standby)
         ready_s = now_s + load_s
         others = view.serving(target) + view.loading(target)
-        lost = self._lost(view, model, instance_id, now_s, load_s, 0.0 if others else load_s)
+        back = fleet.profile(model, fleet.instance(instance_id))
+        asleep = view.standby_capacity(instance_id) > 0  # it waits in the tier, or not
+        back_s = 0.0 if back is None else back.load_time_s(asleep)
+        stay_s = 0.0 if others else load_s + back_s  # ski rental: as long as the round trip
+        lost = self._lost(view, model, instance_id, now_s, load_s + stay_s + back_s)
         if lost is None:
             return False  # too little seen of its arrivals to know what the absence costs
         if not others:
-            return lost < 1 or self._gained_alone(view, target, instance_id, now_s, load_s) > lost
+            return (
+                lost < 1
+                or self._gained_alone(view, target, instance_id, now_s, load_s, stay_s) > lost
+            )
         gained: float = self._unkept(view, target, others, now_s, ready_s) - self._unkept(
             view, target, (*others, instance_id), now_s, ready_s
         )
@@ -189,17 +198,10 @@ class Dispatcher:
         return gained > lost
 
     def _lost(
-        self,
-        view: FleetView,
-        model: str,
-        instance_id: str,
-        now_s: float,
-        load_s: float,
-        stay_s: float,
+        self, view: FleetView, model: str, instance_id: str, now_s: float, away_s: float
     ) -> float | None:
-        """`swap_pays`'s promises broken for the instance's own `model` by a load of
-        `load_s` and a stay of `stay_s` away from it (None: arrivals not yet watched for
-        the absence)."""
+        """`swap_pays`'s promises broken for the instance's own `model` by `away_s` away
+        from it (None: arrivals not yet watched for that long)."""
         pool = self.pool(view, model, instance_id)
         rest = tuple(i for i in pool if i != instance_id)
         lost: float = self._unkept(view, model, rest, now_s) - self._unkept(
@@ -207,24 +209,26 @@ class Dispatcher:
         )
         if rest:
             return lost
-        back = self.fleet.profile(model, self.fleet.instance(instance_id))
-        asleep = view.standby_capacity(instance_id) > 0  # it waits in the tier, or not
-        away_s = load_s + stay_s + (0.0 if back is None else back.load_time_s(asleep))
         if not self.arrivals.watched_for(now_s, away_s):
             return None
         return lost + self.arrivals.at_risk(model, now_s, away_s)
 
     def _gained_alone(
-        self, view: FleetView, target: str, instance_id: str, now_s: float, load_s: float
+        self,
+        view: FleetView,
+        target: str,
+        instance_id: str,
+        now_s: float,
+        load_s: float,
+        stay_s: float,
     ) -> float:
         """`swap_pays`'s promises kept by the instance as the target's only one: the queued
-        requests due after its load that it keeps, and the arrivals over a stay as long as
-        the load."""
+        requests due after its load that it keeps, and the arrivals over its stay."""
         ready_s = now_s + load_s
         queued = self.queues.items(target).values()
         due_later = sum(item.ttft_deadline_at_s >= ready_s for item in queued)
         unkept = self._unkept(view, target, (instance_id,), now_s, ready_s)
-        return due_later - unkept + self.arrivals.expected(target, now_s, load_s)
+        return due_later - unkept + self.arrivals.expected(target, now_s, stay_s)
 
     def backlog_risk(
         self, view: FleetView, model: str, pool: tuple[str, ...], now_s: float, ready_s: float

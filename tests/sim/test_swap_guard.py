@@ -100,10 +100,10 @@ def test_rates_are_taken_over_the_time_watched_while_shorter_than_the_window() -
 def test_a_model_with_no_instance_wins_one_when_its_traffic_outweighs_the_loaded_ones() -> None:
     """One instance holds m7b, which gets a chat every 4 s (3 s budget) for 200 s; m13b has
     no instance and gets a batch request every 0.5 s (120 s budget). Taking the instance
-    breaks about four m7b promises (its arrivals over the load, an equal stay, the way back:
-    3 x 5 s at 0.25 / s) and keeps every m13b request; waiting for m7b's traffic to stop, as
-    the gate did when it let an instance go to a model no instance serves only if that
-    broke no promise at all, misses them all."""
+    breaks about five m7b promises (its arrivals over the load, a stay as long as the round
+    trip, the way back: 20 s at 0.25 / s) and keeps every m13b request; waiting for m7b's
+    traffic to stop, as the gate did when it let an instance go to a model no instance
+    serves only if that broke no promise at all, misses them all."""
     fleet = two_model_fleet(num_7b=1, num_13b=0, load_s=5.0)
     chats = [
         make_request(model="m7b", arrival_at_s=4.0 * k, ttft_s=3.0, max_output_tokens=16)
