@@ -24,7 +24,10 @@ of wc-quick (50 requests a second, well over 1,000 streams open at once) spent m
 on chunks (parsing them in the openai client, writing them to the queue's streams and the
 API's SSE), and its requests reached the plane late (`send_lag_p99_s`, `admission_lag_p99_s`;
 the client's former cap on open streams, qlm/replay/sender.py, did the rest). Chunking
-changes no decision: the agents read the engine's state, not the stream.
+changes no decision: the agents read the engine's state, not the stream. The engines keep the
+scenario's standby tier (`engine.standby_models`; before, replays of many-model scenarios ran
+without it, so a model the simulator woke in a second the plane loaded cold: `many:0`, 11 swaps
+live against 181 simulated).
 """
 
 from __future__ import annotations
@@ -96,10 +99,26 @@ def embedded_config(
             "seed": 0,
             "output_length": "cap",
             "stream_interval_s": STREAM_INTERVAL_S,
+            "standby_models": _standby_models(scenario),
         },
         "models": models,
         "fleet": fleet,
     }
+
+
+def _standby_models(scenario: Scenario) -> int:
+    """The scenario's standby tier, which the emulated engines keep as the simulated ones do.
+    The rest of the scenario's `engine:` (the scheduler's settings) the fleet file cannot
+    give the emulated engines: a scenario that sets any is refused, not replayed on another
+    engine than the one simulated."""
+    engine = scenario.engine
+    others = sorted(engine.model_fields_set - {"standby_models"})
+    if others:
+        raise ValueError(
+            f"{scenario.name}: the embedded plane's engines cannot take engine.{others[0]} "
+            "(only engine.standby_models); replay it against a plane configured alike (--url)"
+        )
+    return engine.standby_models
 
 
 def scaled_profile(profile: Profile, speedup: float) -> Profile:

@@ -11,6 +11,7 @@ import pytest
 
 from qlm.api.tokens import Utf8BytesCounter
 from qlm.clock import VirtualClock
+from qlm.config.engine_config import EngineConfig
 from qlm.config.serve_config import LiveEngineConfig, ServeConfig
 from qlm.engine.emulated import EmulatedEngine
 from qlm.prefixes.prompt_blocks import prompt_prefix
@@ -80,6 +81,23 @@ def test_the_embedded_plane_scales_profiles_targets_and_periods_alike() -> None:
     # Seconds of prefill an engine may queue: a quarter of the wall time, the same prefill.
     assert simulated.prefill_backlog_s is not None
     assert control.prefill_backlog_s == pytest.approx(simulated.prefill_backlog_s / 4)
+
+
+def test_the_embedded_engines_keep_the_scenarios_standby_tier() -> None:
+    scenario = load_scenario(Path("many:0"))  # standby tier of 2 models per instance
+    data = embedded_config(scenario, scenario.requests(0)[:5], speedup=2.0, port=8123)
+    config = ServeConfig.model_validate(data)
+    assert scenario.engine.standby_models == 2
+    assert config.engine.standby_models == 2
+
+
+def test_a_scenario_whose_engine_the_embedded_plane_cannot_run_is_refused() -> None:
+    scenario = load_scenario(SIMS / "wb-quick.yaml")
+    changed = scenario.model_copy(
+        update={"engine": EngineConfig.model_validate({"max_num_seqs": 8})}
+    )
+    with pytest.raises(ValueError, match=r"engine\.max_num_seqs"):
+        embedded_config(changed, changed.requests(0)[:5], speedup=2.0, port=8123)
 
 
 def test_a_scaled_profile_keeps_everything_but_time() -> None:
