@@ -53,7 +53,9 @@ class ArrivalRates:
         self._trim(seen, at_s)
 
     def rate_per_s(self, model: str, now_s: float) -> float:
-        """The model's arrivals per second over the last `window_s`."""
+        """The model's arrivals per second over the last `window_s`, always the whole window
+        (the logos baseline's rate, qlm/sim/policies/logos.py, kept as it was measured; the
+        swap gate's `at_risk` and `expected` take the time watched while shorter)."""
         seen = self._seen.get(model)
         if not seen:
             return 0.0

@@ -167,8 +167,10 @@ class Dispatcher:
         ready, which the count leaves out, and goes on dropping the next arrivals). Kept,
         when it would be the target's only instance (`_gained_alone`): the target's queued
         requests due after the load that it keeps, and the target's arrivals over the stay;
-        and a swap that breaks no promise (fewer than one) is always taken, so that no
-        queued request waits for ever for a model no instance serves."""
+        and a swap that breaks no promise (fewer than one) is always taken, so that a model
+        no instance serves is served once the loaded one's traffic allows (not before:
+        requests already late gain nothing, and wait while the loaded model keeps urgent
+        traffic, as they did under the previous rule)."""
         fleet = self.fleet
         model = view.model_of(instance_id)
         profile = fleet.profile(target, fleet.instance(instance_id))

@@ -310,9 +310,8 @@ def follows_swap(
 ) -> bool:
     """Whether the instance follows its plan to another model now. `planned` is its virtual
     queue (plan order), `model_queued` the queued requests of its loaded model, `swap_pays`
-    whether the swap gains promises (see `SimDispatch.swap_pays`): the target model has
-    requests its instances cannot keep, and this model keeps all of its own without this
-    instance. An empty instance loads what the plan puts first."""
+    whether the swap keeps more promises than it breaks (`Dispatcher.swap_pays`,
+    qlm/agents/decision.py). An empty instance loads what the plan puts first."""
     if not planned:
         return False
     if model is None:

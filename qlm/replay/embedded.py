@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 import yaml
 
+from qlm.config import ConfigError
 from qlm.config.profile_files import ProfileFile
 from qlm.perf.profile import Profile
 from qlm.perf.step import StepTime
@@ -114,7 +115,7 @@ def _standby_models(scenario: Scenario) -> int:
     engine = scenario.engine
     others = sorted(engine.model_fields_set - {"standby_models"})
     if others:
-        raise ValueError(
+        raise ConfigError(
             f"{scenario.name}: the embedded plane's engines cannot take engine.{others[0]} "
             "(only engine.standby_models); replay it against a plane configured alike (--url)"
         )
