@@ -56,12 +56,7 @@ class ArrivalRates:
         """The model's arrivals per second over the last `window_s`, always the whole window
         (the logos baseline's rate, qlm/sim/policies/logos.py, kept as it was measured; the
         swap gate's `at_risk` and `expected` take the time watched while shorter)."""
-        seen = self._seen.get(model)
-        if not seen:
-            return 0.0
-        self._trim(seen, now_s)
-        since_s = now_s - self.window_s
-        return sum(1 for at_s, _, _ in seen if at_s >= since_s) / self.window_s
+        return self._count(model, now_s) / self.window_s
 
     def watched_for(self, now_s: float, span_s: float) -> bool:
         """Whether arrivals have been watched for at least `span_s` (the rates of a shorter
@@ -81,22 +76,27 @@ class ArrivalRates:
     def at_risk(self, model: str, now_s: float, away_s: float) -> float:
         """Arrivals of `model` expected in the next `away_s` seconds, at the recent rate of
         those whose TTFT budget is shorter than `away_s`."""
-        seen = self._seen.get(model)
-        if not seen or away_s <= 0:
+        if away_s <= 0:
             return 0.0
-        self._trim(seen, now_s)
-        since_s = now_s - self.window_s
-        urgent = sum(1 for at_s, budget_s, _ in seen if budget_s < away_s and at_s >= since_s)
-        return urgent / self._span_s(now_s) * away_s
+        return self._count(model, now_s, away_s) / self._span_s(now_s) * away_s
 
     def expected(self, model: str, now_s: float, span_s: float) -> float:
         """Arrivals of `model` expected in the next `span_s` seconds, at its recent rate."""
-        seen = self._seen.get(model)
-        if not seen or span_s <= 0:
+        if span_s <= 0:
             return 0.0
+        return self._count(model, now_s) / self._span_s(now_s) * span_s
+
+    def _count(self, model: str, now_s: float, budget_below_s: float | None = None) -> int:
+        """The model's arrivals of the last `window_s` whose TTFT budget is shorter than
+        `budget_below_s` (None: all of them, an infinite budget included)."""
+        seen = self._seen.get(model)
+        if not seen:
+            return 0
         self._trim(seen, now_s)
         since_s = now_s - self.window_s
-        return sum(1 for at_s, _, _ in seen if at_s >= since_s) / self._span_s(now_s) * span_s
+        if budget_below_s is None:
+            return sum(1 for at_s, _, _ in seen if at_s >= since_s)
+        return sum(1 for at_s, b, _ in seen if b < budget_below_s and at_s >= since_s)
 
     def _span_s(self, now_s: float) -> float:
         """The time the rates are taken over: the window, or the time watched while shorter
