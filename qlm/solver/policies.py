@@ -112,6 +112,8 @@ class FcfsPlanner(_HeuristicPlanner):
 # Below this budget the solver is not started: building the model alone costs milliseconds, and
 # CP-SAT's first solution is the hint it was given.
 MIN_SEARCH_S = 0.05
+# On a wall-clock limit, the local search in front of the solver stops at this share of it.
+LOCAL_SHARE = 0.5
 
 _STATUS = {
     SolveStatus.OPTIMAL: PlanStatus.OPTIMAL,
@@ -136,7 +138,12 @@ class MilpPlanner(_HeuristicPlanner):
             )
         edf = edf_queues(full)
         edf_objective = evaluate(full, edf).objective
-        start = improve(full, edf)  # the solver's start, and the plan where it does no better
+        # The solver's start, and the plan where it does no better. On a wall limit the search
+        # takes at most LOCAL_SHARE of it, the solver what is left; on a work budget it runs
+        # to its end, so the plan does not depend on the machine's speed.
+        wall = None if self._on_work_budget else self.clock
+        until_s = started + LOCAL_SHARE * self.config.time_limit_s
+        start = improve(full, edf, clock=wall, until_s=until_s)
         start_objective = evaluate(full, start).objective
         budget = self._search_budget(inp)
         extra = {

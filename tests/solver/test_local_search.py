@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from qlm.clock import VirtualClock
 from qlm.solver import PlanInput
 from qlm.solver.costs import CostTable, build_cost_table, evaluate
 from qlm.solver.heuristics import edf_queues
@@ -73,3 +74,22 @@ def test_it_finds_the_one_swap_plan_edf_misses() -> None:
     assert [sum(p.swap_before for p in s.predictions.values()) for s in scores] == [2, 1]
     assert scores[1].objective < scores[0].objective
     assert not any(p.ttft_late_s for p in scores[1].predictions.values())
+
+
+class _TickingClock(VirtualClock):
+    """Each reading advances it by one second: the search's n-th check reads n - 1."""
+
+    def monotonic_s(self) -> float:
+        now = super().monotonic_s()
+        self.advance_by(1.0)
+        return now
+
+
+@pytest.mark.parametrize("passes", [0, 1, 2, 3])
+def test_a_wall_limit_stops_the_search_between_passes(passes: int) -> None:
+    table = _table(random_input(2, num_groups=12, num_instances=3))
+    edf = edf_queues(table)
+    unlimited = [improve(table, edf, max_moves=n) for n in range(4)]
+    assert all(unlimited[n] != unlimited[n - 1] for n in (1, 2, 3))  # each pass moves a group
+    stopped = improve(table, edf, clock=_TickingClock(), until_s=float(passes))
+    assert stopped == unlimited[passes]

@@ -126,8 +126,10 @@ def test_time_limit_is_honoured_on_a_large_case() -> None:
     inp = random_input(9, num_groups=120, num_instances=16)
     plan = plan_with(inp, backend="cpsat", time_limit_s=0.5)
     # A 120 x 16 case is not solved to optimality in half a second: the best answer found is
-    # returned (or EDF), within the limit plus a margin for building the model, which the
-    # limit does not interrupt (1.38 s of building on a loaded 2-core machine in one run).
+    # returned (or the local search's start plan), within the limit plus a margin for building
+    # the model, which the limit does not interrupt (1.38 s of building on a loaded 2-core
+    # machine in one run). The local search stops at half the limit: unbounded, its passes
+    # alone took 4.2 s in a CI run.
     assert plan.status in (PlanStatus.TIMEOUT, PlanStatus.FALLBACK, PlanStatus.OPTIMAL)
     assert plan.solve_wall_s < 3.0
     assert sum(len(q) for q in plan.queues.values()) == 120
