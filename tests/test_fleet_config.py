@@ -93,6 +93,16 @@ def test_instance_ids_gpu_counts_and_memory() -> None:
             "the inline format is the profile file format",
         ),
         (
+            {"instances": [{"gpu_type": "A10"}], "model_copies": {"a": "b", "b": "mistral-7b"}},
+            ("model_copies", "a"),
+            "its base 'b' is itself a copy",
+        ),
+        (
+            {"instances": [{"gpu_type": "A10", "model": "ft"}], "model_copies": {"ft": "x"}},
+            ("instances", 0, "model"),
+            "ft cannot run on 1 x A10",  # a copy of a model with no profile has none either
+        ),
+        (
             {"instances": [{"gpu_type": "A10", "count": 100_001}]},
             ("instances", 0, "count"),
             "less than or equal to 100000",
@@ -134,6 +144,22 @@ def test_profiles_inline_then_files_then_packaged(tmp_path: Path) -> None:
     assert fleet(instances=[{"gpu_type": "A100"}]).profiles_for(["mistral-7b"]) == {
         ("mistral-7b", "A100"): packaged
     }
+
+
+def test_a_copy_takes_its_base_profiles_under_its_own_name_unless_it_has_one() -> None:
+    config = fleet(
+        instances=[{"gpu_type": "A100", "model": "ft-1"}, {"gpu_type": "A10"}],
+        model_copies={"ft-1": "mistral-7b", "ft-2": "vicuna-13b"},
+        profiles=[{**TINY, "model": "ft-2", "gpu_type": "A100"}],
+    )
+    profiles = config.profiles_for(["ft-1", "ft-2", "mistral-7b"])
+    for gpu in ("A100", "A10"):
+        assert profiles[("ft-1", gpu)] == replace(profile_named("mistral-7b", gpu), model="ft-1")
+    assert profiles[("ft-2", "A100")].weight_bytes == TINY["weight_bytes"]  # its own wins
+    assert ("ft-2", "A10") not in profiles  # vicuna-13b has no A10 profile to copy
+    assert profiles[("mistral-7b", "A100")] == profile_named("mistral-7b", "A100")
+    built = config.fleet(["ft-1"])
+    assert built.instance("a100-ft-1-0").loaded_model == "ft-1"
 
 
 def test_with_counts_shares_a_type_among_its_groups() -> None:

@@ -12,11 +12,14 @@ scenario (`qlm simulate`); the same names, limits and rules in all three:
 - the profile of a (model, GPU type) is the first found of: inline (`profiles`, the profile
   file format of qlm/engine/profiling/README.md), `profile_files` (files or folders of them,
   relative to the file that names them), the packaged ones (qlm/engine/profiling/profiles)
-  unless `packaged_profiles` is false;
+  unless `packaged_profiles` is false; a model named in `model_copies` (a fine-tune of a
+  base model: its own weights, the base's size and speed) takes its base's profiles under its
+  own name where it has none of its own;
 - every group's initial model must run on its instances (a profile, and it fits)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -94,6 +97,11 @@ class FleetConfig(StrictModel):
         default=True,
         description="Fall back on the profiles shipped in qlm/engine/profiling/profiles.",
     )
+    model_copies: dict[str, str] = Field(
+        default_factory=dict,
+        description="Model -> the base model whose profiles it takes (a fine-tune: its own "
+        "weights, loaded on its own, the base's size and speed) where it has none of its own.",
+    )
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -112,7 +120,7 @@ class FleetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetConfig:
-        problems = [*self._gpu_type_problems(), *self._id_problems()]
+        problems = [*self._gpu_type_problems(), *self._id_problems(), *self._copy_problems()]
         if not problems:
             problems = list(self._placement_problems())
         if problems:
@@ -139,6 +147,13 @@ class FleetConfig(StrictModel):
                     f"unknown gpu_type {group.gpu_type!r}; known: {', '.join(known)} "
                     "(add it under fleet.gpu_types)",
                 )
+
+    def _copy_problems(self) -> Iterator[Problem]:
+        for name, base in self.model_copies.items():
+            if base in self.model_copies:
+                yield ("model_copies", name), f"its base {base!r} is itself a copy; name a base"
+            elif base == name:
+                yield ("model_copies", name), "a model cannot be a copy of itself"
 
     def _id_problems(self) -> Iterator[Problem]:
         prefixes: set[str] = set()
@@ -202,17 +217,27 @@ class FleetConfig(StrictModel):
 
     def profiles_for(self, models: Iterable[str]) -> dict[tuple[str, str], Profile]:
         """The profile of every (model, GPU type of the groups) pair that has one, models in
-        the order given, then GPU types in file order."""
-        inline = {(p.model, p.gpu_type): p.to_profile() for p in self.profiles}
-        files = _files_profiles(self.profile_files)
-        packaged = _packaged() if self.packaged_profiles else {}
+        the order given, then GPU types in file order; a copy (`model_copies`) without one of
+        its own takes its base's, under its own name."""
+        sources = (
+            {(p.model, p.gpu_type): p.to_profile() for p in self.profiles},
+            _files_profiles(self.profile_files),
+            _packaged() if self.packaged_profiles else {},
+        )
+
+        def found(key: tuple[str, str]) -> Profile | None:
+            return next((s[key] for s in sources if key in s), None)
+
         out: dict[tuple[str, str], Profile] = {}
         for model in models:
+            base = self.model_copies.get(model)
             for gpu in self.group_gpu_types:
-                key = (model, gpu)
-                profile = inline.get(key) or files.get(key) or packaged.get(key)
+                profile = found((model, gpu))
+                if profile is None and base is not None:
+                    of_base = found((base, gpu))
+                    profile = None if of_base is None else dataclasses.replace(of_base, model=model)
                 if profile is not None:
-                    out[key] = profile
+                    out[(model, gpu)] = profile
         return out
 
     def fleet(self, models: Iterable[str]) -> Fleet:
