@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from qlm.agents.arrival_rates import ArrivalRates
 from qlm.config import QlmConfig, SloClassConfig
 from qlm.sim.simulate import simulate
@@ -95,6 +97,25 @@ def test_rates_are_taken_over_the_time_watched_while_shorter_than_the_window() -
     assert rates.at_risk("m", 5.0, 20.0) == 20.0  # every budget is shorter than the absence
     assert rates.expected("m", 60.0, 10.0) == 5 / 60 * 10.0  # the window is full by then
     assert rates.expected("other", 5.0, 10.0) == 0.0
+
+
+def test_a_forecast_longer_than_the_window_looks_back_to_ten_arrivals() -> None:
+    """One arrival every 2 s for 200 s, then a 60 s lull: the window reads no arrival, but
+    over a 120 s absence the rate is taken back to the tenth newest arrival (80 s ago: 10 in
+    80 s); over 30 s the window alone is read. A window holding ten or more is read alone,
+    and a model with fewer than ten in all the memory gets the memory's rate."""
+    rates = ArrivalRates(window_s=60.0, memory_s=300.0)
+    for k in range(100):
+        rates.arrived("m", 2.0 * k, budget_s=10.0)
+    for at_s in (100.0, 150.0, 250.0):
+        rates.arrived("sparse", at_s, budget_s=10.0)
+    assert rates.at_risk("m", 260.0, 30.0) == 0.0
+    assert rates.at_risk("m", 260.0, 120.0) == pytest.approx(10 / 80 * 120)
+    assert rates.at_risk("m", 260.0, 5.0) == 0.0  # the budgets (10 s) are not shorter
+    for k in range(12):
+        rates.arrived("m", 300.0 + k, budget_s=10.0)
+    assert rates.expected("m", 320.0, 120.0) == pytest.approx(12 / 60 * 120)  # the window's
+    assert rates.expected("sparse", 320.0, 120.0) == pytest.approx(3 / 300 * 120)
 
 
 def test_a_model_with_no_instance_wins_one_when_its_traffic_outweighs_the_loaded_ones() -> None:
