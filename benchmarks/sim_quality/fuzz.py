@@ -30,10 +30,10 @@ from benchmarks.report import (
     write_results,
 )
 from benchmarks.sim_quality.checks import BASELINES, ordered
-from benchmarks.sim_quality.runs import Task, run_tasks
+from benchmarks.sim_quality.runs import SIMS, Task, run_tasks
 from qlm.sim.fuzz import RANDOM_PREFIX, FuzzDraw, draw_scenario
 from qlm.sim.fuzz.many_models import MANY_PREFIX, draw_many_models
-from qlm.sim.scenario import Scenario, random_scenario
+from qlm.sim.scenario import Scenario, load_scenario, random_scenario
 from qlm.sim.spread import Runner
 
 RESULTS_PATH = RESULTS_DIR / "sim_quality_random.json"
@@ -70,6 +70,7 @@ class Family:
     baselines: tuple[str, ...]
     heading: str
     intro: str
+    shipped: tuple[tuple[str, tuple[int, ...]], ...] = ()  # sims/<name>.yaml at these seeds
 
 
 def describe(seed: int) -> dict[str, Any]:
@@ -113,6 +114,23 @@ def describe_many(seed: int) -> dict[str, Any]:
     }
 
 
+def describe_shipped(name: str, seed: int) -> dict[str, Any]:
+    """A shipped scenario file of the family at a seed, as the results file records it."""
+    scenario = load_scenario(SIMS / f"{name}.yaml")
+    fleet = scenario.fleet()
+    return {
+        "seed": seed,
+        "description": f"sims/{name}.yaml ({len(scenario.models)} models on "
+        f"{len(fleet.instances)} instances, standby tier {scenario.engine.standby_models})",
+        "streams": f"{len(scenario.workload)} per-model streams",
+        "requests": len(scenario.requests(seed)),
+        "instances": len(fleet.instances),
+        "gpus": sum(i.gpu_count for i in fleet.instances),
+        "policies": {},
+        "timeouts": {},
+    }
+
+
 FAMILIES: dict[str, Family] = {
     "random": Family(
         RANDOM_PREFIX,
@@ -139,7 +157,10 @@ FAMILIES: dict[str, Family] = {
         "be loaded; Zipf popularity, per-model streams, standby tiers of 0-2; load 0.3-0.8 of "
         "what the best fractional placement serves, which pays no load time). qlm's margin: its "
         "overall attainment minus the best of fcfs, edf, shepherd, llmd and the swapping "
-        "baselines serverless and logos, in points. `qlm simulate many:SEED` reruns one.",
+        "baselines serverless and logos, in points. `qlm simulate many:SEED` reruns one. "
+        "The shipped sims/many-quick.yaml comes first, at seeds 0, 1 and 7 "
+        "(`qlm simulate sims/many-quick.yaml --seed SEED`).",
+        (("many-quick", (0, 1, 7)),),
     ),
 }
 
@@ -147,8 +168,20 @@ FAMILIES: dict[str, Family] = {
 def run(spec: RandomRun) -> dict[str, Any]:
     """Run every policy on every seed's scenario; the results document."""
     family = FAMILIES[spec.family]
-    scenarios = {f"{family.prefix}{seed}": family.describe(seed) for seed in spec.seeds}
-    tasks = [Task((name, p), name, p) for name in scenarios for p in spec.policies]
+    scenarios = {
+        f"{name}@{seed}": describe_shipped(name, seed)
+        for name, seeds in family.shipped
+        for seed in seeds
+    }
+    tasks = [
+        Task((f"{name}@{seed}", p), str(SIMS / f"{name}.yaml"), p, seed=seed)
+        for name, seeds in family.shipped
+        for seed in seeds
+        for p in spec.policies
+    ]
+    drawn = {f"{family.prefix}{seed}": family.describe(seed) for seed in spec.seeds}
+    scenarios |= drawn
+    tasks += [Task((name, p), name, p) for name in drawn for p in spec.policies]
     stamp = {"code": code_version(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
     for task, summary, waited_s in run_tasks(tasks, None, spec.jobs, spec.limit_s, spec.runner):
         name, policy = task.key

@@ -84,6 +84,10 @@ class Task:
     path: str
     policy: str
     rate_scale: float | None = None
+    seed: int | None = None  # this task's seed, over the one run_tasks is given
+
+    def seed_or(self, seed: int | None) -> int | None:
+        return seed if self.seed is None else self.seed
 
 
 @dataclass
@@ -99,7 +103,7 @@ def _worker(conn: Connection, task: Task, seed: int | None, ended: Any) -> None:
     def progress(done: int, total: int) -> None:
         ended.value = done
 
-    conn.send(run_one(task.path, task.policy, seed, task.rate_scale, progress))
+    conn.send(run_one(task.path, task.policy, task.seed_or(seed), task.rate_scale, progress))
     conn.close()
 
 
@@ -117,7 +121,7 @@ def run_tasks(
     if runner is not None and not isinstance(runner, LocalRunner):
         if limit_s is not None:
             raise ValueError("--max-run-s is not supported with --ray")
-        runs = [policy_run(t.path, t.policy, seed, t.rate_scale) for t in tasks]
+        runs = [policy_run(t.path, t.policy, t.seed_or(seed), t.rate_scale) for t in tasks]
         for task, result in zip(tasks, runner.map(run_policy, runs), strict=True):
             yield task, summarize(result), result.sim_wall_s
         return

@@ -91,3 +91,16 @@ def test_the_planner_cost_line_names_the_worst_scenario_per_request() -> None:
         "(many:2); its longest run took 9.0 s (many:2)."
     )
     assert qlm_cost_lines({"many:1": {"policies": {"qlm": {"requests": 5}}}}) == []
+
+
+def test_the_many_model_family_runs_its_shipped_scenario_at_each_seed() -> None:
+    from benchmarks.sim_quality.fuzz import RandomRun, run
+
+    spec = RandomRun(range(0), ["fcfs"], jobs=1, limit_s=None, command="x", family="many")
+    doc = run(spec)
+    assert list(doc["scenarios"]) == ["many-quick@0", "many-quick@1", "many-quick@7"]
+    runs = [doc["scenarios"][f"many-quick@{seed}"] for seed in (0, 1, 7)]
+    assert [r["seed"] for r in runs] == [0, 1, 7]
+    counts = [r["policies"]["fcfs"]["requests"] for r in runs]
+    assert counts == [r["requests"] for r in runs]  # each run drew its own seed's requests
+    assert len(set(counts)) == 3
