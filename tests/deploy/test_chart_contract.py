@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from qlm.config import load_yaml_model
@@ -228,3 +230,30 @@ def test_chart_knows_the_codes_builtin_gpu_types(helm: Helm) -> None:
     error = helm.template_error([CI_VALUES["one-pool"]], {"pools[0].gpuType": "TPU"})
     listed = error.split('gpuType "TPU" is unknown; known: ')[1].split(" (add")[0]
     assert listed.split(", ") == sorted(DEFAULT_GPU_TYPES)
+
+
+def test_a_fine_tune_is_planned_with_its_base_models_profiles(helm: Helm, tmp_path: Path) -> None:
+    """fleet.modelCopies reaches the fleet file's model_copies: the planner prices the
+    fine-tune like its base on the pool's GPUs, and the pool's agents may load it."""
+    extra = tmp_path / "fine-tune.yaml"
+    extra.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {"name": "mistral-7b", "maxContextTokens": 8192, "path": "mistral-7b"},
+                    {"name": "support-bot", "maxContextTokens": 8192, "path": "support-bot"},
+                ],
+                "fleet": {"modelCopies": {"support-bot": "mistral-7b"}},
+            }
+        )
+    )
+    values = [CI_VALUES["one-pool"], extra]
+    manifests = helm.template(values, {"pools[0].models": "{mistral-7b,support-bot}"})
+    files = write_fleet_files(manifests, tmp_path)
+    config = load_yaml_model(files["fleet.yaml"], ServeConfig)
+    fleet = config.fleet()
+    base = fleet.profiles[("mistral-7b", "A10")]
+    assert fleet.profiles[("support-bot", "A10")] == replace(base, model="support-bot")
+    assert all(fleet.can_serve(i, "support-bot") for i in fleet.instances)
+    refused = helm.template_error(values, {"fleet.modelCopies.support-bot": "3"})
+    assert "modelCopies" in refused  # the schema takes a base model's name

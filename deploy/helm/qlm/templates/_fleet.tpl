@@ -27,6 +27,7 @@ the controller plans only onto instances that report.
     "gpu_types" $gpuTypes
     "packaged_profiles" $v.fleet.packagedProfiles
     "profiles" $v.fleet.profiles
+    "model_copies" (default (dict) $v.fleet.modelCopies)
     "instances" (include "qlm.instances" $root | fromYamlArray)
 -}}
 {{- $file := dict
