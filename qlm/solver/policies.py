@@ -20,7 +20,7 @@ from qlm.registry import Registry
 from qlm.solver.coarsen import Coarsened, coarsen
 from qlm.solver.costs import CostTable, build_cost_table, evaluate
 from qlm.solver.heuristics import edf_queues, fcfs_queues
-from qlm.solver.local_search import improve
+from qlm.solver.local_search import Queues, improve
 from qlm.solver.milp.backends import MILP_BACKENDS, SolveStatus
 from qlm.solver.milp.formulation import formulate
 from qlm.solver.plan_types import Plan, PlanInput, PlanStatus
@@ -138,12 +138,7 @@ class MilpPlanner(_HeuristicPlanner):
             )
         edf = edf_queues(full)
         edf_objective = evaluate(full, edf).objective
-        # The solver's start, and the plan where it does no better. On a wall limit the search
-        # takes at most LOCAL_SHARE of it, the solver what is left; on a work budget it runs
-        # to its end, so the plan does not depend on the machine's speed.
-        wall = None if self._on_work_budget else self.clock
-        until_s = started + LOCAL_SHARE * self.config.time_limit_s
-        start = improve(full, edf, clock=wall, until_s=until_s)
+        start = self._start(full, edf, started)
         start_objective = evaluate(full, start).objective
         budget = self._search_budget(inp)
         extra = {
@@ -191,6 +186,15 @@ class MilpPlanner(_HeuristicPlanner):
         return _plan_of(
             full, queues, status, self.name, elapsed, unplaced, detail=outcome.detail, **extra
         )
+
+    def _start(self, full: CostTable, edf: Sequence[Sequence[int]], started: float) -> Queues:
+        """The solver's start, and the plan where it does no better: EDF improved by local
+        search. On a wall limit the search takes at most LOCAL_SHARE of it, the solver what
+        is left; on a work budget it runs to its end, so the plan does not depend on the
+        machine's speed."""
+        wall = None if self._on_work_budget else self.clock
+        until_s = started + LOCAL_SHARE * self.config.time_limit_s
+        return improve(full, edf, clock=wall, until_s=until_s)
 
     def _search_budget(self, inp: PlanInput) -> float:
         """The solver's budget: the configured limit (wall, or CP-SAT work), cut to
