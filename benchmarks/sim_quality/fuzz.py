@@ -168,15 +168,11 @@ FAMILIES: dict[str, Family] = {
 def run(spec: RandomRun) -> dict[str, Any]:
     """Run every policy on every seed's scenario; the results document."""
     family = FAMILIES[spec.family]
-    scenarios = {
-        f"{name}@{seed}": describe_shipped(name, seed)
-        for name, seeds in family.shipped
-        for seed in seeds
-    }
+    shipped = [(f"{name}@{seed}", name, seed) for name, seeds in family.shipped for seed in seeds]
+    scenarios = {key: describe_shipped(name, seed) for key, name, seed in shipped}
     tasks = [
-        Task((f"{name}@{seed}", p), str(SIMS / f"{name}.yaml"), p, seed=seed)
-        for name, seeds in family.shipped
-        for seed in seeds
+        Task((key, p), str(SIMS / f"{name}.yaml"), p, seed=seed)
+        for key, name, seed in shipped
         for p in spec.policies
     ]
     drawn = {f"{family.prefix}{seed}": family.describe(seed) for seed in spec.seeds}

@@ -39,6 +39,7 @@ item): the wait forecast prices the work among them that will pass a queued requ
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 
@@ -108,23 +109,31 @@ class ArrivalRates:
     def _rate_per_s(
         self, model: str, now_s: float, horizon_s: float, budget_below_s: float | None = None
     ) -> float:
-        """The rate of those arrivals over the window; for a horizon past the window, over
-        the whole memory where that is higher (module docstring)."""
+        """The rate of those arrivals (budget below `budget_below_s`, if given) over the
+        window; for a horizon past a window holding fewer than `MIN_COUNT`, back to the
+        `MIN_COUNT`-th newest, or over the whole memory when it holds fewer (module
+        docstring)."""
         count = self._count(model, now_s, budget_below_s)
         if horizon_s <= self.window_s or count >= MIN_COUNT:
             return count / self._span_s(now_s)
-        ages = self._ages_s(model, now_s, budget_below_s)
+        ages = self._youngest_ages_s(model, now_s, budget_below_s)
         if len(ages) < MIN_COUNT:  # fewer in all the memory: the memory's rate
             return len(ages) / self._span_s(now_s, self.memory_s)
-        back_s = max(self.window_s, ages[MIN_COUNT - 1])  # back to the MIN_COUNT-th newest
+        back_s = max(self.window_s, ages[-1])  # back to the MIN_COUNT-th newest
         return MIN_COUNT / self._span_s(now_s, back_s)
 
-    def _ages_s(self, model: str, now_s: float, budget_below_s: float | None) -> list[float]:
-        """The ages of the model's remembered arrivals (budget below `budget_below_s`, if
-        given), youngest first."""
+    def _youngest_ages_s(
+        self, model: str, now_s: float, budget_below_s: float | None
+    ) -> list[float]:
+        """The ages of the model's `MIN_COUNT` youngest remembered arrivals (budget below
+        `budget_below_s`, if given), youngest first."""
         seen = self._seen.get(model, ())
-        ages = [now_s - at_s for at_s, b, _ in seen if budget_below_s is None or b < budget_below_s]
-        return sorted(a for a in ages if a <= self.memory_s)
+        ages = (
+            now_s - at_s
+            for at_s, b, _ in seen
+            if (budget_below_s is None or b < budget_below_s) and now_s - at_s <= self.memory_s
+        )
+        return heapq.nsmallest(MIN_COUNT, ages)
 
     def _count(
         self,
