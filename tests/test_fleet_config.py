@@ -99,8 +99,8 @@ def test_instance_ids_gpu_counts_and_memory() -> None:
         ),
         (
             {"instances": [{"gpu_type": "A10", "model": "ft"}], "model_copies": {"ft": "x"}},
-            ("instances", 0, "model"),
-            "ft cannot run on 1 x A10",  # a copy of a model with no profile has none either
+            ("model_copies", "ft"),
+            "its base 'x' has no profile on A10",  # a misspelt base, named at the copy
         ),
         (
             {"instances": [{"gpu_type": "A10", "count": 100_001}]},

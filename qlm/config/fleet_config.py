@@ -154,6 +154,11 @@ class FleetConfig(StrictModel):
                 yield ("model_copies", name), f"its base {base!r} is itself a copy; name a base"
             elif base == name:
                 yield ("model_copies", name), "a model cannot be a copy of itself"
+            elif not self.profiles_for([base]):
+                yield (
+                    ("model_copies", name),
+                    f"its base {base!r} has no profile on {', '.join(self.group_gpu_types)}",
+                )
 
     def _id_problems(self) -> Iterator[Problem]:
         prefixes: set[str] = set()
