@@ -7,6 +7,8 @@ results/control_plane.json and the control-plane block of docs/benchmarks.md.
     .venv/bin/python -m benchmarks.control_plane --skip-vllm   # admission only
     .venv/bin/python -m benchmarks.control_plane --skip-admission --variants bare \
         --engine-backlogs auto 16 48 --no-docs                 # agent.engine_backlog sweep
+    .venv/bin/python -m benchmarks.control_plane --skip-admission --variants bare \
+        --token-flushes 0 0.02 --no-docs                       # agent.token_flush_s sweep
 
 Admission. Every server part runs as its own `qlm` process, as it would in production, against
 a throwaway redis-server (tests/redis_server.py); the setups are
@@ -33,7 +35,9 @@ makespan, the first token and QLM's first submit into vLLM split a burst's gap i
 before the engine starts and the rest; vllm_steps (the engine steps vLLM ran, from its
 /metrics) shows whether the rest ran in fuller or emptier batches. `--engine-backlogs` adds
 one in-memory plane per `agent.engine_backlog` value, paired with each other and with one
-vLLM server driven directly (diagnosis only: these rows get no verdict).
+vLLM server driven directly (diagnosis only: these rows get no verdict); `--token-flushes`
+does the same per `agent.token_flush_s` value (how long streamed tokens wait in the agent to
+leave together).
 
 Each QLM run's qlm CPU per request is also split by hop (hops.py: py-spy samples of the
 qlm process, given to queue, token streaming, admission, control loop, agent, engine client

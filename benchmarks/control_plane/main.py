@@ -48,6 +48,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="also run a memory-queue plane per agent.engine_backlog value (auto or a count), "
         "paired with each other",
     )
+    parser.add_argument(
+        "--token-flushes",
+        nargs="+",
+        type=float,
+        default=(),
+        help="also run a memory-queue plane per agent.token_flush_s value (seconds), paired "
+        "with each other",
+    )
     parser.add_argument("--poisson-rate", type=float, help="req/s (default: half the burst rate)")
     parser.add_argument(
         "--vllm-cores",
@@ -169,6 +177,7 @@ def _overhead(args: argparse.Namespace, quick: bool, work_dir: Path) -> dict[str
         poisson_rate_per_s=args.poisson_rate,
         vllm_cores=args.vllm_cores,
         engine_backlogs=tuple(args.engine_backlogs),
+        token_flushes_s=tuple(args.token_flushes),
     )
     return run_overhead(opts)
 

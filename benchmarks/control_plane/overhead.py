@@ -149,11 +149,14 @@ class OverheadOptions:
     poisson_rate_per_s: float | None = None  # None: half the bare burst rate
     vllm_cores: tuple[int, ...] | None = None  # None: the last core (split_cores)
     engine_backlogs: tuple[str, ...] = ()  # agent.engine_backlog values to sweep (memory queue)
+    token_flushes_s: tuple[float, ...] = ()  # agent.token_flush_s values to sweep (memory queue)
 
 
 ALONE = "vLLM alone"
 CAPPED = "vLLM, client in flight <="  # a client that refills the engine's slots at once
-BACKLOG = "QLM memory, engine_backlog"  # the --engine-backlogs sweep's variants
+SWEEP = "QLM memory,"  # the agent-setting sweeps' variants: "QLM memory, SETTING VALUE"
+BACKLOG = f"{SWEEP} engine_backlog"  # the --engine-backlogs sweep's
+FLUSH = f"{SWEEP} token_flush_s"  # the --token-flushes sweep's
 
 
 def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
@@ -180,9 +183,14 @@ def run_overhead(opts: OverheadOptions) -> dict[str, Any]:
         if queue in opts.variants:
             got, rate = _plane_session(engine, queue, burst, rate, opts)
             runs += got
-    if opts.engine_backlogs:
-        got, rate = _backlog_session(engine, burst, rate, opts)
-        runs += got
+    sweeps = (
+        (BACKLOG, "engine_backlog", [_backlog_value(b) for b in opts.engine_backlogs]),
+        (FLUSH, "token_flush_s", list(opts.token_flushes_s)),
+    )
+    for label, key, values in sweeps:
+        if values:
+            got, rate = _sweep_session(engine, burst, rate, opts, (label, key, values))
+            runs += got
     return {
         "cores": {"vllm": vllm_cores, "qlm_and_clients": own_cores},
         "engine": engine.model_dump(mode="json"),
@@ -241,24 +249,31 @@ def _plane_session(
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
 
 
-def _backlog_session(
-    engine: Any, burst: Workload, rate: float | None, opts: OverheadOptions
+def _backlog_value(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
+def _sweep_session(
+    engine: Any,
+    burst: Workload,
+    rate: float | None,
+    opts: OverheadOptions,
+    sweep: tuple[str, str, Sequence[int | float | str]],
 ) -> tuple[list[dict[str, Any]], float]:
-    """One memory-queue plane per `agent.engine_backlog` value, each with its own vLLM server
-    on the same cores (idle while another runs), taking turns with the first plane's vLLM
-    server driven directly (their common baseline): how much parking work inside the engine
-    buys, paired under the same machine load."""
-    print(f"  QLM serve per engine_backlog {', '.join(opts.engine_backlogs)} ...", file=sys.stderr)
+    """One memory-queue plane per value of one agent setting (`sweep`: the variants' label,
+    the AgentConfig field, its values), each with its own vLLM server on the same cores (idle
+    while another runs), taking turns with the first plane's vLLM server driven directly
+    (their common baseline): what the setting buys, paired under the same machine load."""
+    label, key, values = sweep
+    print(f"  QLM serve per {key} {', '.join(map(str, values))} ...", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         targets: list[Target] = []
-        for backlog in opts.engine_backlogs:
-            setting: int | str = backlog if backlog == "auto" else int(backlog)
-            agent = {"engine_backlog": setting}
-            plane = _start_plane(stack, engine, f"backlog-{backlog}", opts, agent=agent)
+        for value in values:
+            plane = _start_plane(stack, engine, f"{key}-{value}", opts, agent={key: value})
             pids = (plane.qlm_pids, plane.vllm_pids)
             if not targets:
-                targets.append(Target(f"vLLM beside {BACKLOG}s", plane.vllm_url, *pids))
-            variant = f"{BACKLOG} {backlog}"
+                targets.append(Target(f"vLLM beside {label}s", plane.vllm_url, *pids))
+            variant = f"{label} {value}"
             targets.append(Target(variant, plane.url, *pids, vllm_url=plane.vllm_url))
         return asyncio.run(drive(targets, burst, rate, opts.repeats))
     raise AssertionError("unreachable")  # pragma: no cover - the with block returns
@@ -289,8 +304,9 @@ def summarise_overhead(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
 
 
 def baseline_of(variant: str) -> str:
-    if variant.startswith(BACKLOG):
-        return f"vLLM beside {BACKLOG}s"
+    for label in (BACKLOG, FLUSH):
+        if variant.startswith(label):
+            return f"vLLM beside {label}s"
     if variant.startswith("QLM "):
         return f"vLLM beside {variant}"
     if variant.startswith(CAPPED):

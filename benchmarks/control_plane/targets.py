@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmarks.common.tables import target_row
-from benchmarks.control_plane.overhead import BACKLOG
+from benchmarks.control_plane.overhead import SWEEP
 
 ADMISSION_RATE = 2000.0  # target: requests/s sustained ...
 ADMISSION_P99_MS = 10.0  # ... with p99 enqueue latency at most this
@@ -102,7 +102,7 @@ def best_sustained(
 def overhead_targets(summary: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     out = []
     for row in summary:
-        if not row["variant"].startswith("QLM ") or row["variant"].startswith(BACKLOG):
+        if not row["variant"].startswith("QLM ") or row["variant"].startswith(SWEEP):
             continue
         subject = f"{row['variant']}, {row['workload']}"
         ratio, added = row["throughput_ratio"], row["added_ttft_p50_ms"]

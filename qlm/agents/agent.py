@@ -130,7 +130,7 @@ class Agent:
         if wake_on_plan:
             waits.append(self.queue.wait_for_plan(self._epoch, timeout_s))
         if isinstance(self.engine, EventWaiter):
-            waits.append(self.engine.wait_events(timeout_s))
+            waits.append(self.engine.wait_events(timeout_s, self.settings.token_flush_s))
         await first_done(waits, timeout_s)
 
     async def step(self) -> tuple[Action, ...] | None:

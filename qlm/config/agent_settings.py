@@ -19,6 +19,14 @@ class AgentConfig(StrictModel):
         description="Longest sleep between agent rounds; engine events and new plans wake "
         "the agent before that.",
     )
+    token_flush_s: float = Field(
+        default=0.02,
+        ge=0,
+        description="Longest a streamed token chunk waits in the agent so that a request's "
+        "tokens of several engine steps go out in one queue write (one Redis round trip, one "
+        "SSE event); a first token, a request's end or any other engine event sends what is "
+        "held at once. 0: every engine step's tokens are written as they come.",
+    )
     lease_s: float = Field(
         default=30.0, gt=0, description="A pulled request returns to the queue if not renewed."
     )

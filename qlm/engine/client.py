@@ -16,49 +16,80 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Protocol, Self, runtime_checkable
 
-from qlm.engine.engine_types import EngineEvent, EngineObservation
+from qlm.engine.engine_types import EngineEvent, EngineObservation, TokenChunk
 from qlm.types import Request
 
 
 class EventBuffer:
     """Where a live engine's background tasks leave events for the agent. `wait` lets the
     agent sleep until there is something to handle instead of polling on a timer, so a
-    token reaches the client one hop after the engine made it. Event-loop thread only."""
+    token reaches the client one hop after the engine made it. Event-loop thread only.
+
+    Token chunks may wait to be written together (`wait(..., tokens_after_s=...)`): while
+    only TokenChunks are pending, the agent is woken once the oldest of them is that old,
+    so a request's tokens leave in one queue write per interval instead of one per engine
+    step (each write is a Redis round trip, a poke, a read and an SSE event on the API).
+    Every other event (a first token, a finish, an abort, a load) wakes the agent at once
+    and takes the pending chunks with it: TTFT and end-to-end latency are not delayed."""
 
     def __init__(self) -> None:
         self._events: list[EngineEvent] = []
-        self._ready = asyncio.Event()
+        self._ready = asyncio.Event()  # anything pending
+        self._urgent = asyncio.Event()  # something other than a token chunk pending
+        self._chunks_since_s: float | None = None  # when the oldest pending chunk came (monotonic)
 
     def __len__(self) -> int:
         return len(self._events)
 
     def append(self, event: EngineEvent) -> None:
         self._events.append(event)
+        if not isinstance(event, TokenChunk):
+            self._urgent.set()
+        elif self._chunks_since_s is None:
+            self._chunks_since_s = time.monotonic()
         self._ready.set()
 
     def drain(self) -> list[EngineEvent]:
         events, self._events = self._events, []
         self._ready.clear()
+        self._urgent.clear()
+        self._chunks_since_s = None
         return events
 
-    async def wait(self, timeout_s: float) -> bool:
-        """True once events are pending; False after `timeout_s` without any."""
-        if self._events:
-            return True
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._ready.wait()
-        return bool(self._events)
+    async def wait(self, timeout_s: float, tokens_after_s: float = 0.0) -> bool:
+        """True once events are due: any event but a token chunk, or token chunks the
+        oldest of which came `tokens_after_s` ago; False after `timeout_s` with nothing
+        pending (chunks still held back at the timeout count as due)."""
+        end_s = time.monotonic() + timeout_s  # asyncio's loop clock, also outside a loop
+        while True:
+            now_s = time.monotonic()
+            if not self._events:
+                signal, until_s = self._ready, end_s
+            elif self._urgent.is_set() or self._chunks_since_s is None:
+                return True
+            else:
+                due_s = self._chunks_since_s + tokens_after_s
+                if due_s <= now_s or end_s <= now_s:
+                    return True
+                signal, until_s = self._urgent, min(due_s, end_s)
+            if until_s <= now_s:
+                return bool(self._events)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(until_s - now_s):
+                    await signal.wait()
 
 
 @runtime_checkable
 class EventWaiter(Protocol):
     """A live engine the agent can sleep on instead of polling (see EventBuffer)."""
 
-    async def wait_events(self, timeout_s: float) -> bool: ...
+    async def wait_events(self, timeout_s: float, tokens_after_s: float = 0.0) -> bool:
+        """EventBuffer.wait: True once events are due, False after `timeout_s`."""
+        ...
 
 
 @runtime_checkable

@@ -215,8 +215,9 @@ class NativeEngine(LiveEngine):
     def poll(self) -> list[EngineEvent]:
         return self._events.drain()
 
-    async def wait_events(self, timeout_s: float) -> bool:
-        return await self._events.wait(timeout_s)
+    async def wait_events(self, timeout_s: float, tokens_after_s: float = 0.0) -> bool:
+        """Sleep until events are due (True) or `timeout_s` passed (False): EventBuffer.wait."""
+        return await self._events.wait(timeout_s, tokens_after_s)
 
     # ------------------------------------------------------------------ requests
 
