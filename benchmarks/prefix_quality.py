@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.prefix_quality                  # seeds 0, 1, 7
     .venv/bin/python -m benchmarks.prefix_quality --seeds 1        # one seed
 
-Runs each policy on sims/prefix-quick.yaml and sims/mooncake-quick.yaml at each seed and
+Runs each policy on sims/prefix-quick.yaml, sims/mooncake-quick.yaml and
+sims/hot-prefix-quick.yaml at each seed and
 reports SLO attainment, prefix reuse (prompt tokens found in the engines' prefix caches) beside
 one infinite cache's (the oracle), and request latency (arrival to last token, over completed
 requests) beside a round-robin router's, as Preble reports it. Verdicts: qlm's overall
@@ -38,7 +39,7 @@ from qlm.sim.simulate import SimulatedEngines, simulate
 from qlm.sim.workload.prefixes import oracle_reuse
 
 RESULTS_PATH = RESULTS_DIR / "prefix_quality.json"
-SCENARIOS = ("prefix-quick", "mooncake-quick")
+SCENARIOS = ("prefix-quick", "mooncake-quick", "hot-prefix-quick")
 POLICIES = ("round-robin", "fcfs", "edf", "shepherd", "llmd", "llmd-prefix", "preble", "qlm")
 REUSE_CHECKED = ("prefix-quick",)
 REUSE_TARGET = 0.9
@@ -120,7 +121,8 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         "## Prefix-aware scheduling: policies on the shared-prefix scenarios",
         "",
-        "Every policy on sims/prefix-quick.yaml and sims/mooncake-quick.yaml (sims/README.md) at "
+        "Every policy on sims/prefix-quick.yaml, sims/mooncake-quick.yaml and "
+        "sims/hot-prefix-quick.yaml (sims/README.md) at "
         "each seed. `reuse`: prompt tokens found in the engines' prefix caches over prompt tokens "
         "admitted; `oracle`: one infinite cache over the same requests. Latency: arrival to last "
         "token over completed requests (seconds). The verdict compares qlm with every other "

@@ -247,7 +247,7 @@ def dispatch_groups(
             held += gate.saw(item)
             late.append(item)
     if affinity is not None:  # the late ones too: the schedule prices no cached prefill
-        on_time = by_affinity(on_time, affinity)
+        on_time = by_affinity(on_time, affinity, plan.due_and_cost, now_s)
         late = by_affinity(late, affinity)
     on_time, late = gate.cut(on_time), gate.cut(late)
     groups = []
@@ -261,7 +261,10 @@ def dispatch_groups(
 
 
 def by_affinity(
-    items: Sequence[QueuedItem], affinity: Callable[[QueuedItem], int]
+    items: Sequence[QueuedItem],
+    affinity: Callable[[QueuedItem], int],
+    due_and_cost: Mapping[str, tuple[float, float]] | None = None,
+    now_s: float = -math.inf,
 ) -> list[QueuedItem]:
     """Prefix locality within the schedule (after Preble's exploit rule), for one instance:
     `affinity` is +1 for a request whose prompt this instance holds more of than it would
@@ -269,19 +272,63 @@ def by_affinity(
     0 otherwise. The schedule decides which requests are kept (these on-time ones); locality
     decides who serves which first: this instance's own, then the rest, then another's, each
     in schedule order, so an instance serves what it holds first and leaves another's to it
-    unless it has nothing else on time (work-conserving: a hot prefix spills over). A
-    request another instance holds and is still worth waiting for (`HOLD`,
-    qlm/prefixes/affinity.py) is left out. The schedule's order between requests is
-    kept only within each of the three tiers."""
+    (work-conserving: a hot prefix spills over). A request another instance holds and is
+    still worth waiting for (`HOLD`, qlm/prefixes/affinity.py) is left out.
+
+    Locality never makes the most urgent request late: with the schedule's `due_and_cost`
+    (when each kept request must be done on the pool, and its cost there), the next request
+    in locality order goes first only if the earliest-due request left could still be done
+    by its due time after it, counted on the pool from `now_s`; otherwise that one goes
+    first. Without this, a steady stream of requests an instance holds starves one it does
+    not (a hot prefix's requests whose own text outweighs the shared part: nobody "owns"
+    them, so every instance serves them last, and they wait until the stream stops). The
+    check looks one request ahead for the earliest-due one only (O(n)); a later-due request
+    is protected once it is the earliest left, not before."""
     own: list[QueuedItem] = []
     rest: list[QueuedItem] = []
     theirs: list[QueuedItem] = []
+    in_schedule: list[QueuedItem] = []
     for item in items:
         side = affinity(item)
         if side == HOLD:
             continue
+        in_schedule.append(item)
         (own if side > 0 else theirs if side < 0 else rest).append(item)
-    return own + rest + theirs
+    local = own + rest + theirs
+    if not due_and_cost:
+        return local
+    return _urgent_first(local, in_schedule, due_and_cost, now_s)
+
+
+def _urgent_first(
+    local: Sequence[QueuedItem],
+    in_schedule: Sequence[QueuedItem],
+    due_and_cost: Mapping[str, tuple[float, float]],
+    now_s: float,
+) -> list[QueuedItem]:
+    """`local` (locality order), except that whenever its next request would leave the
+    earliest-due request not yet placed (`in_schedule` is in due order) unable to be done by
+    its due time, that request is placed first. Requests the schedule did not check (no
+    due time) never force a place."""
+    placed: set[str] = set()
+    out: list[QueuedItem] = []
+    at_s = now_s
+    head = 0  # the earliest-due request not yet placed, in `in_schedule`
+    for item in local:
+        while item.request_id not in placed:
+            while head < len(in_schedule) and in_schedule[head].request_id in placed:
+                head += 1
+            urgent = in_schedule[head] if head < len(in_schedule) else item
+            due = due_and_cost.get(urgent.request_id)
+            cost_s = due_and_cost.get(item.request_id, (math.inf, 0.0))[1]
+            if urgent is not item and due is not None and at_s + cost_s + due[1] > due[0]:
+                chosen = urgent  # locality would make it late: it goes first
+            else:
+                chosen = item
+            placed.add(chosen.request_id)
+            out.append(chosen)
+            at_s += due_and_cost.get(chosen.request_id, (math.inf, 0.0))[1]
+    return out
 
 
 def _as_late(item: QueuedItem) -> QueuedItem:

@@ -99,6 +99,26 @@ def test_held_back_requests_leave_the_dispatch_queue() -> None:
     assert [it.request_id for it in ordered] == ["mine", "plain", "theirs"]
 
 
+def test_a_stream_of_own_requests_does_not_make_the_most_urgent_one_late() -> None:
+    """Ten requests this instance holds, each 1 s of the pool, due late; one it does not hold
+    (ANY), due done within 3 s. Locality alone serves it eleventh (done at 11 s: late); with
+    the schedule's due times it goes third, the latest place that still keeps it (done at
+    3 s), and the instance's own go first while they can."""
+    sides = {f"own{i}": OWN for i in range(10)} | {"x": ANY}
+    due = {f"own{i}": (50.0 + i, 1.0) for i in range(10)} | {"x": (3.0, 1.0)}
+    items = [item("x")] + [item(f"own{i}") for i in range(10)]  # in due order
+
+    def side(it: QueuedItem) -> int:
+        return sides[it.request_id]
+
+    alone = [it.request_id for it in by_affinity(items, side)]
+    assert alone.index("x") == 10
+    ordered = [it.request_id for it in by_affinity(items, side, due, now_s=0.0)]
+    assert ordered == ["own0", "own1", "x", *(f"own{i}" for i in range(2, 10))]
+    relaxed = {**due, "x": (100.0, 1.0)}  # with room to spare, locality keeps its order
+    assert [it.request_id for it in by_affinity(items, side, relaxed, now_s=0.0)] == alone
+
+
 def test_reports_give_the_leading_blocks_each_instance_holds() -> None:
     prefix = (PrefixBlock(1, 500), PrefixBlock(2, 300), PrefixBlock(3, 100))
     reported = {"a": frozenset({1, 2}), "b": frozenset({2, 3}), "c": frozenset({1, 2, 3})}
