@@ -23,6 +23,8 @@ from typing import Protocol, Self, runtime_checkable
 from qlm.engine.engine_types import EngineEvent, EngineObservation, TokenChunk
 from qlm.types import Request
 
+TIMER_SLACK_S = 1e-3  # EventBuffer.wait: a deadline this close counts as reached
+
 
 class EventBuffer:
     """Where a live engine's background tasks leave events for the agent. `wait` lets the
@@ -64,9 +66,11 @@ class EventBuffer:
         """True once events are due: any event but a token chunk, or token chunks the
         oldest of which came `tokens_after_s` ago; False after `timeout_s` with nothing
         pending (chunks still held back at the timeout count as due)."""
-        end_s = time.monotonic() + timeout_s  # asyncio's loop clock, also outside a loop
+        end_s = time.monotonic() + timeout_s
         while True:
-            now_s = time.monotonic()
+            # Within TIMER_SLACK_S counts as reached: uvloop's timers run on whole
+            # milliseconds and may fire that much early; waiting again would spin.
+            now_s = time.monotonic() + TIMER_SLACK_S
             if not self._events:
                 signal, until_s = self._ready, end_s
             elif self._urgent.is_set() or self._chunks_since_s is None:
@@ -79,7 +83,7 @@ class EventBuffer:
             if until_s <= now_s:
                 return bool(self._events)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(until_s - now_s):
+                async with asyncio.timeout(until_s - now_s + TIMER_SLACK_S):
                     await signal.wait()
 
 

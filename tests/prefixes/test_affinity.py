@@ -119,6 +119,16 @@ def test_a_stream_of_own_requests_does_not_make_the_most_urgent_one_late() -> No
     assert [it.request_id for it in by_affinity(items, side, relaxed, now_s=0.0)] == alone
 
 
+def test_held_back_and_unchecked_requests_never_jump_the_locality_order() -> None:
+    """A request held back for its owner stays out even when due first; one the schedule did
+    not check (no due time) never forces a place; each request is listed once."""
+    sides = {"held": HOLD, "plain": ANY, "own0": OWN, "own1": OWN}
+    due = {"held": (0.5, 1.0), "own0": (50.0, 1.0), "own1": (51.0, 1.0)}  # plain: unchecked
+    items = [item(r) for r in ("held", "plain", "own0", "own1")]
+    ordered = by_affinity(items, lambda it: sides[it.request_id], due, now_s=0.0)
+    assert [it.request_id for it in ordered] == ["own0", "own1", "plain"]
+
+
 def test_reports_give_the_leading_blocks_each_instance_holds() -> None:
     prefix = (PrefixBlock(1, 500), PrefixBlock(2, 300), PrefixBlock(3, 100))
     reported = {"a": frozenset({1, 2}), "b": frozenset({2, 3}), "c": frozenset({1, 2, 3})}
