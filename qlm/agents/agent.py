@@ -179,10 +179,11 @@ class Agent:
         now_s = self.clock.now_s()
         model = obs.model
         profile = None if model is None else self.fleet.profile(model, self.instance)
-        affinity = self.prefixes.affinity(plan.notes.prefix_held, profile, now_s)
+        view = ReportedFleet(self.fleet, self.instance.id, obs, self.priority, self.peers.reports)
+        pool = None if model is None else self.dispatch.decision.pool(view, model, self.instance.id)
+        affinity = self.prefixes.affinity(plan.notes.prefix_held, profile, now_s, pool)
         limit = obs.max_num_seqs + self._backlog.size  # what one round may pull
         rest = (now_s, limit, affinity, self.pacing, prefilling_ids(obs))
-        view = ReportedFleet(self.fleet, self.instance.id, obs, self.priority, self.peers.reports)
         heads = self.dispatch.heads(plan, view, still_queued, *rest)
         if affinity is not None:
             affinity.prune()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from qlm.prefixes.index import leading_tokens
@@ -52,13 +52,25 @@ THEIRS = -1  # another instance holds more: served here after everything else
 HOLD = -2  # another's, and still worth waiting for: not served here now
 
 
-def owner_side(instance_id: str, held: Mapping[str, int], prompt_tokens: int) -> int:
+def owner_side(
+    instance_id: str,
+    held: Mapping[str, int],
+    prompt_tokens: int,
+    pool: Collection[str] | None = None,
+) -> int:
     """OWN, ANY or THEIRS by Preble's exploit rule, from the prompt tokens each instance of
-    the pool holds (`held`; instances missing hold none)."""
+    the pool holds (`held`; instances missing hold none). With the `pool` (the instances on
+    the model), a request every one of them holds as much of is ANY, not OWN: it costs the
+    same wherever it goes, so no instance should put it before others (a hot prefix every
+    instance holds would otherwise go first everywhere, ahead of requests nobody owns)."""
     most = max(held.values(), default=0)
     if most <= 0 or most <= prompt_tokens - most:
         return ANY
-    return OWN if held.get(instance_id, 0) >= most else THEIRS
+    if held.get(instance_id, 0) < most:
+        return THEIRS
+    if pool is not None and all(held.get(i, 0) >= most for i in pool):
+        return ANY
+    return OWN
 
 
 Q = TypeVar("Q", bound=Queued)
@@ -77,8 +89,10 @@ class PrefixAffinity(Generic[Q]):
         prefill_s: Callable[[int], float],
         deferred: MutableMapping[str, float],
         now_s: float,
+        pool: Collection[str] | None = None,
     ) -> None:
         self.instance_id = instance_id
+        self.pool = pool  # the instances on the model (owner_side); None: not known
         self._held_of = held_of
         self._prefill_s = prefill_s
         self._deferred = deferred
@@ -90,7 +104,7 @@ class PrefixAffinity(Generic[Q]):
         held = self._held_of(item)
         if not held:
             return ANY
-        side = owner_side(self.instance_id, held, item.prompt_tokens)
+        side = owner_side(self.instance_id, held, item.prompt_tokens, self.pool)
         if side != THEIRS:
             return side
         until_s = self._hold_until_s(item, held)

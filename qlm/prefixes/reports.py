@@ -28,7 +28,7 @@ a mapping, so that this package depends on neither the queue's records nor the p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from qlm.perf.profile import Profile
@@ -82,9 +82,14 @@ class AgentPrefixes:
         return () if self._index is None else self._index.keys(self.instance_id)
 
     def affinity(
-        self, held: HeldTokens, profile: Profile | None, now_s: float
+        self,
+        held: HeldTokens,
+        profile: Profile | None,
+        now_s: float,
+        pool: Collection[str] | None = None,
     ) -> PrefixAffinity[Queued] | None:
-        """Locality over the plan's `prefix_held` (None when it lists nothing)."""
+        """Locality over the plan's `prefix_held` (None when it lists nothing); `pool`: the
+        instances on the model, as the agent's reports show them (owner_side)."""
         if not held or profile is None:
             return None
         return PrefixAffinity(
@@ -93,6 +98,7 @@ class AgentPrefixes:
             profile.prefill_s,
             self._deferred,
             now_s,
+            pool,
         )
 
 

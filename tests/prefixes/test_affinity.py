@@ -129,6 +129,18 @@ def test_held_back_and_unchecked_requests_never_jump_the_locality_order() -> Non
     assert [it.request_id for it in ordered] == ["own0", "own1", "plain"]
 
 
+def test_a_prompt_every_pool_member_holds_alike_is_nobodys_own() -> None:
+    """Owning means being the cheaper place: a hot prefix every instance on the model holds
+    as much of costs the same anywhere, so it is ANY (it must not go first everywhere,
+    ahead of requests nobody owns); one instance of the pool holding less makes it OWN
+    again for the others; without the pool the rule is Preble's alone."""
+    everyone = {"a": 4000, "b": 4000, "c": 4000}
+    assert owner_side("a", everyone, 5000, pool=("a", "b", "c")) == ANY
+    assert owner_side("a", everyone, 5000) == OWN
+    assert owner_side("a", everyone, 5000, pool=("a", "b", "c", "d")) == OWN  # d holds none
+    assert owner_side("d", everyone, 5000, pool=("a", "b", "c", "d")) == THEIRS
+
+
 def test_reports_give_the_leading_blocks_each_instance_holds() -> None:
     prefix = (PrefixBlock(1, 500), PrefixBlock(2, 300), PrefixBlock(3, 100))
     reported = {"a": frozenset({1, 2}), "b": frozenset({2, 3}), "c": frozenset({1, 2, 3})}

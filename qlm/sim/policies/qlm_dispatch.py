@@ -203,7 +203,8 @@ class SimDispatch:
         if profile is None:
             return None
         deferred = self._deferred.setdefault(instance_id, {})
-        return PrefixAffinity(instance_id, held_of, profile.prefill_s, deferred, ctx.clock.now_s())
+        now_s = ctx.clock.now_s()
+        return PrefixAffinity(instance_id, held_of, profile.prefill_s, deferred, now_s, pool)
 
     def predict(self, request: Request) -> TtftPrediction | None:
         """The decision's wait forecast for a request just queued (`Dispatcher.predict`,
