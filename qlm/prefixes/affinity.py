@@ -3,9 +3,11 @@ another instance's, and how long to leave another's request to it.
 
 Preble's exploit rule decides where a request belongs: when some instance holds more of its
 prompt than the request would compute there (cached part > missed part), it belongs to the
-instance holding the most; otherwise (explore) nowhere in particular. Dispatch then serves
-an instance's own requests first, the rest next and another's last (`by_affinity`), except
-that the earliest-due request goes first whenever locality would make it late.
+instance holding the most (unless every instance on the model holds as much: then it costs
+the same anywhere and belongs nowhere in particular); otherwise (explore) nowhere in
+particular. Dispatch then serves an instance's own requests first, the rest next and
+another's last (`by_affinity`), except that the earliest-due request goes first whenever
+locality would make it late.
 
 Last is not enough when this instance has a free slot and the owner is busy or slow to
 wake: the request would land here at once and pay its whole prefill again. Whether to wait
