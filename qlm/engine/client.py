@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import time
+import math
 from collections.abc import Sequence
 from typing import Protocol, Self, runtime_checkable
 
@@ -42,7 +42,7 @@ class EventBuffer:
         self._events: list[EngineEvent] = []
         self._ready = asyncio.Event()  # anything pending
         self._urgent = asyncio.Event()  # something other than a token chunk pending
-        self._chunks_since_s: float | None = None  # when the oldest pending chunk came (monotonic)
+        self._chunks_since_s: float | None = None  # when the oldest pending chunk came (loop time)
 
     def __len__(self) -> int:
         return len(self._events)
@@ -52,7 +52,7 @@ class EventBuffer:
         if not isinstance(event, TokenChunk):
             self._urgent.set()
         elif self._chunks_since_s is None:
-            self._chunks_since_s = time.monotonic()
+            self._chunks_since_s = _loop_time_s()
         self._ready.set()
 
     def drain(self) -> list[EngineEvent]:
@@ -66,11 +66,12 @@ class EventBuffer:
         """True once events are due: any event but a token chunk, or token chunks the
         oldest of which came `tokens_after_s` ago; False after `timeout_s` with nothing
         pending (chunks still held back at the timeout count as due)."""
-        end_s = time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()
+        end_s = loop.time() + timeout_s
         while True:
             # Within TIMER_SLACK_S counts as reached: uvloop's timers run on whole
             # milliseconds and may fire that much early; waiting again would spin.
-            now_s = time.monotonic() + TIMER_SLACK_S
+            now_s = loop.time() + TIMER_SLACK_S
             if not self._events:
                 signal, until_s = self._ready, end_s
             elif self._urgent.is_set() or self._chunks_since_s is None:
@@ -85,6 +86,15 @@ class EventBuffer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(until_s - now_s + TIMER_SLACK_S):
                     await signal.wait()
+
+
+def _loop_time_s() -> float:
+    """The running event loop's clock (the one its timers run on); -inf outside a loop (an
+    engine driven by hand, as tests do: its chunks are due at once)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return -math.inf
 
 
 @runtime_checkable
