@@ -45,6 +45,7 @@ from qlm.types import Fleet
 
 LATE_CLASS = "late"  # the class dispatch gives requests it cannot keep (ranks lowest)
 MEMO_ENTRIES = 1 << 16  # distinct request shapes a pool keeps priced
+UNCHECKED = (math.inf, 0.0)  # (due, cost) of a request the schedule did not check: never due
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,14 +321,14 @@ def _urgent_first(
                 head += 1
             urgent = in_schedule[head] if head < len(in_schedule) else item
             due = due_and_cost.get(urgent.request_id)
-            cost_s = due_and_cost.get(item.request_id, (math.inf, 0.0))[1]
+            cost_s = due_and_cost.get(item.request_id, UNCHECKED)[1]
             if urgent is not item and due is not None and at_s + cost_s + due[1] > due[0]:
                 chosen = urgent  # locality would make it late: it goes first
             else:
                 chosen = item
             placed.add(chosen.request_id)
             out.append(chosen)
-            at_s += due_and_cost.get(chosen.request_id, (math.inf, 0.0))[1]
+            at_s += due_and_cost.get(chosen.request_id, UNCHECKED)[1]
     return out
 
 
