@@ -32,6 +32,17 @@ within a window (wb-quick: a look-back of five windows for every model held inst
 models whose phase had ended; qlm's throughput fell to 0.59-0.70 of edf's). Forecasts within
 the window read the window alone.
 
+The swap gate reads both sides of a move to a model no instance serves with hysteresis
+(`Side`): what it loses at the higher of the recent rate and the longer-run rate (over
+`LONG_WINDOWS` windows, or the horizon when longer), what it gains at the lower; a model whose
+arrivals stopped (`stopped`: an empty window where the memory's rate expects `MIN_COUNT`)
+reads 0 either way. Per-model streams are bursty (gamma gaps with a cv of
+2 and more): a model in a lull reads at half its rate over a window, another in a burst at
+twice its own, and a gate that compares one window's reads leaves a busy model in its lull for
+a tail model in its burst and comes back a round trip later (sims/many-quick.yaml at seed 7,
+measured ad hoc before the change: code-13b-06 lost 127 of its 290 requests to swaps that
+gained 175 elsewhere in all).
+
 `recent(model, now)` gives the window's arrivals themselves (those noted with their queued
 item): the wait forecast prices the work among them that will pass a queued request
 (qlm/estimator/passing.py).
@@ -42,6 +53,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from enum import Enum
 
 from qlm.agents.queued import QueuedItem
 
@@ -50,6 +62,19 @@ MIN_SPAN_S = 1.0
 # The fewest arrivals a forecast past the window takes its rate from: a count of n is off by
 # about 1 / sqrt(n) of itself (Poisson), a third at ten.
 MIN_COUNT = 10
+# The longer-run rate the swap gate's hysteresis reads beside the recent one: over this many
+# windows, or the forecast's horizon when longer (within the memory).
+LONG_WINDOWS = 2.0
+
+
+class Side(Enum):
+    """Which read of a rate a forecast takes: the recent rate (`POINT`), or, for the swap
+    gate's hysteresis, the higher (`HIGH`: what a swap loses) or the lower (`LOW`: what it
+    gains) of the recent and the longer-run rate."""
+
+    POINT = "point"
+    HIGH = "high"
+    LOW = "low"
 
 
 class ArrivalRates:
@@ -93,18 +118,52 @@ class ArrivalRates:
         since_s = now_s - self.window_s
         return [(b, item) for at_s, b, item in seen if item is not None and at_s >= since_s]
 
-    def at_risk(self, model: str, now_s: float, away_s: float) -> float:
-        """Arrivals of `model` expected in the next `away_s` seconds, at the recent rate of
-        those whose TTFT budget is shorter than `away_s`."""
+    def at_risk(self, model: str, now_s: float, away_s: float, side: Side = Side.POINT) -> float:
+        """Arrivals of `model` expected in the next `away_s` seconds, at the rate (read as
+        `side` says) of those whose TTFT budget is shorter than `away_s`."""
         if away_s <= 0:
             return 0.0
-        return self._rate_per_s(model, now_s, away_s, away_s) * away_s
+        return self._read_per_s(model, now_s, away_s, away_s, side) * away_s
 
-    def expected(self, model: str, now_s: float, span_s: float) -> float:
-        """Arrivals of `model` expected in the next `span_s` seconds, at its recent rate."""
+    def expected(self, model: str, now_s: float, span_s: float, side: Side = Side.POINT) -> float:
+        """Arrivals of `model` expected in the next `span_s` seconds, at its rate (read as
+        `side` says)."""
         if span_s <= 0:
             return 0.0
-        return self._rate_per_s(model, now_s, span_s) * span_s
+        return self._read_per_s(model, now_s, span_s, None, side) * span_s
+
+    def _read_per_s(
+        self,
+        model: str,
+        now_s: float,
+        horizon_s: float,
+        budget_below_s: float | None,
+        side: Side,
+    ) -> float:
+        """The recent rate (`_rate_per_s`), or its higher or lower read against the
+        longer-run rate (over `LONG_WINDOWS` windows or the horizon, within the memory);
+        0 for a model that stopped (`stopped`)."""
+        if self.stopped(model, now_s):
+            return 0.0
+        recent = self._rate_per_s(model, now_s, horizon_s, budget_below_s)
+        if side is Side.POINT:
+            return recent
+        back_s = min(max(horizon_s, LONG_WINDOWS * self.window_s), self.memory_s)
+        count = self._count(model, now_s, budget_below_s, back_s)
+        longer = count / self._span_s(now_s, back_s)
+        return max(recent, longer) if side is Side.HIGH else min(recent, longer)
+
+    def stopped(self, model: str, now_s: float) -> bool:
+        """Whether the model's arrivals stopped: none in the last window, where its rate over
+        the memory expects at least `MIN_COUNT` (a lull that long is a stop; a sparse model's
+        empty window is not, and its rate is read further back). Without this, a stopped
+        model's rate, read back to its tenth newest arrival or over the longer run, held its
+        last instance on it for minutes (wb-quick's phases end: measured ad hoc, the last
+        swap of seed 7 came 260 s late)."""
+        if self._count(model, now_s):
+            return False
+        remembered = self._count(model, now_s, None, self.memory_s)
+        return remembered / self._span_s(now_s, self.memory_s) * self.window_s >= MIN_COUNT
 
     def _rate_per_s(
         self, model: str, now_s: float, horizon_s: float, budget_below_s: float | None = None
