@@ -31,6 +31,7 @@ from benchmarks.report import (
 )
 from benchmarks.sim_quality.checks import BASELINES, ordered
 from benchmarks.sim_quality.runs import SIMS, Task, run_tasks
+from qlm.sim.bound import scenario_bound
 from qlm.sim.fuzz import RANDOM_PREFIX, FuzzDraw, draw_scenario
 from qlm.sim.fuzz.many_models import MANY_PREFIX, draw_many_models
 from qlm.sim.scenario import Scenario, load_scenario, random_scenario
@@ -95,9 +96,17 @@ def _sizing(draw: FuzzDraw, scenario: Scenario) -> dict[str, Any]:
         "requests": sum(1 for _ in scenario.iter_requests()),
         "instances": len(fleet.instances),
         "gpus": sum(i.gpu_count for i in fleet.instances),
+        "bound_pct": bound_pct(scenario, scenario.seed),
         "policies": {},
         "timeouts": {},
     }
+
+
+def bound_pct(scenario: Scenario, seed: int) -> float:
+    """The clairvoyant upper bound on overall attainment at this seed (qlm/sim/bound.py), in
+    percent. It gives each model every instance able to hold it, at once and without loading:
+    on many models it is far above what any schedule that must load models can reach."""
+    return round(100.0 * scenario_bound(scenario, seed).overall, 2)
 
 
 def describe_many(seed: int) -> dict[str, Any]:
@@ -126,6 +135,7 @@ def describe_shipped(name: str, seed: int) -> dict[str, Any]:
         "requests": len(scenario.requests(seed)),
         "instances": len(fleet.instances),
         "gpus": sum(i.gpu_count for i in fleet.instances),
+        "bound_pct": bound_pct(scenario, seed),
         "policies": {},
         "timeouts": {},
     }
@@ -241,7 +251,7 @@ def distribution(margins: Sequence[float]) -> dict[str, Any]:
 def scenario_table(
     scenarios: dict[str, Any], policies: Sequence[str], baselines: Sequence[str] = BASELINES
 ) -> str:
-    head = ["seed", "scenario", "requests", *policies, "qlm margin (pts)", "best baseline"]
+    head = ["seed", "scenario", "requests", *policies, "bound", "qlm margin (pts)", "best baseline"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for entry in scenarios.values():
         pol = entry["policies"]
@@ -254,6 +264,8 @@ def scenario_table(
                 if p in entry["timeouts"]
                 else "-"
             )
+        bound = entry.get("bound_pct")  # results written before the bound was kept have none
+        cells.append("-" if bound is None else f"{bound:.1f}%")
         m = entry.get("qlm_margin_pts")
         cells += ["-" if m is None else f"{m:+.1f}", best_baseline(pol, baselines)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -284,6 +296,7 @@ def render(doc: dict[str, Any]) -> str:
         scenario_table(scenarios, policies, family.baselines),
         "",
         distribution_line(dist),
+        *bound_gap_lines(scenarios),
         *qlm_cost_lines(scenarios),
         "",
         "Worst cases (lowest margins):",
@@ -324,6 +337,26 @@ def qlm_cost_lines(scenarios: dict[str, Any]) -> list[str]:
         f"qlm's planner: median {median_ms:.1f} ms of wall time per request over "
         f"{len(per_request)} scenarios, at most {worst[0]:.1f} ms ({worst[2]}); its longest "
         f"run took {longest[1]:.1f} s ({longest[2]}).",
+    ]
+
+
+def bound_gap_lines(scenarios: dict[str, Any]) -> list[str]:
+    """How far qlm's overall attainment is below the clairvoyant bound: mean and worst over
+    the scenarios that have both (the bound column, `bound_pct`)."""
+    gaps = sorted(
+        (e["bound_pct"] - 100.0 * overall(e["policies"]["qlm"]), name)
+        for name, e in scenarios.items()
+        if "bound_pct" in e and "qlm" in e["policies"]
+    )
+    if not gaps:
+        return []
+    mean_pts = statistics.fmean(g for g, _ in gaps)
+    return [
+        "",
+        f"qlm below the clairvoyant bound (`bound`: qlm/sim/bound.py, each model on every "
+        f"instance able to hold it at once, no load time): mean {mean_pts:.1f} pts over "
+        f"{len(gaps)} scenarios, at most {gaps[-1][0]:.1f} ({gaps[-1][1]}), at least "
+        f"{gaps[0][0]:.1f} ({gaps[0][1]}).",
     ]
 
 

@@ -46,7 +46,7 @@ def test_render_lists_the_worst_case_first() -> None:
         for seed, q in ((0, 0.9), (1, 0.5))
     }
     block = render({"commands": ["x"], "machine": "m", "scenarios": scenarios})
-    assert "| 1 | fleet 1 | 100 | 80.0% | 50.0% | -30.0 | fcfs |" in block
+    assert "| 1 | fleet 1 | 100 | 80.0% | 50.0% | - | -30.0 | fcfs |" in block  # no bound kept
     worst = block.split("Worst cases")[1]
     assert worst.index("seed 1") < worst.index("seed 0")
 
@@ -72,6 +72,33 @@ def test_the_many_model_family_counts_the_swapping_baselines() -> None:
     block = render({"family": "many", "commands": ["x"], "machine": "m", "scenarios": scenarios})
     assert "many models, few GPUs" in block
     assert "| -10.0 | serverless |" in block
+
+
+def test_the_bound_column_and_qlm_s_mean_distance_below_it() -> None:
+    def entry(bound: float, qlm: float) -> dict[str, Any]:
+        policies = _policies(fcfs=0.5, qlm=qlm)
+        return {
+            "seed": 0,
+            "description": "f",
+            "streams": "s",
+            "requests": 10,
+            "policies": policies,
+            "timeouts": {},
+            "qlm_margin_pts": 0.0,
+            "bound_pct": bound,
+        }
+
+    scenarios = {
+        "many:1": entry(99.0, 0.69),
+        "many:2": entry(90.0, 0.85),
+        "many:3": entry(80.0, 0.8),
+    }
+    block = render({"family": "many", "commands": ["x"], "machine": "m", "scenarios": scenarios})
+    assert "| 99.0% | +0.0 |" in block
+    assert (
+        "no load time): mean 11.7 pts over 3 scenarios, at most 30.0 (many:1), at least 0.0 "
+        "(many:3)." in block
+    )
 
 
 def test_the_planner_cost_line_names_the_worst_scenario_per_request() -> None:
@@ -104,3 +131,7 @@ def test_the_many_model_family_runs_its_shipped_scenario_at_each_seed() -> None:
     counts = [r["policies"]["fcfs"]["requests"] for r in runs]
     assert counts == [r["requests"] for r in runs]  # each run drew its own seed's requests
     assert len(set(counts)) == 3
+    # each at its own seed's bound: an upper bound on what fcfs keeps
+    assert all(
+        r["policies"]["fcfs"]["slo_attainment"]["overall"] * 100 <= r["bound_pct"] for r in runs
+    )
