@@ -7,7 +7,9 @@ import asyncio
 import time
 
 import pytest
+import redis.asyncio as aioredis
 
+from qlm.control.plan import PublishedPlan
 from qlm.queue.records import RequestResult, StreamEvent, StreamKind
 from qlm.queue.redis import RedisQueue
 from qlm.types import RequestState
@@ -73,3 +75,36 @@ async def test_batched_writes_survive_a_server_that_lost_its_scripts(
             assert [e.text for e in got[:-1]] == [rid]
     finally:
         await queue.close()
+
+
+async def test_a_plan_the_watcher_heard_of_is_read_in_one_round_trip(
+    redis_url: str, redis_key_prefix: str
+) -> None:
+    """After every publish each agent asks for the plan: once its watcher has heard the new
+    epoch, the plan is read at once (HMGET), not after an HGET of the epoch that would only
+    confirm it; while nothing new was heard, asking costs nothing."""
+    planner = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)
+    agent = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)
+    admin = aioredis.Redis.from_url(redis_url)
+
+    async def calls() -> tuple[int, int]:
+        stats = await admin.info("commandstats")
+        return tuple(  # type: ignore[return-value]
+            int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hget", "hmget")
+        )
+
+    try:
+        first = await planner.publish_plan(PublishedPlan(0, 1.0, {}, {}))
+        assert await agent.wait_for_plan(0, timeout_s=5.0)  # the watcher runs and heard it
+        assert await agent.current_plan() == first
+        second = await planner.publish_plan(PublishedPlan(0, 2.0, {}, {}))
+        assert await agent.wait_for_plan(first.epoch, timeout_s=5.0)
+        before = await calls()
+        assert await agent.current_plan() == second
+        assert await agent.current_plan() == second  # nothing newer heard: from the cache
+        after = await calls()
+        assert (after[0] - before[0], after[1] - before[1]) == (0, 1)
+    finally:
+        await planner.close()
+        await agent.close()
+        await admin.aclose()

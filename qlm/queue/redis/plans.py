@@ -52,13 +52,18 @@ class PlanBoard:
         """The plan; its JSON is read and parsed only when the epoch changed (agents ask
         every round, the plan changes far less often)."""
         cached = self._cache
-        if cached is not None and self._watching and cached.epoch == self._epoch:
+        watching = self._watching
+        if cached is not None and watching and cached.epoch == self._epoch:
             return cached  # the watcher saw no newer epoch
-        epoch = await self._redis.hget(self._keys.plan, "epoch")
-        if epoch is None:
-            return None
-        if cached is not None and cached.epoch == int(epoch):
-            return cached
+        if cached is not None and not (watching and self._epoch > cached.epoch):
+            # Not known to be stale: the epoch alone first, the plan only if it moved on.
+            # (When the watcher heard a newer epoch, the plan is read at once: an agent
+            # asks after every publish, and the epoch's round trip would only confirm it.)
+            epoch = await self._redis.hget(self._keys.plan, "epoch")
+            if epoch is None:
+                return None
+            if cached.epoch == int(epoch):
+                return cached
         epoch, text = as_strs(await self._redis.hmget(self._keys.plan, ["epoch", "json"]))
         if epoch is None or text is None:
             return None
