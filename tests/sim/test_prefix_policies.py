@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from qlm.config import QlmConfig
+from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from qlm.prefixes.index import PrefixIndex
+from qlm.sim.policies.preble import decode_heavy
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import load_scenario
 from qlm.sim.simulate import simulate
@@ -145,3 +148,60 @@ def test_qlm_leaves_a_request_to_the_busy_instance_holding_its_prefix() -> None:
     result = simulate(fleet, [first, again], "qlm", QlmConfig(), 0)
     assert instance_of(result, "again") == instance_of(result, "first")
     assert result.prefix_tokens[instance_of(result, "again") or ""][1] == 950
+
+
+def test_preble_explores_onto_an_instance_that_only_decodes_while_another_prefills() -> None:
+    """Four long decodes share half their prompts on one instance (4,000 + 3 x 1,900 tokens
+    of prefill in its window); the other takes a 6,000-token prompt. A request explored while
+    that prompt prefills goes, by the window's load cost, behind it; Preble's prefill/decode
+    balance sends it to the instance whose batch only decodes, and its first token comes
+    sooner."""
+    fleet = two_model_fleet(num_7b=2, num_13b=0)
+    decodes = [
+        replace(
+            Request(f"d{k}", "m7b", 4000, 2000, "batch-2", k * 0.001, 3600.0),
+            prefix=(PrefixBlock(41, 2100),),
+        )
+        for k in range(4)
+    ]
+    prompt = req("p", 2.0, (PrefixBlock(51, 5990),), prompt=6000)
+    probe = req("x", 2.01, (PrefixBlock(61, 990),))
+    runs = {
+        balance: simulate(
+            fleet,
+            [*decodes, prompt, probe],
+            "preble",
+            QlmConfig(),
+            0,
+            policy_options={"balance_ratio": 1e9, "pd_balance": balance},
+        )
+        for balance in (False, True)
+    }
+    decoding = instance_of(runs[True], "d0")
+    assert {instance_of(run, f"d{k}") for run in runs.values() for k in range(4)} == {decoding}
+    assert instance_of(runs[True], "p") == instance_of(runs[False], "p") != decoding
+    assert instance_of(runs[False], "x") == instance_of(runs[False], "p")  # the load cost
+    assert instance_of(runs[True], "x") == decoding  # the shortcut
+    ttft = {b: next(o.ttft_s for o in r.outcomes if o.request_id == "x") for b, r in runs.items()}
+    shortcut, load_cost = ttft[True], ttft[False]
+    assert shortcut is not None
+    assert load_cost is not None
+    assert shortcut < load_cost
+
+
+def test_decode_heavy_needs_an_instance_prefilling_and_one_only_decoding() -> None:
+    def obs(instance_id: str, started: tuple[bool, ...], max_num_seqs: int = 8) -> Any:
+        requests = tuple(
+            EngineRequest(f"{instance_id}{k}", "batch-2", 100, 50, int(s), s)
+            for k, s in enumerate(started)
+        )
+        return EngineObservation(
+            instance_id, EngineState.READY, "m7b", requests, 0, 10_000, max_num_seqs
+        )
+
+    prefilling, light, heavy = obs("a", (False, True)), obs("b", (True,)), obs("c", (True,) * 3)
+    assert decode_heavy([prefilling, light, heavy]) == "c"  # the most decodes
+    assert decode_heavy([prefilling, light]) == "b"
+    assert decode_heavy([light, heavy]) is None  # nobody waits for a prefill: balanced
+    assert decode_heavy([prefilling, obs("d", ())]) is None  # an empty instance does not decode
+    assert decode_heavy([prefilling, obs("e", (True,) * 8)]) is None  # no free slot

@@ -16,12 +16,21 @@ recompute), chosen for prefix reuse and load together.
   "deduced from profiling" in the paper, 2 here; counting the request on both sides keeps a
   lone busy instance beside an idle one from rebalancing every exploit).
 
+* Prefill/decode balance (Preble's section 3.2, checked before the load cost): a request
+  about to be explored goes to an instance running only decodes while another has prompts
+  waiting for their prefill (`decode_heavy`): a decoding batch leaves compute idle that a
+  prefill uses almost for free, which the window's load cost, blind to the batches running
+  now, does not see. With no such imbalance the load cost decides.
+* Hot prefixes are replicated by the rebalance: an exploit sent to the lightest instance
+  caches the prefix there, and later exploits pick the least loaded of its holders, so a
+  prefix whose traffic outgrows one instance is held and served by as many as its load needs
+  (Preble's autoscaling splits the subtree by load; here the split follows each request's
+  load comparison).
 * Local scheduler: its engines admit waiting requests by Preble's priority groups of prefix-
   cache hit share (`engine_settings`: waiting_order prefix-groups, whatever the scenario's
   engine section says; qlm/engine/model/scheduler.py).
 
-Not modelled: Preble's decode-heavy shortcut for explored requests and its autoscaling of hot
-prefixes (replicas of a subtree). Models stay where they were loaded; no swaps, no eviction.
+Models stay where they were loaded; no swaps, no eviction.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from types import MappingProxyType
 
 from qlm.agents.actions import Pull
 from qlm.agents.dispatch import PoolMember
-from qlm.engine.engine_types import EngineEvent, RequestFinished
+from qlm.engine.engine_types import EngineEvent, EngineObservation, RequestFinished
 from qlm.prefixes.index import PrefixIndex
 from qlm.sim.policies.policy_base import NO_ACTIONS, SIM_POLICIES, Actions, BasePolicy, SimContext
 from qlm.types import Request
@@ -77,10 +86,13 @@ class PreblePolicy(BasePolicy):
     name = "preble"
     engine_settings: Mapping[str, object] = MappingProxyType({"waiting_order": "prefix-groups"})
 
-    def __init__(self, window_s: float = WINDOW_S, balance_ratio: float = 2.0) -> None:
+    def __init__(
+        self, window_s: float = WINDOW_S, balance_ratio: float = 2.0, pd_balance: bool = True
+    ) -> None:
         super().__init__()
         self.window_s = window_s
         self.balance_ratio = balance_ratio
+        self.pd_balance = pd_balance  # the prefill/decode shortcut for explored requests
         self._pools: dict[str, list[str]] = {}
         self._windows: dict[str, _Window] = {}
         self._index = PrefixIndex()
@@ -135,7 +147,11 @@ class PreblePolicy(BasePolicy):
             if after[target] > self.balance_ratio * after[lightest]:
                 return lightest
             return target
-        return min(pool, key=costs.__getitem__)  # explore
+        if self.pd_balance:  # explore: a decoding instance first, when batches are unbalanced
+            shortcut = decode_heavy([self.ctx.observe(i) for i in pool])
+            if shortcut is not None:
+                return shortcut
+        return min(pool, key=costs.__getitem__)
 
     def _load_with(self, instance_id: str, request: Request, matched: int) -> float:
         """L with the request on the instance: its prefill of what it does not hold and its
@@ -167,3 +183,19 @@ class PreblePolicy(BasePolicy):
         window.prompt_tokens += request.prompt_tokens
         window.keys.update(keys)
         self._index.record(instance_id, request.prefix)
+
+
+def decode_heavy(observations: Sequence[EngineObservation]) -> str | None:
+    """Preble's prefill/decode balance for a request about to be explored: when some instance
+    has prompts waiting for their first token while another runs only decodes (with a free
+    sequence slot), the one running the most decodes (the first listed at a tie); None when
+    the batches are balanced (no instance prefilling, or none only decoding)."""
+    prefilling = any(any(not r.started for r in o.active) for o in observations)
+    decoding = [
+        o
+        for o in observations
+        if o.active and len(o.active) < o.max_num_seqs and all(r.started for r in o.active)
+    ]
+    if not prefilling or not decoding:
+        return None
+    return max(decoding, key=lambda o: len(o.active)).instance_id
