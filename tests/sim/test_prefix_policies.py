@@ -10,7 +10,7 @@ from typing import Any
 from qlm.config import QlmConfig
 from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from qlm.prefixes.index import PrefixIndex
-from qlm.sim.policies.preble import decode_heavy
+from qlm.sim.policies.preble import decoding_only
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import load_scenario
 from qlm.sim.simulate import simulate
@@ -189,7 +189,7 @@ def test_preble_explores_onto_an_instance_that_only_decodes_while_another_prefil
     assert shortcut < load_cost
 
 
-def test_decode_heavy_needs_an_instance_prefilling_and_one_only_decoding() -> None:
+def test_decoding_only_needs_an_instance_prefilling_and_one_only_decoding() -> None:
     def obs(instance_id: str, started: tuple[bool, ...], max_num_seqs: int = 8) -> Any:
         requests = tuple(
             EngineRequest(f"{instance_id}{k}", "batch-2", 100, 50, int(s), s)
@@ -200,8 +200,7 @@ def test_decode_heavy_needs_an_instance_prefilling_and_one_only_decoding() -> No
         )
 
     prefilling, light, heavy = obs("a", (False, True)), obs("b", (True,)), obs("c", (True,) * 3)
-    assert decode_heavy([prefilling, light, heavy]) == "c"  # the most decodes
-    assert decode_heavy([prefilling, light]) == "b"
-    assert decode_heavy([light, heavy]) is None  # nobody waits for a prefill: balanced
-    assert decode_heavy([prefilling, obs("d", ())]) is None  # an empty instance does not decode
-    assert decode_heavy([prefilling, obs("e", (True,) * 8)]) is None  # no free slot
+    assert decoding_only([prefilling, light, heavy]) == ["b", "c"]
+    assert decoding_only([light, heavy]) == []  # nobody waits for a prefill: balanced
+    assert decoding_only([prefilling, obs("d", ())]) == []  # an empty instance does not decode
+    assert decoding_only([prefilling, obs("e", (True,) * 8)]) == []  # no free slot

@@ -18,9 +18,10 @@ recompute), chosen for prefix reuse and load together.
 
 * Prefill/decode balance (Preble's section 3.2, checked before the load cost): a request
   about to be explored goes to an instance running only decodes while another has prompts
-  waiting for their prefill (`decode_heavy`): a decoding batch leaves compute idle that a
-  prefill uses almost for free, which the window's load cost, blind to the batches running
-  now, does not see. With no such imbalance the load cost decides.
+  waiting for their prefill (`decoding_only`; the least load cost among them): a decoding
+  batch leaves compute idle that a prefill uses almost for free, which the window's load
+  cost, blind to the batches running now, does not see. With no such imbalance the load cost
+  decides among all.
 * Hot prefixes are replicated by the rebalance: an exploit sent to the lightest instance
   caches the prefix there, and later exploits pick the least loaded of its holders, so a
   prefix whose traffic outgrows one instance is held and served by as many as its load needs
@@ -147,10 +148,10 @@ class PreblePolicy(BasePolicy):
             if after[target] > self.balance_ratio * after[lightest]:
                 return lightest
             return target
-        if self.pd_balance:  # explore: a decoding instance first, when batches are unbalanced
-            shortcut = decode_heavy([self.ctx.observe(i) for i in pool])
-            if shortcut is not None:
-                return shortcut
+        if self.pd_balance:  # explore: decoding instances first, when batches are unbalanced
+            decoding = decoding_only([self.ctx.observe(i) for i in pool])
+            if decoding:
+                return min(decoding, key=costs.__getitem__)
         return min(pool, key=costs.__getitem__)
 
     def _load_with(self, instance_id: str, request: Request, matched: int) -> float:
@@ -185,17 +186,16 @@ class PreblePolicy(BasePolicy):
         self._index.record(instance_id, request.prefix)
 
 
-def decode_heavy(observations: Sequence[EngineObservation]) -> str | None:
+def decoding_only(observations: Sequence[EngineObservation]) -> list[str]:
     """Preble's prefill/decode balance for a request about to be explored: when some instance
-    has prompts waiting for their first token while another runs only decodes (with a free
-    sequence slot), the one running the most decodes (the first listed at a tie); None when
-    the batches are balanced (no instance prefilling, or none only decoding)."""
+    has prompts waiting for their first token, the instances running only decodes (with a
+    free sequence slot), in the order given; none when the batches are balanced (no instance
+    prefilling, or none only decoding)."""
     prefilling = any(any(not r.started for r in o.active) for o in observations)
-    decoding = [
-        o
+    if not prefilling:
+        return []
+    return [
+        o.instance_id
         for o in observations
         if o.active and len(o.active) < o.max_num_seqs and all(r.started for r in o.active)
     ]
-    if not prefilling or not decoding:
-        return None
-    return max(decoding, key=lambda o: len(o.active)).instance_id
