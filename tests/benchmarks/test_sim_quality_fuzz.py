@@ -96,7 +96,7 @@ def test_the_bound_column_and_qlm_s_mean_distance_below_it() -> None:
     block = render({"family": "many", "commands": ["x"], "machine": "m", "scenarios": scenarios})
     assert "| 99.0% | +0.0 |" in block
     assert (
-        "no load time): mean 11.7 pts over 3 scenarios, at most 30.0 (many:1), at least 0.0 "
+        "no swaps): mean 11.7 pts over 3 scenarios, at most 30.0 (many:1), at least 0.0 "
         "(many:3)." in block
     )
 

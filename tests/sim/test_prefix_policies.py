@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from qlm.config import QlmConfig
 from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from qlm.prefixes.index import PrefixIndex
-from qlm.sim.policies.preble import decoding_only
+from qlm.sim.policies.preble import not_prefilling
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import load_scenario
 from qlm.sim.simulate import simulate
@@ -187,20 +186,31 @@ def test_preble_explores_onto_an_instance_that_only_decodes_while_another_prefil
     assert shortcut is not None
     assert load_cost is not None
     assert shortcut < load_cost
+    # a third, idle instance is free of prefills too, and the cheapest of the free ones
+    three = two_model_fleet(num_7b=3, num_13b=0)
+    options = {"balance_ratio": 1e9, "pd_balance": True}
+    wider = simulate(
+        three, [*decodes, prompt, probe], "preble", QlmConfig(), 0, policy_options=options
+    )
+    used = {instance_of(wider, r) for r in ("d0", "p")}
+    assert instance_of(wider, "x") not in used
 
 
-def test_decoding_only_needs_an_instance_prefilling_and_one_only_decoding() -> None:
-    def obs(instance_id: str, started: tuple[bool, ...], max_num_seqs: int = 8) -> Any:
+def test_not_prefilling_needs_an_instance_prefilling_and_room_elsewhere() -> None:
+    def obs(
+        instance_id: str, started: tuple[bool, ...], max_num_seqs: int = 8, kv_used: int = 0
+    ) -> EngineObservation:
         requests = tuple(
             EngineRequest(f"{instance_id}{k}", "batch-2", 100, 50, int(s), s)
             for k, s in enumerate(started)
         )
         return EngineObservation(
-            instance_id, EngineState.READY, "m7b", requests, 0, 10_000, max_num_seqs
+            instance_id, EngineState.READY, "m7b", requests, kv_used, 10_000, max_num_seqs
         )
 
     prefilling, light, heavy = obs("a", (False, True)), obs("b", (True,)), obs("c", (True,) * 3)
-    assert decoding_only([prefilling, light, heavy]) == ["b", "c"]
-    assert decoding_only([light, heavy]) == []  # nobody waits for a prefill: balanced
-    assert decoding_only([prefilling, obs("d", ())]) == []  # an empty instance does not decode
-    assert decoding_only([prefilling, obs("e", (True,) * 8)]) == []  # no free slot
+    assert not_prefilling([prefilling, light, heavy], 100) == ["b", "c"]
+    assert not_prefilling([light, heavy], 100) == []  # nobody waits for a prefill: balanced
+    assert not_prefilling([prefilling, obs("d", ())], 100) == ["d"]  # idle counts as free
+    assert not_prefilling([prefilling, obs("e", (True,) * 8)], 100) == []  # no free slot
+    assert not_prefilling([prefilling, obs("f", (True,), kv_used=9_950)], 100) == []  # no room

@@ -16,12 +16,14 @@ recompute), chosen for prefix reuse and load together.
   "deduced from profiling" in the paper, 2 here; counting the request on both sides keeps a
   lone busy instance beside an idle one from rebalancing every exploit).
 
-* Prefill/decode balance (Preble's section 3.2, checked before the load cost): a request
-  about to be explored goes to an instance running only decodes while another has prompts
-  waiting for their prefill (`decoding_only`; the least load cost among them): a decoding
-  batch leaves compute idle that a prefill uses almost for free, which the window's load
-  cost, blind to the batches running now, does not see. With no such imbalance the load cost
-  decides among all.
+* Prefill/decode balance (Preble's section 3.2, checked before the load cost): while some
+  instance has prompts waiting for their prefill, a request about to be explored goes to the
+  least load cost among the instances not prefilling (`not_prefilling`: those running only
+  decodes, or nothing, with a free sequence slot and KV room for the prompt): a decoding batch
+  leaves compute idle that a prefill uses almost for free, which the window's load cost,
+  blind to the batches running now, does not see. With no instance prefilling, or none free
+  of it, the load cost decides among all. Requests an engine dropped (`on_requeued`) skip it:
+  they are routed together, before any is placed, and would all read the same batches.
 * Hot prefixes are replicated by the rebalance: an exploit sent to the lightest instance
   caches the prefix there, and later exploits pick the least loaded of its holders, so a
   prefix whose traffic outgrows one instance is held and served by as many as its load needs
@@ -113,19 +115,23 @@ class PreblePolicy(BasePolicy):
         return NO_ACTIONS
 
     def on_arrival(self, request: Request) -> Actions:
+        return self._route(request, self.pd_balance)
+
+    def on_requeued(self, requests: Sequence[Request]) -> Actions:
+        """Requests an engine dropped on its own are routed again, like new arrivals, but
+        without the prefill/decode balance (all are routed before any is placed)."""
+        return tuple(a for r in requests for a in self._route(r, pd_balance=False))
+
+    def _route(self, request: Request, pd_balance: bool) -> Actions:
         pool = self._pools.get(request.model)
         if not pool:
             return NO_ACTIONS
         now_s = self.now_s()
         for instance_id in pool:
             self._windows[instance_id].expire(now_s, self.window_s)
-        target = self._choose(pool, request)
+        target = self._choose(pool, request, pd_balance)
         self._send(target, request, now_s)
         return (Pull(target, (request.id,)),)
-
-    def on_requeued(self, requests: Sequence[Request]) -> Actions:
-        """Requests an engine dropped on its own are routed again, like new arrivals."""
-        return tuple(a for r in requests for a in self.on_arrival(r))
 
     def on_engine_events(self, instance_id: str, events: Sequence[EngineEvent]) -> Actions:
         window = self._windows.get(instance_id)
@@ -136,7 +142,7 @@ class PreblePolicy(BasePolicy):
                     window.output_tokens += event.output_tokens
         return NO_ACTIONS
 
-    def _choose(self, pool: Sequence[str], request: Request) -> str:
+    def _choose(self, pool: Sequence[str], request: Request, pd_balance: bool) -> str:
         matched = self._index.best(pool, request.prefix)
         cached = max(matched.values())
         costs = {i: self._load_cost(i, request, matched[i]) for i in pool}
@@ -148,10 +154,10 @@ class PreblePolicy(BasePolicy):
             if after[target] > self.balance_ratio * after[lightest]:
                 return lightest
             return target
-        if self.pd_balance:  # explore: decoding instances first, when batches are unbalanced
-            decoding = decoding_only([self.ctx.observe(i) for i in pool])
-            if decoding:
-                return min(decoding, key=costs.__getitem__)
+        if pd_balance:  # explore: instances free of prefills first, while another prefills
+            free = not_prefilling([self.ctx.observe(i) for i in pool], request.prompt_tokens)
+            if free:
+                return min(free, key=costs.__getitem__)
         return min(pool, key=costs.__getitem__)
 
     def _load_with(self, instance_id: str, request: Request, matched: int) -> float:
@@ -186,16 +192,17 @@ class PreblePolicy(BasePolicy):
         self._index.record(instance_id, request.prefix)
 
 
-def decoding_only(observations: Sequence[EngineObservation]) -> list[str]:
-    """Preble's prefill/decode balance for a request about to be explored: when some instance
-    has prompts waiting for their first token, the instances running only decodes (with a
-    free sequence slot), in the order given; none when the batches are balanced (no instance
-    prefilling, or none only decoding)."""
-    prefilling = any(any(not r.started for r in o.active) for o in observations)
-    if not prefilling:
+def not_prefilling(observations: Sequence[EngineObservation], prompt_tokens: int) -> list[str]:
+    """Preble's prefill/decode balance for a request about to be explored: while some
+    instance has prompts waiting for their first token, the instances with none (running only
+    decodes, or nothing) that have a free sequence slot and KV room for `prompt_tokens`, in
+    the order given; none while no instance prefills (the batches are balanced)."""
+    if not any(any(not r.started for r in o.active) for o in observations):
         return []
     return [
         o.instance_id
         for o in observations
-        if o.active and len(o.active) < o.max_num_seqs and all(r.started for r in o.active)
+        if len(o.active) < o.max_num_seqs
+        and o.kv_capacity_tokens - o.kv_used_tokens >= prompt_tokens
+        and all(r.started for r in o.active)
     ]
