@@ -132,6 +132,7 @@ def test_the_many_model_family_runs_its_shipped_scenario_at_each_seed() -> None:
     assert counts == [r["requests"] for r in runs]  # each run drew its own seed's requests
     assert len(set(counts)) == 3
     # each at its own seed's bound: an upper bound on what fcfs keeps
-    assert all(
-        r["policies"]["fcfs"]["slo_attainment"]["overall"] * 100 <= r["bound_pct"] for r in runs
+    assert all(  # bound_pct is rounded to 2 decimals
+        r["policies"]["fcfs"]["slo_attainment"]["overall"] * 100 <= r["bound_pct"] + 0.005
+        for r in runs
     )

@@ -202,7 +202,7 @@ def not_prefilling(observations: Sequence[EngineObservation], prompt_tokens: int
     return [
         o.instance_id
         for o in observations
-        if len(o.active) < o.max_num_seqs
-        and o.kv_capacity_tokens - o.kv_used_tokens >= prompt_tokens
+        if o.free_slots > 0
+        and o.free_kv_tokens >= prompt_tokens
         and all(r.started for r in o.active)
     ]
