@@ -233,6 +233,17 @@ DEFAULT_GPU_TYPES: Mapping[str, GpuType] = MappingProxyType(
 )
 
 
+class InstanceRole(StrEnum):
+    """What an engine does with a request (Prophet's and DistServe's prefill/decode split)."""
+
+    BOTH = "both"  # prefill and decode, co-located (every live engine)
+    PREFILL = "prefill"  # hands a request's KV to a decode engine after its first token
+    DECODE = "decode"  # takes handed-off requests (and fresh ones, if a router sends them)
+
+
+DEFAULT_KV_LINK_BYTES_PER_S = 25e9  # 200 Gb/s: one RDMA NIC per engine
+
+
 @dataclass(frozen=True, slots=True)
 class Instance:
     """One engine: one model loaded at a time, on gpu_count GPUs of one type (or on a slice of
@@ -251,6 +262,8 @@ class Instance:
     slices: int = 1  # engines sharing these GPUs (this one included)
     device: str | None = None  # the GPUs' name when shared (slices > 1)
     kv_pool: bool = False  # the sharers draw KV from one pool (weights stay in their share)
+    role: InstanceRole = InstanceRole.BOTH  # the simulator's prefill/decode split
+    kv_link_bytes_per_s: float = DEFAULT_KV_LINK_BYTES_PER_S  # where handed-off KV travels
 
     def __post_init__(self) -> None:
         if self.gpu_count < 1:
@@ -261,6 +274,8 @@ class Instance:
             raise ValueError(f"instance {self.id}: a device is named iff slices > 1")
         if self.kv_pool and self.device is None:
             raise ValueError(f"instance {self.id}: a KV pool needs shared GPUs (slices > 1)")
+        if self.kv_link_bytes_per_s <= 0:
+            raise ValueError(f"instance {self.id}: kv_link_bytes_per_s must be > 0")
 
     @property
     def gpus(self) -> float:

@@ -286,7 +286,9 @@ class FleetConfig(StrictModel):
         memory = self.slice_bytes(group, slice_index)
         model = group.model if slice_index == home else None
         return Instance(inst_id, group.gpu_type, gpus, memory, model, slices=group.slices,
-                        device=device, kv_pool=group.kv_pool and device is not None)  # fmt: skip
+                        device=device, kv_pool=group.kv_pool and device is not None,
+                        role=group.role,
+                        kv_link_bytes_per_s=group.kv_link_gb_per_s * 1e9)  # fmt: skip
 
     def slice_bytes(self, group: InstanceGroupConfig, slice_index: int) -> int:
         """Memory per GPU of one engine of the group: its slice's share."""

@@ -1,6 +1,7 @@
 """An instance group of the fleet (`fleet.instances[i]`, qlm/config/fleet_config.py): `count`
 instances of one GPU type with the same initial model, and how engines share their GPUs
-(`slices`, `slice_memory`, `kv_pool`; the simulator's qlm/sim/sharing.py)."""
+(`slices`, `slice_memory`, `kv_pool`; the simulator's qlm/sim/sharing.py), and what they do
+(`role`, `kv_link_gb_per_s`: the simulator's prefill/decode split, qlm/sim/handoff.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Annotated
 from pydantic import Field
 
 from qlm.config import StrictModel
+from qlm.types import DEFAULT_KV_LINK_BYTES_PER_S, InstanceRole
 
 
 class InstanceGroupConfig(StrictModel):
@@ -64,6 +66,22 @@ class InstanceGroupConfig(StrictModel):
         description="With slices > 1: the engines of a GPU draw their KV cache from one pool "
         "(as kvcached pools it), each free token shared among those holding a model, while "
         "their weights stay in their own share; false: each has only its share's KV.",
+    )
+
+    role: InstanceRole = Field(
+        default=InstanceRole.BOTH,
+        description="prefill: each request's KV goes to a decode instance of its model after "
+        "its first token; decode: takes those requests (and fresh ones a router sends); both: "
+        "co-located (Prophet's and DistServe's prefill/decode split, qlm/sim/handoff.py). The "
+        "simulator honours it; the live plane refuses anything but both.",
+    )
+    kv_link_gb_per_s: float = Field(
+        default=DEFAULT_KV_LINK_BYTES_PER_S / 1e9,
+        gt=0,
+        le=10_000,
+        description="Gigabytes per second each instance of the group sends or receives "
+        "handed-off KV at (a transfer takes the KV's bytes, from the model's profile, over the "
+        "slower end's link); default 25 (200 Gb/s RDMA).",
     )
 
     @property

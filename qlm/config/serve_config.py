@@ -28,7 +28,7 @@ from qlm.config.engine_kinds import EngineKind
 from qlm.config.fleet_config import FleetConfig
 from qlm.config.metrics_settings import MetricsConfig
 from qlm.config.queue_limits import check_queue_bounds
-from qlm.types import Fleet, Instance
+from qlm.types import Fleet, Instance, InstanceRole
 
 
 class QueueConfig(StrictModel):
@@ -223,6 +223,12 @@ class ServeConfig(StrictModel):
                     "the live plane runs one engine per instance (shared GPUs are simulated "
                     "only); to share a GPU between vLLM servers, declare several instances and "
                     "split its memory with --gpu-memory-utilization in engine.vllm.extra_args",
+                )
+            if group.role is not InstanceRole.BOTH:
+                yield (
+                    ("fleet", "instances", i, "role"),
+                    "the live plane's engines prefill and decode their own requests (the "
+                    "prefill/decode split is simulated only): leave role at both",
                 )
 
     def _queue_problems(self) -> Iterator[Problem]:

@@ -87,6 +87,18 @@ class FirstToken:
 
 
 @dataclass(frozen=True, slots=True)
+class HandedOff:
+    """A prefill engine's request after its first token: its KV (`kv_tokens`: the prompt and
+    the tokens made so far) leaves for a decode engine, which goes on from there (simulated
+    engines only: the prefill/decode split, qlm/sim/handoff.py carries it across)."""
+
+    request_id: str
+    at_s: float
+    first_token_at_s: float
+    kv_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class TokenChunk:
     """Streamed output (live engines only; the simulator does not emit text)."""
 
@@ -134,7 +146,9 @@ class EngineFailed:
     reason: str
 
 
-EngineEvent = FirstToken | TokenChunk | RequestFinished | Aborted | ModelLoaded | EngineFailed
+EngineEvent = (
+    FirstToken | TokenChunk | RequestFinished | Aborted | ModelLoaded | EngineFailed | HandedOff
+)
 
 
 class EngineError(RuntimeError):

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from qlm.clock import VirtualClock
 from qlm.config.engine_config import EngineConfig
-from qlm.engine.engine_types import EngineEvent, EngineObservation, EngineState
+from qlm.engine.engine_types import EngineEvent, EngineObservation, EngineState, HandedOff
 from qlm.engine.model.output_length import OUTPUT_LENGTHS, OutputLengthPolicy
 from qlm.engine.model.shared import SharedEngineModel
 from qlm.engine.model.stats import EngineStats
@@ -96,6 +96,13 @@ class SimulatedEngine:
         profile = self.model.profile
         length = None if profile is None else self._lengths.output_tokens(request, profile)
         self.model.add(request, self.clock.now_s(), output_tokens=length)
+
+    def receive(self, request: Request, handed: HandedOff) -> None:
+        """Take over a request a prefill engine handed off, with its KV (its output length
+        drawn as on any engine: by request, not by where it runs)."""
+        profile = self.model.profile
+        length = None if profile is None else self._lengths.output_tokens(request, profile)
+        self.model.add(request, self.clock.now_s(), output_tokens=length, received=handed)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         self.model.abort(request_ids, self.clock.now_s())

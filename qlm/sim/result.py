@@ -56,6 +56,7 @@ class RequestOutcome:
     no_model_wait_s: float = 0.0
     load_wait_s: float = 0.0
     interrupted_s: float | None = None
+    output_tokens: int | None = None  # tokens it made in all (completed requests)
 
     @property
     def ttft_s(self) -> float | None:

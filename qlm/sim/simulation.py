@@ -19,11 +19,13 @@ from qlm.engine.engine_types import (
     EngineFailed,
     EngineObservation,
     FirstToken,
+    HandedOff,
     ModelLoaded,
     RequestFinished,
 )
 from qlm.sim.dependencies import Releases
 from qlm.sim.events import EventLoop, Priority, RandomStreams
+from qlm.sim.handoff import Handoffs
 from qlm.sim.lso import LsoApplier
 from qlm.sim.policies import SimPolicy
 from qlm.sim.result import Attempt, LoadInterval, OutcomeState, QueueSample, SimResult
@@ -189,10 +191,14 @@ class Simulation:
         self._apply(self._policy.on_arrival(request))
         self._settle()
 
-    def _wake(self, slot: Slot) -> None:
-        slot.wake_key = None
-        slot.wake_at_s = None
-        self._dirty[slot.id] = slot
+    def _wake(self, fired: Slot | None, slot: Slot | None = None) -> None:
+        """Poll `slot` now: its wake-up `fired`, or (fired None) something reached it."""
+        if fired is not None:
+            fired.wake_key = None
+            fired.wake_at_s = None
+        target = fired or slot
+        assert target is not None
+        self._dirty[target.id] = target
         self._settle()
 
     def _settle(self) -> None:
@@ -222,7 +228,7 @@ class Simulation:
         slot.wake_at_s = at_s
         if at_s is not None:
             when = max(at_s, self._loop.now_s())
-            slot.wake_key = self._loop.schedule(when, Priority.ENGINE, lambda: self._wake(slot))
+            slot.wake_key = self._loop.schedule(when, Priority.ENGINE, partial(self._wake, slot))
 
     def _collect(self, slot: Slot, events: Sequence[EngineEvent]) -> None:
         self._last_progress_s = self._loop.now_s()
@@ -245,6 +251,7 @@ class Simulation:
             Aborted: self._on_aborted,
             ModelLoaded: self._on_model_loaded,
             EngineFailed: self._on_engine_failed,
+            HandedOff: self._handoffs().on_handed_off,
         }
 
     def _on_first_token(self, slot: Slot, event: EngineEvent, _: list[Request]) -> None:
@@ -267,7 +274,7 @@ class Simulation:
             self._waiting[track.class_index] -= 1
         if track.first_token_s is None:
             track.first_token_s = event.first_token_at_s
-        track.finish_s = event.at_s
+        track.finish_s, track.output_tokens = event.at_s, event.output_tokens
         self._end(track, OutcomeState.COMPLETED)
 
     def _on_aborted(self, slot: Slot, event: EngineEvent, requeued: list[Request]) -> None:
@@ -299,6 +306,17 @@ class Simulation:
         self._queued[track.request.id] = track.request
         self._ledger.enqueue(track)
         requeued.append(track.request)
+
+    def _handoffs(self) -> Handoffs:
+        """The carrier of prefill instances' hand-offs (qlm/sim/handoff.py)."""
+        carrier = Handoffs(self._slots, self._loop, self._fleet, self._policy.decode_target)
+        carrier.connect(self._on_aborted, self._requeued_now, partial(self._wake, None))
+        return carrier
+
+    def _requeued_now(self, requeued: list[Request]) -> None:
+        """Requests back in the queue outside an engine's events (a hand-off that failed)."""
+        self._apply(self._policy.on_requeued(requeued))
+        self._settle()
 
     def _on_model_loaded(self, slot: Slot, event: EngineEvent, _: list[Request]) -> None:
         assert isinstance(event, ModelLoaded)
@@ -353,13 +371,8 @@ class Simulation:
         if now_s - self._last_progress_s > self._options.stall_s:
             self._loop.stop()
         elif self._ended < len(self._requests):
-            self._loop.schedule(now_s + self._sample_every_s(), Priority.SAMPLE, self._sample)
-
-    def _sample_every_s(self) -> float:
-        if self._options.sample_every_s is not None:
-            return self._options.sample_every_s
-        span_s = self._requests[-1].arrival_at_s - self._requests[0].arrival_at_s
-        return max(1.0, span_s / 2000.0)
+            period_s = self._options.sample_period_s(self._requests)
+            self._loop.schedule(now_s + period_s, Priority.SAMPLE, self._sample)
 
     def _result(self, sim_wall_s: float) -> SimResult:
         start_s = self._requests[0].arrival_at_s if self._requests else 0.0

@@ -11,7 +11,7 @@ from typing import Protocol
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.engine.client import EngineClient
-from qlm.engine.engine_types import EngineState
+from qlm.engine.engine_types import EngineState, HandedOff
 from qlm.engine.model.stats import EngineStats
 from qlm.sim.dependencies import Dependency
 from qlm.sim.events import EventKey
@@ -33,6 +33,12 @@ class SimConfig:
     # requests that arrive when others end (a program's calls; qlm/sim/dependencies.py)
     dependencies: Mapping[str, Dependency] = field(default_factory=dict)
 
+    def sample_period_s(self, requests: Sequence[Request]) -> float:
+        """sample_every_s, or its default for these requests (sorted by arrival)."""
+        if self.sample_every_s is not None:
+            return self.sample_every_s
+        return max(1.0, (requests[-1].arrival_at_s - requests[0].arrival_at_s) / 2000.0)
+
 
 class SimEngine(EngineClient, Protocol):
     """An EngineClient on the virtual clock that the runner advances."""
@@ -49,6 +55,10 @@ class SimEngine(EngineClient, Protocol):
     def advance_to(self, at_s: float) -> None:
         """Run the engine up to virtual time at_s; its events wait in poll(). (Operations and
         poll() act at the clock's time and advance the engine there themselves.)"""
+        ...
+
+    def receive(self, request: Request, handed: HandedOff) -> None:
+        """Take over a request a prefill engine handed off, with its KV (qlm/sim/handoff.py)."""
         ...
 
 
@@ -77,6 +87,7 @@ class Track:
         "interrupted_s",
         "load_wait_s",
         "no_model_wait_s",
+        "output_tokens",
         "queue_marks",
         "queue_wait_s",
         "request",
@@ -91,6 +102,7 @@ class Track:
         self.dispatch_s: float | None = None
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
+        self.output_tokens: int | None = None  # made in all, once it finished
         self.started = False  # the current attempt produced its first token
         self.evictions = 0
         self.aborts = 0
@@ -157,6 +169,7 @@ def outcome(track: Track) -> RequestOutcome:
         no_model_wait_s=track.no_model_wait_s,
         load_wait_s=track.load_wait_s,
         interrupted_s=track.interrupted_s,
+        output_tokens=track.output_tokens,
     )
 
 

@@ -54,6 +54,7 @@ def test_every_policy_and_ablation_is_registered() -> None:
         "round-robin",
         "serverless",
         "logos",
+        "disagg",
         "qlm",
         "qlm-no-evict",
         "qlm-no-swap",

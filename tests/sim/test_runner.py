@@ -182,7 +182,7 @@ def test_summary_has_the_report_fields() -> None:
 
 
 def test_unknown_policy_lists_the_known_ones() -> None:
-    with pytest.raises(UnknownPolicyError, match="known: edf, fcfs"):
+    with pytest.raises(UnknownPolicyError, match="known: disagg, edf, fcfs"):
         run("nope")
 
 

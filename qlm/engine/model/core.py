@@ -26,6 +26,7 @@ from qlm.engine.engine_types import (
     EngineEvent,
     EngineObservation,
     EngineState,
+    HandedOff,
     ModelLoaded,
 )
 from qlm.engine.model.scheduler import complete, schedule
@@ -36,7 +37,7 @@ from qlm.engine.model.stats import EngineCounters, EngineStats
 from qlm.engine.model.tiers import StandbyTier
 from qlm.perf.profile import Profile
 from qlm.perf.step import TIME_EPS_S, DecodeRun
-from qlm.types import Fleet, Instance, Request
+from qlm.types import Fleet, Instance, InstanceRole, Request
 
 
 class EngineModel:
@@ -156,10 +157,18 @@ class EngineModel:
 
     # ------------------------------------------------------------------ operations
 
-    def add(self, request: Request, now_s: float, output_tokens: int | None = None) -> None:
+    def add(
+        self,
+        request: Request,
+        now_s: float,
+        output_tokens: int | None = None,
+        received: HandedOff | None = None,
+    ) -> None:
         """Admit a request into the engine's waiting queue. It generates output_tokens tokens
         (default: request.max_output_tokens), capped by max_output_tokens and by the KV
-        capacity (a sequence never outgrows the cache, like vLLM's max_model_len)."""
+        capacity (a sequence never outgrows the cache, like vLLM's max_model_len).
+        `received`: a prefill engine's hand-off; the request comes with its KV and its first
+        token made, and is admitted like one resuming (only its last token is computed)."""
         self._begin(now_s)
         self._check_can_add(request)
         capacity = self._seq_limit  # the longest sequence (its own memory, however lent)
@@ -167,7 +176,7 @@ class EngineModel:
             self._counters.aborted += 1
             self._events.append(Aborted(request.id, now_s, "prompt exceeds the KV capacity"))
             return
-        seq = Seq.for_request(request, self._order, capacity, output_tokens)
+        seq = Seq.for_request(request, self._order, capacity, output_tokens, received)
         seq.queued_iteration = self._counters.iterations
         self._order += 1
         self._queues.seqs[request.id] = seq
@@ -372,6 +381,7 @@ class EngineModel:
 
     def _reset_queues(self) -> None:
         self._queues = SeqQueues(self.config, self._counters)
+        self._queues.hands_off = self.instance.role is InstanceRole.PREFILL
         self._carry_preempted = False
         self._segment = None
 

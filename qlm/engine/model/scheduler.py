@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from qlm.engine.engine_types import EngineEvent, FirstToken, RequestFinished
+from qlm.engine.engine_types import EngineEvent, FirstToken, HandedOff, RequestFinished
 from qlm.engine.model.segment import Chunk, Segment
 from qlm.engine.model.seq_queues import SeqQueues
 from qlm.engine.model.sequence import Seq, SeqPhase
@@ -271,8 +271,22 @@ def _complete_prefill(queues: SeqQueues, seq: Seq, at_s: float, events: list[Eng
         events.append(FirstToken(seq.id, at_s))
     if seq.output_tokens >= seq.target_tokens:
         events.append(_finish(queues, seq, at_s))
+    elif queues.hands_off:
+        events.append(_hand_off(queues, seq, at_s))
     else:
         queues.decode.join(seq)
+
+
+def _hand_off(queues: SeqQueues, seq: Seq, at_s: float) -> HandedOff:
+    """A prefill engine's prompt is done: its KV leaves (freed here at once: the transfer is
+    the simulator's, qlm/sim/handoff.py) and a decode engine goes on from this token."""
+    queues.running.pop(seq.id, None)
+    queues.release_prefix(seq)
+    queues.retire(seq)
+    queues.counters.handed_off += 1
+    assert seq.first_token_at_s is not None
+    kv_tokens = seq.prompt_tokens + seq.output_tokens
+    return HandedOff(seq.id, at_s, seq.first_token_at_s, kv_tokens)
 
 
 def _finish(queues: SeqQueues, seq: Seq, at_s: float) -> RequestFinished:

@@ -41,6 +41,7 @@ class SeqQueues:
         self.decode = DecodeBatch()
         self.prefix = PrefixCache(counters.prefix)
         self.kv = KvCache(self.decode, self.prefix, cpu_capacity_tokens=config.cpu_swap_tokens)
+        self.hands_off = False  # a prefill engine's: prompts leave after their first token
 
     def views(self, decode_steps_in_flight: int) -> tuple[EngineRequest, ...]:
         """Every live sequence as the engine's observation lists it (its output counts the
@@ -109,7 +110,10 @@ class SeqQueues:
         short = target - seq.shared_tokens + 1 - self.kv.room_after_decodes
         if short > 0:
             self.prefix.evict(short)
-        seq.computed_tokens = min(seq.shared_tokens, target - 1)
+        # KV handed over by a prefill engine counts as computed, as cached blocks do
+        self.counters.received += seq.received_tokens > 0
+        seq.computed_tokens = min(max(seq.shared_tokens, seq.received_tokens), target - 1)
+        seq.received_tokens = 0  # a later recompute (after a preemption) has it no more
         self.kv.reserve_prefill(target - seq.shared_tokens)
         self.running[seq.id] = seq
         self.prefilling[seq.id] = seq

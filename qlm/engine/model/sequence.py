@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from qlm.engine.engine_types import HandedOff
 from qlm.types import Request
 
 
@@ -59,18 +60,30 @@ class Seq:
     resume_phase: SeqPhase = SeqPhase.WAITING  # phase to return to from SWAPPED
     paused: bool = False  # swapped out by an operation; waits for swap_in
     first_token_at_s: float | None = None
+    received_tokens: int = 0  # KV handed over with it (a decode engine's, until admitted)
     finish_reason: str = "length"  # "length": a cap ended it; "stop": its own length
 
     @classmethod
     def for_request(
-        cls, request: Request, order: int, kv_capacity_tokens: int, output_tokens: int | None
+        cls,
+        request: Request,
+        order: int,
+        kv_capacity_tokens: int,
+        output_tokens: int | None,
+        received: HandedOff | None = None,
     ) -> Seq:
         """A new waiting sequence that generates output_tokens (default: max_output_tokens),
-        capped by max_output_tokens and by the KV capacity (like vLLM's max_model_len)."""
+        capped by max_output_tokens and by the KV capacity (like vLLM's max_model_len).
+        `received`: it comes from a prefill engine with its KV and the tokens made there."""
         cap = min(request.max_output_tokens, kv_capacity_tokens - request.prompt_tokens)
         stops = output_tokens is not None and output_tokens < cap
         target = max(1, output_tokens) if stops and output_tokens is not None else cap
-        return cls(request, target, order, finish_reason="stop" if stops else "length")
+        seq = cls(request, target, order, finish_reason="stop" if stops else "length")
+        if received is not None:
+            seq.output_tokens = max(0, received.kv_tokens - request.prompt_tokens)
+            seq.received_tokens = received.kv_tokens
+            seq.first_token_at_s = received.first_token_at_s
+        return seq
 
     @property
     def id(self) -> str:

@@ -30,6 +30,8 @@ class EngineStats:
     prefix_prompt_tokens: int = 0
     prefix_hit_tokens: int = 0
     prefix_evicted_tokens: int = 0
+    handed_off: int = 0  # requests a prefill engine passed to a decode engine
+    received: int = 0  # handed-off requests a decode engine admitted with their KV
 
     @property
     def prefix_hit_ratio(self) -> float:
@@ -56,6 +58,8 @@ class EngineCounters:
     finished: int = 0
     aborted: int = 0
     segments: int = 0
+    handed_off: int = 0
+    received: int = 0
     prefix: PrefixCounters = field(default_factory=PrefixCounters)
 
     def snapshot(self) -> EngineStats:
@@ -73,4 +77,6 @@ class EngineCounters:
             prefix_prompt_tokens=self.prefix.prompt_tokens,
             prefix_hit_tokens=self.prefix.hit_tokens,
             prefix_evicted_tokens=self.prefix.evicted_tokens,
+            handed_off=self.handed_off,
+            received=self.received,
         )

@@ -1,6 +1,7 @@
 """Scheduling policies for the simulator, registered by name in SIM_POLICIES (README.md)."""
 
 from qlm.sim.policies import (
+    disagg,
     edf,
     fcfs,
     llmd,
@@ -25,6 +26,7 @@ __all__ = [
     "BasePolicy",
     "SimContext",
     "SimPolicy",
+    "disagg",
     "edf",
     "fcfs",
     "llmd",

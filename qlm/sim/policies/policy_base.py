@@ -28,6 +28,7 @@ from qlm.engine.engine_types import (
 )
 from qlm.perf.profile import Profile
 from qlm.registry import Registry
+from qlm.sim.handoff import roomiest_decode
 from qlm.sim.result import TtftPrediction
 from qlm.types import Fleet, Instance, Request
 
@@ -103,6 +104,13 @@ class SimPolicy(Protocol):
 
     def on_timer(self, tag: str) -> Actions: ...
 
+    def decode_target(
+        self, request: Request, kv_tokens: int, candidates: Sequence[EngineObservation]
+    ) -> str | None:
+        """Where a request a prefill instance handed off decodes: one of `candidates` (ready
+        instances on its model that decode, qlm/sim/handoff.py), or None to requeue it."""
+        ...
+
     def stats(self) -> Mapping[str, float]:
         """Deterministic counters for SimResult.policy_stats (replans, ...)."""
         ...
@@ -156,6 +164,11 @@ class BasePolicy:
 
     def on_timer(self, tag: str) -> Actions:
         return NO_ACTIONS
+
+    def decode_target(
+        self, request: Request, kv_tokens: int, candidates: Sequence[EngineObservation]
+    ) -> str | None:
+        return roomiest_decode(request, kv_tokens, candidates)
 
     def stats(self) -> Mapping[str, float]:
         return {}
