@@ -9,14 +9,15 @@ decodes it and when does it get there?
   candidates: the ready instances serving the request's model with role decode, or, when there
   are none, those with role both. The default rule, `roomiest_decode`, takes the one with the
   most free KV after the request's own (then the fewest running sequences): decode time grows
-  with the batch and its context, and a decode instance without room preempts.
+  with the batch and its context, and a decode instance without room makes it wait (its
+  engine admits it when room frees, before nothing: it queues like any request).
 * **When.** The KV travels at the slower end's link (`Instance.kv_link_bytes_per_s`, the fleet
   file's `kv_link_gb_per_s`): `kv_tokens * kv_bytes_per_token / bytes_per_s`. The prefill
   engine frees the KV at once (vLLM's connectors hold it until the decode side has pulled it:
   this model gives the prefill side that memory back one transfer early).
-* **If it cannot land.** No candidate, or the target loaded another model meanwhile: the
-  request returns to the global queue as an interrupted one (its first token stays counted: a
-  requeued stream resumes, qlm/queue).
+* **If it cannot land.** No candidate (or the policy answers None), or the target loaded
+  another model meanwhile: the request returns to the global queue as an interrupted one
+  (its first token stays counted: a requeued stream resumes, qlm/queue).
 
 The live plane's engines prefill and decode their own requests: `qlm serve` refuses any other
 role (qlm/config/serve_config.py), so this rule has no live twin to keep in step with yet.
@@ -53,13 +54,13 @@ def roomiest_decode(
     request: Request, kv_tokens: int, candidates: Sequence[EngineObservation]
 ) -> str | None:
     """The candidate with the most free KV once it holds this request's (then the fewest
-    requests, then fleet order); None when none has room for it."""
+    requests, then fleet order). One without room for it now still takes it: the request
+    waits in its engine's queue until room frees, as a decode instance of vLLM's P/D
+    connectors queues a transfer; None only when there is no candidate."""
     best: tuple[int, int, int] | None = None
     chosen: str | None = None
     for k, obs in enumerate(candidates):
         free = obs.kv_capacity_tokens - obs.kv_used_tokens - kv_tokens
-        if free < 0:
-            continue
         key = (-free, len(obs.requests), k)
         if best is None or key < best:
             best, chosen = key, obs.instance_id
@@ -111,7 +112,7 @@ class Handoffs:
         candidates = decode_candidates(self._slots, request.model)
         target_id = self._choose(request, event.kv_tokens, candidates) if candidates else None
         if target_id is None:
-            reason = "no decode instance of its model had room for its KV"
+            reason = "no decode instance of its model could take its KV"
             self._abort(slot, Aborted(event.request_id, event.at_s, reason), requeued)
             return
         target = self._slots[target_id]

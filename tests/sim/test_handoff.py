@@ -67,16 +67,17 @@ def test_without_a_decode_instance_a_handed_off_request_fails_after_its_retries(
     (outcome,) = result.outcomes
     assert outcome.state is OutcomeState.FAILED
     reasons = {a.reason for a in result.interrupted}
-    assert reasons == {"no decode instance of its model had room for its KV"}
+    assert reasons == {"no decode instance of its model could take its KV"}
 
 
-def test_roomiest_decode_takes_the_most_free_kv_that_still_fits() -> None:
+def test_roomiest_decode_takes_the_most_free_kv_and_queues_where_none_fits() -> None:
     def obs(instance_id: str, used: int, capacity: int = 10_000) -> EngineObservation:
         return EngineObservation(instance_id, EngineState.READY, "m7b", (), used, capacity, 8)
 
     request = req("r", 0.0, 1000)
     assert roomiest_decode(request, 1001, [obs("a", 5000), obs("b", 2000)]) == "b"
-    assert roomiest_decode(request, 9000, [obs("a", 5000), obs("b", 2000)]) is None
+    assert roomiest_decode(request, 9000, [obs("a", 5000), obs("b", 2000)]) == "b"
+    assert roomiest_decode(request, 1001, [obs("a", 5000), obs("b", 5000)]) == "a"
     assert roomiest_decode(request, 1001, []) is None
 
 
