@@ -4,10 +4,12 @@ Each scenario's fleet is run co-located (`qlm` and `llmd`, every instance role b
 into prefill and decode pools (every split of its GPU types: k of each type's instances
 prefill, the rest decode; at least one of each role) under `disagg` (qlm/sim/policies/
 disagg.py: llm-d's scoring, Dynamo's conditional disaggregation, handed-off KV over each
-instance's 25 GB/s link, qlm/sim/handoff.py). qlm runs on the best split too: its dispatch does
-not know roles yet (the planner does not choose them), so that row shows what a split fleet
-gives it as it stands. TBT: a request's decode time over its tokens after the first (completed
-requests with at least two tokens).
+instance's 25 GB/s link, qlm/sim/handoff.py). `planner's`: the split qlm/solver/pd_split.py
+chooses in closed form from the scenario's traffic, routed as `disagg` routes. qlm also runs
+on the planner's split and on disagg's best one: its dispatch does not know roles (a decode
+instance pulls any request and prefills it itself; only prefill instances hand off), so those
+rows show what a split fleet gives it as it stands. TBT: a request's decode time over its
+tokens after the first (completed requests with at least two tokens).
 
     .venv/bin/python -m benchmarks.disagg                       # mooncake-quick, wc-quick, seed 0
     .venv/bin/python -m benchmarks.disagg --seeds 0 1 7 --no-docs
@@ -24,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.stats import percentile
+from benchmarks.common.stats import percentile, percentile_or_nan
 from benchmarks.common.tables import markdown_table
 from benchmarks.report import (
     RESULTS_DIR,
@@ -34,10 +36,12 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
+from qlm.sim.policies.disagg import MAX_LOCAL_PREFILL_TOKENS
 from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario, load_scenario
 from qlm.sim.simulate import SimConfig, SimulatedEngines, simulate
-from qlm.types import Fleet, InstanceRole
+from qlm.solver.pd_split import PhaseDemand, choose_split
+from qlm.types import Fleet, InstanceRole, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = RESULTS_DIR / "disagg.json"
@@ -88,12 +92,31 @@ def measure(result: SimResult) -> dict[str, Any]:
     return {
         "overall_pct": 100 * result.attainment(),
         "latency_class_pct": 100 * by_class.get(LATENCY_CLASS, math.nan),
-        "ttft_p50_s": percentile(ttft, 0.5) if ttft else None,
-        "ttft_p99_s": percentile(ttft, 0.99) if ttft else None,
-        "tbt_p50_ms": 1e3 * percentile(tbt, 0.5) if tbt else None,
-        "tbt_p99_ms": 1e3 * percentile(tbt, 0.99) if tbt else None,
+        "ttft_p50_s": percentile(ttft, 0.5),
+        "ttft_p99_s": percentile(ttft, 0.99),
+        "tbt_p50_ms": 1e3 * percentile_or_nan(tbt, 0.5),
+        "tbt_p99_ms": 1e3 * percentile_or_nan(tbt, 0.99),
         "interrupted": dict(Counter(a.reason for a in result.interrupted)),
     }
+
+
+def planner_split(requests: list[Request], fleet: Fleet) -> str | None:
+    """The split qlm/solver/pd_split.py chooses for the scenario's one model, routed as
+    `disagg` routes (prompts up to its local limit prefilled where they decode)."""
+    models = {r.model for r in requests}
+    if len(models) != 1:
+        return None
+    (model,) = models
+    demand = PhaseDemand.of(requests, MAX_LOCAL_PREFILL_TOKENS)
+    choice = choose_split(fleet.instances, fleet.profiles, model, demand)
+    if choice is None:
+        return None
+    prefill = set(choice.prefill_ids)
+    return next(name for name, split in splits(fleet) if _prefill_ids(split) == prefill)
+
+
+def _prefill_ids(fleet: Fleet) -> set[str]:
+    return {i.id for i in fleet.instances if i.role is InstanceRole.PREFILL}
 
 
 def run_case(scenario: Scenario, seed: int) -> list[dict[str, Any]]:
@@ -101,18 +124,22 @@ def run_case(scenario: Scenario, seed: int) -> list[dict[str, Any]]:
     options = SimConfig(max_time_s=scenario.horizon_s or math.inf)
     engines = SimulatedEngines(scenario.engine)
     base = scenario.fleet()
+    fleets = dict(splits(base))
+    chosen = planner_split(requests, base)
 
     def one(policy: str, split: str, fleet: Fleet) -> dict[str, Any]:
         result = simulate(
             fleet, requests, policy, scenario.config, seed, options=options, engine_factory=engines
         )
-        return {"policy": policy, "split": split, **measure(result)}
+        row = {"policy": policy, "split": split, "planner's": split == chosen}
+        return row | measure(result)
 
     rows = [one("qlm", "co-located", base), one("llmd", "co-located", base)]
-    split_rows = [one("disagg", name, fleet) for name, fleet in splits(base)]
+    split_rows = [one("disagg", name, fleet) for name, fleet in fleets.items()]
     rows += split_rows
     best = max(split_rows, key=lambda r: (r["overall_pct"], r["latency_class_pct"]))
-    rows.append(one("qlm", best["split"], dict(splits(base))[best["split"]]))
+    for name in dict.fromkeys(n for n in (chosen, best["split"]) if n is not None):
+        rows.append(one("qlm", name, fleets[name]))
     return rows
 
 
@@ -122,16 +149,23 @@ def verdict(case: dict[str, Any]) -> dict[str, Any]:
     qlm = next(r for r in rows if r["policy"] == "qlm" and r["split"] == "co-located")
     split = [r for r in rows if r["policy"] == "disagg"]
     best = max(split, key=lambda r: (r["overall_pct"], r["latency_class_pct"]))
+    planned = next((r for r in split if r["planner's"]), None)
+    qlm_planned = next((r for r in rows if r["policy"] == "qlm" and r["planner's"]), None)
     return {
         "scenario": case["scenario"],
         "seed": case["seed"],
         "best split (disagg)": best["split"],
-        "interactive: disagg / llmd / qlm": f"{best['latency_class_pct']:.1f} / "
-        f"{llmd['latency_class_pct']:.1f} / {qlm['latency_class_pct']:.1f} %",
-        "overall: disagg / llmd / qlm": f"{best['overall_pct']:.1f} / "
-        f"{llmd['overall_pct']:.1f} / {qlm['overall_pct']:.1f} %",
-        "TBT p50 disagg / llmd (ms)": f"{best['tbt_p50_ms']:.1f} / {llmd['tbt_p50_ms']:.1f}",
-        "split pays (disagg > llmd overall)": best["overall_pct"] > llmd["overall_pct"],
+        "planner's split": "-" if planned is None else planned["split"],
+        "overall: best / planner's split (disagg), llmd": f"{best['overall_pct']:.1f} / "
+        + ("-" if planned is None else f"{planned['overall_pct']:.1f}")
+        + f", {llmd['overall_pct']:.1f} %",
+        "TBT p50: best split / llmd (ms)": f"{best['tbt_p50_ms']:.1f} / {llmd['tbt_p50_ms']:.1f}",
+        "qlm interactive: co-located / planner's split": f"{qlm['latency_class_pct']:.1f} / "
+        + ("-" if qlm_planned is None else f"{qlm_planned['latency_class_pct']:.1f} %"),
+        "qlm interactive TTFT p99: co-located / planner's split (s)": f"{qlm['ttft_p99_s']:.2f}"
+        + ("" if qlm_planned is None else f" / {qlm_planned['ttft_p99_s']:.2f}"),
+        "qlm overall: co-located / planner's split": f"{qlm['overall_pct']:.1f} / "
+        + ("-" if qlm_planned is None else f"{qlm_planned['overall_pct']:.1f} %"),
     }
 
 
@@ -148,7 +182,15 @@ def render(report: dict[str, Any]) -> str:
         "",
         markdown_table(verdicts, list(verdicts[0]) if verdicts else [], _cell),
     ]
-    columns = ["policy", "split", "overall_pct", "latency_class_pct", "ttft_p50_s", "ttft_p99_s"]
+    columns = [
+        "policy",
+        "split",
+        "planner's",
+        "overall_pct",
+        "latency_class_pct",
+        "ttft_p50_s",
+        "ttft_p99_s",
+    ]
     columns += ["tbt_p50_ms", "tbt_p99_ms", "interrupted"]
     for case in report["cases"]:
         lines += ["", f"### {case['scenario']}, seed {case['seed']}", ""]
