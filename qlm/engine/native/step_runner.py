@@ -141,6 +141,29 @@ class NativeRunner:
     def seq(self, seq_id: str) -> Seq:
         return self._seqs[seq_id]
 
+    def detach(self, seq_id: str) -> tuple[int, Seq]:
+        """Take running `seq_id` off this runner, its blocks still held (kv_handoff.py: the
+        caller frees them or `adopt`s it back); (its place in the running set, it)."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq not in self.running:
+            raise ValueError(f"sequence {seq_id} is not running here")
+        index = self.running.index(seq)
+        self.running.remove(seq)
+        del self._seqs[seq_id]
+        return index, seq
+
+    def adopt(self, seq: Seq, index: int | None = None) -> None:
+        """Take `seq`, its K and V already in this cache up to `seq.computed` (its table's
+        blocks held for it), as running at `index` (default last) or, with every sequence slot
+        taken, as waiting: admitted like a fork, holding its blocks."""
+        self._seqs[seq.seq_id] = seq
+        if self.config.prefix_caching:
+            self._remember_full(seq)
+        if len(self.running) < self.config.max_num_seqs:
+            self.running.insert(len(self.running) if index is None else index, seq)
+        else:
+            self.waiting.append(seq)
+
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
