@@ -9,7 +9,7 @@ chooses in closed form from the scenario's traffic, routed as `disagg` routes. q
 on the planner's split and on disagg's best one. Its dispatch stays work-conserving across
 roles: a decode instance pulls any request of its model and prefills it itself, and only
 prefill instances hand off (leaving long prompts to the prefill pool while a prefill engine
-would start them in time, as Dynamo does by queue length, halved TBT but cost 0.4 to 5.6
+would start them in time, as Dynamo does by queue length, halved TBT but cost 0.4 to 14.2
 points of attainment on these scenarios at seed 0: QLM's classes promise TTFT and completion,
 not TBT). TBT: a request's decode time over its
 tokens after the first (completed requests with at least two tokens).
