@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from qlm.api.batch_routes import add_batch_routes
 from qlm.api.batch_runner import BatchRunner
 from qlm.api.context import RECEIVED_AT, ApiContext
+from qlm.api.context_routes import add_context_routes
 from qlm.api.errors import install_error_handlers
 from qlm.api.metrics_routes import add_metrics_routes, default_metrics
 from qlm.api.openai_routes import add_openai_routes
@@ -112,6 +113,7 @@ def create_app(
     add_qlm_routes(app, context)
     add_batch_routes(app, context, store)
     add_program_routes(app, context, programs, program_runner)
+    add_context_routes(app, context, programs, program_runner)
     add_metrics_routes(app, metrics, clock, queue)
     install_openapi(app, settings)
     app.add_middleware(ArrivalStamp, clock=clock)

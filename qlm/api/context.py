@@ -131,6 +131,22 @@ class ApiContext:
         self.metrics.request_admitted(request)
         return request
 
+    async def admit_built(self, built: Request) -> Request:
+        """Estimate and enqueue a request a route built itself (a program context's fill or
+        generation), with `admit`'s refusals (429, 503) and counts."""
+        estimate = await self.estimator.estimate(built)
+        try:
+            request = await self._commit(built, estimate)
+        except ApiError as exc:
+            self.estimator.forget(built)
+            self.metrics.request_rejected(built.model, built.slo_class, exc.code or exc.type)
+            raise
+        except BaseException:
+            self.estimator.forget(built)
+            raise
+        self.metrics.request_admitted(request)
+        return request
+
     async def _enqueue(
         self, body: Body, http: HttpRequest, id_prefix: str, tenant: str | None
     ) -> Request:

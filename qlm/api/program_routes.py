@@ -62,7 +62,10 @@ class CallBody(StrictModel):
 
 
 class ProgramBody(StrictModel):
-    calls: list[CallBody] = Field(min_length=1)
+    calls: list[CallBody] = Field(
+        default_factory=list,
+        description="The calls; none: a session for contexts, running until cancelled.",
+    )
     inputs: dict[str, str] = Field(default_factory=dict)
     deadline_s: float | None = Field(default=None, gt=0, description="End to end, from now.")
     slo_class: str | None = None

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 from dataclasses import replace
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -75,18 +76,9 @@ class ProgramRunner:
         what the API would refuse in it)."""
         body = {"model": call.model, "prompt": render(call.prompt, values),
                 "max_tokens": call.max_tokens, **call.sampling}  # fmt: skip
-        try:
-            parsed = COMPLETION.parse(json.dumps(body))
-        except ValidationError as exc:
-            raise from_pydantic(exc) from None
-        headers = {HEADER_CLASS: program.slo_class} if program.slo_class else {}
-        request_id = program.request_id(call.name)
-        now_s = self.ctx.clock.now_s()
-        request = self.ctx.admitter.build(parsed, headers, request_id, now_s, program.tenant)
         # the template's text up to its first variable is a block of its own: every run of
         # the template shares it (Parrot's prefix at the variable boundary)
-        cut = prompt_prefix(request.prompt, request.prompt_tokens, cuts=(len(call.head),))
-        request = replace(request, prefix=cut)
+        request = self.completion(program, program.request_id(call.name), body, len(call.head))
         deadline = program.deadlines.get(call.name)
         if deadline is None:
             return request
@@ -95,6 +87,22 @@ class ProgramRunner:
         ttft_s = max(arrival_s, start_s + deadline.ttft_s)
         done_s = max(ttft_s, start_s + deadline.done_s)
         return replace(request, ttft_deadline_at_s=ttft_s, completion_deadline_at_s=done_s)
+
+    def completion(
+        self, program: Program, request_id: str, body: dict[str, Any], cut: int
+    ) -> Request:
+        """A completion of the program's tenant and class from a request body (an ApiError
+        names what the API would refuse in it); the prompt's first `cut` characters end a
+        prefix block, so that other prompts starting with them share it."""
+        try:
+            parsed = COMPLETION.parse(json.dumps(body))
+        except ValidationError as exc:
+            raise from_pydantic(exc) from None
+        headers = {HEADER_CLASS: program.slo_class} if program.slo_class else {}
+        now_s = self.ctx.clock.now_s()
+        request = self.ctx.admitter.build(parsed, headers, request_id, now_s, program.tenant)
+        blocks = prompt_prefix(request.prompt, request.prompt_tokens, cuts=(cut,))
+        return replace(request, prefix=blocks)
 
     async def advance(self, program: Program) -> Program:
         """One step of the program, stored: as far as it can go now."""
@@ -106,10 +114,13 @@ class ProgramRunner:
             program = await self._cancel(program, records)
         else:
             program = await self._queue_ready(program)
-        if all(program.state_of(c.name) in ENDED for c in program.calls):
+        # a program of no calls (a session for its contexts) runs until it is cancelled
+        ended = all(program.state_of(c.name) in ENDED for c in program.calls)
+        if cancelling or (ended and program.calls):
             status = ProgramStatus.FAILED if program.errors else ProgramStatus.COMPLETED
             status = ProgramStatus.CANCELLED if cancelling else status
             program = replace(program, status=status, finished_at_s=now_s)
+            await self.store.drop_contexts(program.id)  # they end with it
         if program != before:  # most rounds change nothing: no write
             await self.store.put(program)
         return program

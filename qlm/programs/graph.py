@@ -132,8 +132,6 @@ def render(template: str, values: Mapping[str, str]) -> str:
 def _check_names(
     calls: tuple[ProgramCall, ...], inputs: Collection[str], limits: ProgramLimits
 ) -> None:
-    if not calls:
-        raise ProgramError("a program needs at least one call", "calls")
     if len(calls) > limits.max_calls:
         raise ProgramError(
             f"{len(calls)} calls; a program may have at most {limits.max_calls}", "calls"

@@ -2,16 +2,19 @@
 
 The API writes a program when it is submitted; the program runner (qlm/api/program_runner.py)
 is its only writer afterwards. A cancel is a flag of its own (`request_cancel`), which the
-runner reads, so that it never races the runner's writes. The Redis store
+runner reads, so that it never races the runner's writes; so are a program's contexts
+(qlm/programs/contexts.py), which the API writes and the runner drops when the program ends.
+The Redis store
 (qlm/queue/redis/program_store.py) keeps the same in the queue's Redis, so that programs
 survive a restart of every process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Protocol
 
+from qlm.programs.contexts import ProgramContext
 from qlm.programs.state import Program
 
 
@@ -28,6 +31,15 @@ class ProgramStore(Protocol):
 
     async def request_cancel(self, program_id: str) -> None: ...
     async def cancel_requested(self, program_id: str) -> bool: ...
+    async def put_context(self, program_id: str, context: ProgramContext) -> None: ...
+    async def contexts(self, program_id: str) -> dict[str, ProgramContext]:
+        """The program's contexts by name (qlm/programs/contexts.py)."""
+        ...
+
+    async def drop_contexts(self, program_id: str, names: Collection[str] | None = None) -> int:
+        """Forget these contexts (None: all of the program's); how many there were."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -37,6 +49,7 @@ class MemoryProgramStore:
     def __init__(self) -> None:
         self._programs: dict[str, Program] = {}
         self._cancels: set[str] = set()
+        self._contexts: dict[str, dict[str, ProgramContext]] = {}
 
     async def put(self, program: Program) -> None:
         self._programs[program.id] = program
@@ -58,6 +71,19 @@ class MemoryProgramStore:
 
     async def cancel_requested(self, program_id: str) -> bool:
         return program_id in self._cancels
+
+    async def put_context(self, program_id: str, context: ProgramContext) -> None:
+        self._contexts.setdefault(program_id, {})[context.name] = context
+
+    async def contexts(self, program_id: str) -> dict[str, ProgramContext]:
+        return dict(self._contexts.get(program_id, {}))
+
+    async def drop_contexts(self, program_id: str, names: Collection[str] | None = None) -> int:
+        mine = self._contexts.get(program_id, {})
+        gone = list(mine) if names is None else [n for n in names if n in mine]
+        for name in gone:
+            del mine[name]
+        return len(gone)
 
     async def close(self) -> None:
         return None

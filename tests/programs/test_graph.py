@@ -36,7 +36,7 @@ def test_map_reduce_runs_the_maps_first_and_the_merge_once_they_are_done() -> No
         ((call("a", "x"), call("a", "y")), (), "'a' names two variables", "calls[1].name"),
         ((call("a", "x"),), ("a",), "'a' names two variables", "calls[0].name"),
         ((call("a.b", "x"),), (), "call name 'a.b' is not a valid", "calls[0].name"),
-        ((), (), "at least one call", "calls"),
+        ((), ("x",), "input 'x' is used by no call", "inputs"),
         ((call("a", "{{a}}"),), (), "calls a -> a form a cycle", "calls[0].prompt"),
     ],
 )  # fmt: skip
@@ -95,3 +95,7 @@ def test_a_long_chain_in_reverse_order_is_ordered_without_deep_recursion() -> No
 def test_an_input_no_call_uses_is_refused() -> None:
     with pytest.raises(ProgramError, match="input 'spare' is used by no call"):
         ProgramGraph.of((call("a", "{{doc}}"),), ("doc", "spare"))
+
+
+def test_a_program_of_no_calls_is_a_session_for_contexts() -> None:
+    assert ProgramGraph.of((), ()).calls == ()

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from qlm.config.redis_config import RedisQueueConfig
+from qlm.programs.contexts import ProgramContext
 from qlm.programs.deadlines import CallDeadline
 from qlm.programs.graph import ProgramCall
 from qlm.programs.state import Program, ProgramStatus
@@ -62,3 +63,21 @@ async def test_what_is_put_comes_back_and_lists_follow_tenant_and_status(
     await store.request_cancel("p2")
     assert await store.cancel_requested("p2")
     assert await store.get("p2") == program("p2", "t1", 2.0)
+
+
+async def test_contexts_are_kept_per_program_and_dropped_by_name_or_all(
+    store: ProgramStore,
+) -> None:
+    doc = ProgramContext("doc", "m7b", "text", None, 1.0, "p1.ctx.doc.fill")
+    fork = ProgramContext("copy", "m7b", "text", "doc", 2.0, None)
+    await store.put_context("p1", doc)
+    await store.put_context("p1", fork)
+    await store.put_context("p2", doc)
+    assert await store.contexts("p1") == {"doc": doc, "copy": fork}
+    assert await store.drop_contexts("p1", ["copy", "nope"]) == 1
+    assert await store.contexts("p1") == {"doc": doc}
+    assert await store.drop_contexts("p1") == 1
+    assert await store.contexts("p1") == {}
+    assert await store.drop_contexts("p1") == 0
+    assert await store.drop_contexts("p2", []) == 0
+    assert await store.contexts("p2") == {"doc": doc}

@@ -1,15 +1,18 @@
 """The program store in Redis, beside the queue (same server, same key prefix): programs as
-JSON in one hash, the running ones in a set, cancel flags in a set. Programs survive a restart
+JSON in one hash, the running ones in a set, cancel flags in a set, each program's contexts
+in a hash of their own. Programs survive a restart
 of every process (with the server's AOF on, as the chart runs it)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 import redis.asyncio as redis
 
 from qlm.config.redis_config import RedisQueueConfig
+from qlm.programs.contexts import ProgramContext
 from qlm.programs.state import Program
 from qlm.programs.storage import newest_first
 from qlm.queue.redis.connect import store_client
@@ -20,6 +23,7 @@ class RedisProgramStore:
         self._r = client
         p = f"{key_prefix}program:"
         self._programs, self._running, self._cancels = p + "all", p + "running", p + "cancels"
+        self._context_prefix = p + "contexts:"
 
     @classmethod
     def for_queue(cls, config: RedisQueueConfig) -> RedisProgramStore:
@@ -60,3 +64,24 @@ class RedisProgramStore:
 
     async def cancel_requested(self, program_id: str) -> bool:
         return bool(await self._r.sismember(self._cancels, program_id))
+
+    async def put_context(self, program_id: str, context: ProgramContext) -> None:
+        key = self._context_prefix + program_id
+        await self._r.hset(key, context.name, json.dumps(context.to_dict()))
+
+    async def contexts(self, program_id: str) -> dict[str, ProgramContext]:
+        raw: dict[Any, Any] = await self._r.hgetall(self._context_prefix + program_id)
+        return {name: ProgramContext.from_dict(json.loads(v)) for name, v in raw.items()}
+
+    async def drop_contexts(self, program_id: str, names: Collection[str] | None = None) -> int:
+        key = self._context_prefix + program_id
+        if names is None:
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.hlen(key)
+                pipe.delete(key)
+                count, _ = await pipe.execute()
+            return int(count)
+        if not names:
+            return 0
+        dropped: int = await self._r.hdel(key, *names)
+        return dropped
