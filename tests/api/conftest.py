@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from qlm.api import ApiAppConfig, ApiConfig, ModelConfig, create_app
+from qlm.api.program_runner import ProgramRunner
 from qlm.clock import VirtualClock
 from qlm.config import SloClassConfig
 from qlm.queue.memory import MemoryQueue
@@ -124,3 +125,15 @@ async def wait_until(predicate: Callable[[], object], timeout_s: float = 5.0) ->
         if loop.time() > end:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def runner(app: FastAPI) -> AsyncIterator[ProgramRunner]:
+    """The app's program runner, running (its rounds) for the test."""
+    program_runner: ProgramRunner = app.state.program_runner
+    stop = asyncio.Event()
+    task = asyncio.create_task(program_runner.run(stop))
+    yield program_runner
+    stop.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -5,14 +5,10 @@ text, contexts end with their program, and bad calls are refused naming the fiel
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from qlm.api.program_runner import ProgramRunner
 from qlm.queue.memory import MemoryQueue
@@ -22,17 +18,6 @@ from tests.api.fake_agent import FakeAgent
 
 PROGRAMS = "/v1/qlm/programs"
 DOCUMENT = "The quarterly report. " * 60  # 1,320 characters: five whole prefix blocks and more
-
-
-@pytest.fixture
-async def runner(app: FastAPI) -> AsyncIterator[ProgramRunner]:
-    program_runner: ProgramRunner = app.state.program_runner
-    stop = asyncio.Event()
-    task = asyncio.create_task(program_runner.run(stop))
-    yield program_runner
-    stop.set()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 async def session(client: httpx.AsyncClient) -> str:

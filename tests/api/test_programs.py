@@ -6,8 +6,6 @@ end-to-end deadline becomes each call's deadlines."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -26,17 +24,6 @@ from tests.api.conftest import NOW_S, make_settings, wait_until
 from tests.api.fake_agent import FakeAgent
 
 PROGRAMS = "/v1/qlm/programs"
-
-
-@pytest.fixture
-async def runner(app: FastAPI) -> AsyncIterator[ProgramRunner]:
-    program_runner: ProgramRunner = app.state.program_runner
-    stop = asyncio.Event()
-    task = asyncio.create_task(program_runner.run(stop))
-    yield program_runner
-    stop.set()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 def map_reduce(chunks: int = 3, **options: Any) -> ProgramBuilder:
