@@ -1,7 +1,7 @@
 """A program's contexts over HTTP (Parrot's Fill / Fork / Generate / FreeContext):
 `/v1/qlm/programs/{id}/contexts` (fill a new one, list), `/{name}` (read, free), `/{name}/fork`,
 `/{name}/generate`. What a context is and how its generations find the engine that holds its
-text: qlm/programs/contexts.py.
+text: qlm/programs/program_contexts.py.
 
 A context belongs to a running program of the caller's tenant (a program of no calls is a
 session for contexts, running until cancelled); it ends with the program. Fills and
@@ -25,8 +25,8 @@ from qlm.api.errors import ApiError
 from qlm.api.program_routes import PROGRAMS, SAMPLING_FIELDS
 from qlm.api.program_runner import ProgramRunner
 from qlm.config import StrictModel
-from qlm.programs.contexts import CONTEXT_MARK, ProgramContext
 from qlm.programs.graph import NAME
+from qlm.programs.program_contexts import CONTEXT_MARK, ProgramContext
 from qlm.programs.state import Program
 from qlm.programs.storage import ProgramStore
 

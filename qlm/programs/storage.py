@@ -3,7 +3,7 @@
 The API writes a program when it is submitted; the program runner (qlm/api/program_runner.py)
 is its only writer afterwards. A cancel is a flag of its own (`request_cancel`), which the
 runner reads, so that it never races the runner's writes; so are a program's contexts
-(qlm/programs/contexts.py), which the API writes and the runner drops when the program ends.
+(qlm/programs/program_contexts.py), which the API writes and the runner drops when the program ends.
 The Redis store
 (qlm/queue/redis/program_store.py) keeps the same in the queue's Redis, so that programs
 survive a restart of every process.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import Protocol
 
-from qlm.programs.contexts import ProgramContext
+from qlm.programs.program_contexts import ProgramContext
 from qlm.programs.state import Program
 
 
@@ -33,7 +33,7 @@ class ProgramStore(Protocol):
     async def cancel_requested(self, program_id: str) -> bool: ...
     async def put_context(self, program_id: str, context: ProgramContext) -> None: ...
     async def contexts(self, program_id: str) -> dict[str, ProgramContext]:
-        """The program's contexts by name (qlm/programs/contexts.py)."""
+        """The program's contexts by name (qlm/programs/program_contexts.py)."""
         ...
 
     async def drop_contexts(self, program_id: str, names: Collection[str] | None = None) -> int:

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from qlm.config.redis_config import RedisQueueConfig
-from qlm.programs.contexts import ProgramContext
 from qlm.programs.deadlines import CallDeadline
 from qlm.programs.graph import ProgramCall
+from qlm.programs.program_contexts import ProgramContext
 from qlm.programs.state import Program, ProgramStatus
 from qlm.programs.storage import MemoryProgramStore, ProgramStore
 from qlm.queue.redis.program_store import RedisProgramStore

@@ -12,7 +12,7 @@ from typing import Any
 import redis.asyncio as redis
 
 from qlm.config.redis_config import RedisQueueConfig
-from qlm.programs.contexts import ProgramContext
+from qlm.programs.program_contexts import ProgramContext
 from qlm.programs.state import Program
 from qlm.programs.storage import newest_first
 from qlm.queue.redis.connect import store_client
