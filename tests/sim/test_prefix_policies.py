@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from qlm.config import QlmConfig
 from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
 from qlm.prefixes.index import PrefixIndex
@@ -214,3 +216,30 @@ def test_not_prefilling_needs_an_instance_prefilling_and_room_elsewhere() -> Non
     assert not_prefilling([prefilling, obs("d", ())], 100) == ["d"]  # idle counts as free
     assert not_prefilling([prefilling, obs("e", (True,) * 8)], 100) == []  # no free slot
     assert not_prefilling([prefilling, obs("f", (True,), kv_used=9_950)], 100) == []  # no room
+
+
+def test_a_prefix_hotter_than_one_instance_is_replicated_and_kept() -> None:
+    """One prompt prefix at 6 requests a second (3,000 shared tokens, 2,000 of their own, 200
+    out, first token due in 2 s) is more than one instance serves: alone, one keeps under
+    95 % of them. qlm (work-conserving dispatch) and preble (its rebalance) serve the prefix
+    from both instances, each caching it (Preble's replication of a hot prefix), and keep
+    >= 95 %; preble without its rebalance sends every exploit to the first holder."""
+    hot = (PrefixBlock(71, 3000),)
+    times = np.cumsum(np.random.default_rng(0).exponential(1 / 6, 200))
+    requests = [
+        replace(
+            Request(f"h{k}", "m7b", 5000, 200, "interactive", float(t), float(t) + 2.0), prefix=hot
+        )
+        for k, t in enumerate(times)
+    ]
+    one, two = two_model_fleet(num_7b=1, num_13b=0), two_model_fleet(num_7b=2, num_13b=0)
+    for name in ("qlm", "preble"):
+        assert simulate(one, requests, name, QlmConfig(), 0).attainment() < 0.95
+        result = simulate(two, requests, name, QlmConfig(), 0)
+        assert result.attainment() >= 0.95
+        assert {o.instance_id for o in result.outcomes} == {"a0", "a1"}
+        assert all(result.prefix_tokens[i][1] > 0 for i in ("a0", "a1"))  # cached on both
+    options = {"balance_ratio": 1e9}
+    stuck = simulate(two, requests, "preble", QlmConfig(), 0, policy_options=options)
+    assert {o.instance_id for o in stuck.outcomes} == {"a0"}
+    assert stuck.attainment() < 0.5
