@@ -1,9 +1,10 @@
 """The three applications of the programs benchmark, each built as a `ProgramBuilder` (the body
-of one program) from arXiv summarisation lengths (sims/data, NOTICE there): a chain that
-summarises a document chunk by chunk, each step carrying the summary so far; a map-reduce
-that summarises the chunks at once and merges the summaries; and two agents that answer each
-other for a few turns. Prompt text is sized to the API's token counter (4 ASCII characters a
-token)."""
+of one program) from arXiv summarisation lengths (sims/data, NOTICE there), sharing context
+across calls the way Parrot's applications do: a chain whose every step reads the paper and
+extends the summary so far by one part; a map-reduce whose every map call reads the paper and
+summarises one part, then a merge of the summaries; and two agents whose every turn reads the
+topic and the whole conversation so far. Prompt text is sized to the API's token counter (4
+ASCII characters a token)."""
 
 from __future__ import annotations
 
@@ -55,40 +56,52 @@ def text(tokens: int, word: str) -> str:
     return (unit * (4 * tokens // len(unit) + 1))[: 4 * tokens]
 
 
-def chain(doc: Document, model: str, tag: str) -> App:
-    p = ProgramBuilder(model, max_tokens=STEP_OUTPUT_TOKENS)
+def paper(doc: Document, tag: str) -> str:
+    """The paper every call of an app reads: its first chunks, MAX_CHUNKS at most."""
     chunks = min(MAX_CHUNKS, doc.prompt_tokens // CHUNK_TOKENS)
-    summary = p.call(
-        "s0", "Summarise this part of a paper. " + p.input("c0", text(CHUNK_TOKENS, tag))
-    )
-    for i in range(1, chunks):
-        chunk = p.input(f"c{i}", text(CHUNK_TOKENS, f"{tag}{i}"))
-        prompt = f"Summary so far: {summary}\nExtend it with this part of the paper. {chunk}"
+    return " ".join(text(CHUNK_TOKENS, f"{tag}{i}") for i in range(chunks))
+
+
+def parts(doc: Document) -> int:
+    return min(MAX_CHUNKS, doc.prompt_tokens // CHUNK_TOKENS)
+
+
+def chain(doc: Document, model: str, tag: str) -> App:
+    """Each step reads the whole paper, then the summary so far, and extends it with the next
+    part (Parrot's chain summary: the paper is the context every step shares)."""
+    p = ProgramBuilder(model, max_tokens=STEP_OUTPUT_TOKENS)
+    paper_text = p.input("paper", paper(doc, tag))
+    summary = p.call("s0", f"{paper_text}\nSummarise part 1 of the paper above.")
+    for i in range(1, parts(doc)):
+        prompt = f"{paper_text}\nSummary so far: {summary}\nExtend it with part {i + 1}."
         summary = p.call(f"s{i}", prompt)
-    return App("chain", p, f"s{chunks - 1}")
+    return App("chain", p, f"s{parts(doc) - 1}")
 
 
 def map_reduce(doc: Document, model: str, tag: str) -> App:
+    """Every map call reads the whole paper and summarises one part; the merge reads the
+    summaries (Parrot's map-reduce: the paper is the context the maps share)."""
     p = ProgramBuilder(model, max_tokens=STEP_OUTPUT_TOKENS)
-    chunks = min(MAX_CHUNKS, doc.prompt_tokens // CHUNK_TOKENS)
-    parts = [
-        p.call(
-            f"s{i}",
-            "Summarise this part of a paper. " + p.input(f"c{i}", text(CHUNK_TOKENS, f"{tag}{i}")),
-        )
-        for i in range(chunks)
+    paper_text = p.input("paper", paper(doc, tag))
+    summaries = [
+        p.call(f"s{i}", f"{paper_text}\nSummarise part {i + 1} of the paper above.")
+        for i in range(parts(doc))
     ]
     cap = max(STEP_OUTPUT_TOKENS, min(doc.output_tokens, MERGE_OUTPUT_CAP))
-    p.call("merged", "Merge these summaries into one abstract. " + " ".join(parts), max_tokens=cap)
+    merge = "Merge these summaries into one abstract. " + " ".join(summaries)
+    p.call("merged", merge, max_tokens=cap)
     return App("map-reduce", p, "merged")
 
 
 def multi_agent(doc: Document, model: str, tag: str) -> App:
+    """Two agents answer each other; each turn reads the topic and the whole conversation so
+    far (Parrot's multi-agent chat: each turn's context is the last one's, extended)."""
     p = ProgramBuilder(model, max_tokens=TURN_OUTPUT_TOKENS)
-    last = p.input("topic", text(TOPIC_TOKENS, tag))
+    history = p.input("topic", text(TOPIC_TOKENS, tag)) + "\n"
     for turn in range(TURNS):
         speaker = "the author" if turn % 2 == 0 else "the reviewer"
-        last = p.call(f"t{turn}", f"You are {speaker}. Answer the last message briefly. {last}")
+        answer = p.call(f"t{turn}", f"{history}You are {speaker}. Answer the last message briefly.")
+        history += f"{speaker}: {answer}\n"
     return App("multi-agent", p, f"t{TURNS - 1}")
 
 

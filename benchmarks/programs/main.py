@@ -13,7 +13,11 @@ another data centre). `light`: the instances one after another; `loaded`: Poisso
 that keep several in flight at once, the same arrivals for both modes. Reports end-to-end
 latency (mean, p50, p99), the share done by the app's deadline (`--deadline-factor` times its
 critical path alone, by the profile) and throughput. Verdicts: a program's mean latency at
-most 0.7x call by call's at every point, and its deadline attainment higher under load.
+most 0.7x call by call's at every point, and its deadline attainment higher under load. The
+apps share context across calls as Parrot's do (a paper every call reads, a conversation each
+turn extends); the simulator also runs the calls with no prefix information (`calls-unshared`:
+a server that shares nothing, Parrot's baseline) and reports the prompt tokens prefilled more
+than once per app in each mode.
 
 Writes benchmarks/results/programs.json and the "programs" block of docs/benchmarks.md.
 """
@@ -54,6 +58,8 @@ def fmt(value: object, column: str) -> str:
     if isinstance(value, float):
         if "met" in column:
             return f"{100 * value:.0f}%"
+        if "twice" in column:
+            return f"{value:,.0f}"
         return f"{value:.2f}"
     return str(value)
 
@@ -68,8 +74,26 @@ def verdicts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"mean <= {LATENCY_TARGET}x": "PASS" if r["mean latency ratio"] <= LATENCY_TARGET
             else "MISS",
             "met higher": met_higher(point["load"], program_met, calls_met),
+            **sharing(point["rows"]),
         })  # fmt: skip
     return out
+
+
+def sharing(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What sharing context saves (simulator points, which also run the calls without any
+    prefix information: a server that shares nothing, Parrot's baseline): prompt tokens
+    prefilled more than once per app by mode, and the program's mean latency over that."""
+    by_mode = {r["mode"]: r for r in rows}
+    unshared = by_mode.get("calls-unshared")
+    if unshared is None:
+        return {"prefilled twice per app (program / calls / unshared)": "-",
+                "mean ratio vs unshared calls": "-"}  # fmt: skip
+    twice = tuple(by_mode[m]["prefilled twice per app"] for m in ("program", "calls"))
+    return {
+        "prefilled twice per app (program / calls / unshared)": (
+            *twice, unshared["prefilled twice per app"]),
+        "mean ratio vs unshared calls": by_mode["program"]["mean_s"] / unshared["mean_s"],
+    }  # fmt: skip
 
 
 def met_higher(load: str, program_met: float, calls_met: float) -> str:
@@ -137,7 +161,8 @@ def main(argv: list[str]) -> int:
     for plane in ("simulator", "live"):
         for kind in args.apps.split(","):
             for load in args.loads.split(","):
-                rows = [point(plane, kind, mode, chosen[load]) for mode in ("program", "calls")]
+                modes = ("program", "calls") + (("calls-unshared",) if plane == "simulator" else ())
+                rows = [point(plane, kind, mode, chosen[load]) for mode in modes]
                 print(plane, kind, load, rows, flush=True)
                 points.append({"plane": plane, "app": kind, "load": load, "rows": rows})
     finish_header(header)

@@ -7,9 +7,10 @@ answer's way back); its first calls arrive half a round trip after its start in 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from benchmarks.programs.apps import App
+from benchmarks.programs.apps import App, text
 from benchmarks.programs.run import (
     MODEL,
     Setup,
@@ -17,16 +18,65 @@ from benchmarks.programs.run import (
     call_times,
     critical_s,
     plane_config,
+    specs,
     summary,
     workload,
 )
 from qlm.config.serve_config import ServeConfig
+from qlm.prefixes.prompt_blocks import prompt_prefix
 from qlm.programs.deadlines import call_deadlines
+from qlm.programs.fork import leaders
+from qlm.programs.graph import ProgramGraph, render
 from qlm.sim.dependencies import Dependency
 from qlm.sim.simulate import SimConfig, simulate
-from qlm.types import Request
+from qlm.types import PrefixBlock, Request
 
 POLICY = "qlm"
+
+
+def prefixes(app: App, mode: str) -> dict[str, tuple[PrefixBlock, ...]]:
+    """Each call's prompt blocks as the API cuts them (qlm/prefixes/prompt_blocks.py): its
+    prompt filled with the app's inputs and, for the calls it uses, placeholder text of their
+    output caps (the simulator makes no text); a program's call also ends a block at its
+    template's first variable. `calls-unshared`: none (a server that shares nothing across
+    requests: Parrot's baseline)."""
+    if mode == "calls-unshared":
+        return {}
+    graph = ProgramGraph.of(specs(app), tuple(app.program.inputs))
+    values = dict(app.program.inputs)
+    values |= {c.name: text(c.max_tokens, f"out-{c.name}") for c in graph.calls}
+    out = {}
+    for call in graph.calls:
+        prompt = render(call.prompt, values)
+        cuts = (len(call.head),) if mode == "program" else ()
+        out[call.name] = prompt_prefix(prompt, len(prompt) // 4, cuts=cuts)
+    return out
+
+
+def fork_leaders(graph: ProgramGraph, blocks: dict[str, tuple[PrefixBlock, ...]]) -> dict[str, str]:
+    """The program runner's fork rule (qlm/programs/fork.py) over the calls that become
+    ready together here: those that use the same other calls (the runner queues them in
+    one round)."""
+    calls = {c.name for c in graph.calls}
+    together: dict[frozenset[str], dict[str, tuple[PrefixBlock, ...]]] = {}
+    for call in graph.calls:
+        uses = frozenset(r for r in call.references if r in calls)
+        together.setdefault(uses, {})[call.name] = blocks.get(call.name, ())
+    return {m: lead for group in together.values() for m, lead in leaders(group).items()}
+
+
+def unique_tokens(app: App, config: ServeConfig) -> int:
+    """Prompt tokens the app's calls hold once each: every distinct block of their text once
+    (as call by call cuts them), and each call's own tail: what a server that reuses all it
+    can computes, whatever the mode run."""
+    _, prompts, _ = call_times(app, config)
+    seen: dict[int, int] = {}
+    own = 0
+    for name, blocks in prefixes(app, "calls").items():
+        for block in blocks:
+            seen.setdefault(block.key, block.tokens)
+        own += max(0, prompts[name] - sum(b.tokens for b in blocks))
+    return sum(seen.values()) + own
 
 
 def app_requests(
@@ -37,6 +87,8 @@ def app_requests(
     deadline_s = setup.deadline_factor * critical_s(app, config)
     shares = call_deadlines(graph, times, deadline_s)
     ttft_target_s = config.qlm.slo_class_map()["interactive"].ttft_s
+    blocks = prefixes(app, mode)
+    waits = fork_leaders(graph, blocks) if mode == "program" else {}
     requests, deps = [], {}
     for call in graph.calls:
         rid = f"a{index}.{call.name}"
@@ -49,7 +101,14 @@ def app_requests(
             ttft_s, done_s = at_s + ttft_target_s, None
         done_s = None if done_s is None else max(done_s, ttft_s)
         fields = (prompts[call.name], call.max_tokens, "interactive", at_s, ttft_s, done_s)
-        requests.append(Request(rid, MODEL, *fields))
+        request = Request(rid, MODEL, *fields)
+        leader = waits.get(call.name)
+        request = replace(
+            request,
+            prefix=_fitted(blocks.get(call.name, ()), request),
+            job_leader=None if leader is None else f"a{index}.{leader}",
+        )
+        requests.append(request)
         if inputs:
             delay_s = 0.0 if mode == "program" else setup.rtt_s
             deps[rid] = Dependency(inputs, delay_s, shift_deadlines=mode != "program")
@@ -67,6 +126,12 @@ def sim_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
         deadlines.append(deadline_s)
     result = simulate(config.fleet(), requests, POLICY, config.qlm, setup.seed,
                       options=SimConfig(dependencies=deps))  # fmt: skip
+    # prompt tokens computed: those admitted less those found cached (a request without
+    # blocks is computed whole; one preempted and admitted again counts again)
+    with_blocks = sum(p for p, _ in result.prefix_tokens.values())
+    hits = sum(h for _, h in result.prefix_tokens.values())
+    bare = sum(r.prompt_tokens for r in requests if not r.prefix)
+    computed = with_blocks - hits + bare
     finish = {o.request_id: o.finish_s for o in result.outcomes}
     done = []
     for i, (app, start_s) in enumerate(zip(apps, starts_s, strict=True)):
@@ -74,4 +139,19 @@ def sim_point(kind: str, mode: str, setup: Setup) -> dict[str, Any]:
         ok = end_s is not None
         latency_s = (end_s if end_s is not None else result.end_s) + setup.rtt_s / 2 - start_s
         done.append((latency_s, deadlines[i], ok, alone(app, mode, setup)))
-    return summary(kind, mode, done, result.end_s - starts_s[0])
+    row = summary(kind, mode, done, result.end_s - starts_s[0])
+    unique = sum(unique_tokens(app, config) for app in apps)
+    row["prefilled twice per app"] = max(0, computed - unique) / len(apps)
+    return row
+
+
+def _fitted(blocks: tuple[PrefixBlock, ...], request: Request) -> tuple[PrefixBlock, ...]:
+    """The blocks, the last cut short where the placeholder text ran past the prompt's
+    token count (the two count alike to within a few tokens)."""
+    out, total = [], 0
+    for block in blocks:
+        if total + block.tokens > request.prompt_tokens:
+            break
+        out.append(block)
+        total += block.tokens
+    return tuple(out)

@@ -7,8 +7,9 @@ comes first in its part, so it goes in this round) or still prefilling on this e
 with it the job's requests after it in this instance's order (leaders excepted, which prefix
 locality may rank after their members): the engine keeps its room
 for the part it started, one part at a time as BatchLLM batches a group, rather than opening
-more prefixes that would crowd that one's out of its cache. Requests outside planned jobs
-pass untouched.
+more prefixes that would crowd that one's out of its cache. A program's call with a leader
+(qlm/programs/fork.py: calls ready together that share their first text) but no job is held
+back alone, nothing after it. Other requests pass untouched.
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ class LeaderGate:
         kept = []
         owed: set[str] = set()  # leaders of members met already: they go wherever they are
         for item in items:
-            if item.job_order is None or item.request_id in owed:
+            if item.job_order is None:  # a program's call waiting for its fork's leader
+                if item.request_id not in self._blocked:
+                    kept.append(item)
+                continue
+            if item.request_id in owed:
                 kept.append(item)
                 continue
             job = item.job_order.rpartition("#")[0]

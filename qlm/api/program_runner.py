@@ -28,6 +28,7 @@ from qlm.api.errors import ApiError, from_pydantic
 from qlm.api.formats import COMPLETION
 from qlm.api.slo import HEADER_CLASS
 from qlm.prefixes.prompt_blocks import prompt_prefix
+from qlm.programs.fork import leaders
 from qlm.programs.graph import ProgramCall, ProgramGraph, render
 from qlm.programs.state import CallState, Program, ProgramStatus
 from qlm.programs.storage import ProgramStore
@@ -139,17 +140,24 @@ class ProgramRunner:
         errors = {**program.errors, **_downstream_failures(program, graph)}
         values = {**program.inputs, **program.outputs}
         queued = list(program.queued)
-        for call in graph.ready(set(program.outputs)):
-            if call.name in errors:
-                continue
+        ready = [c for c in graph.ready(set(program.outputs)) if c.name not in errors]
+        built = {}
+        for call in ready:
             if call.name not in queued:
                 try:
-                    request = self.build(program, call, values)
-                    await self.ctx.enqueue_once(request, f"call {request.id}")
+                    built[call.name] = self.build(program, call, values)
                 except ApiError as exc:  # e.g. the filled prompt is over the context
                     errors[call.name] = f"not run: {exc.message}"
-                    continue
-                queued.append(call.name)
+        # calls ready together that start with the same text wait for the first to compute
+        # it (qlm/programs/fork.py)
+        waits = leaders({name: request.prefix for name, request in built.items()})
+        for name, request in built.items():
+            leader = waits.get(name)
+            if leader is not None:
+                request = replace(request, job_leader=program.request_id(leader))
+            await self.ctx.enqueue_once(request, f"call {request.id}")
+            queued.append(name)
+        for call in ready:
             if call.name not in errors:  # its request exists: wake when it ends
                 self._watch(program.request_id(call.name))
         return replace(program, queued=tuple(queued), errors=errors)

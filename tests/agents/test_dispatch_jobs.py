@@ -87,3 +87,16 @@ def test_held_back_members_do_not_use_up_the_limit() -> None:
     kept = schedule([*members, chat("later", 900.0)], RATE, 0.0)
     groups = dispatch_groups("m", kept, 0.0, limit=2, prefilling={"a"})
     assert ids(groups) == [["later"]]  # past five members waiting on a's prefill
+
+
+def test_a_program_s_forked_call_waits_alone_for_its_leader() -> None:
+    """A program's call with a leader but no job (qlm/programs/fork.py) is held back while its
+    leader is queued or prefilling here; the requests after it are not."""
+    first = QueuedItem("p.s0", 3000, 64, "interactive", 30.0)
+    forked = QueuedItem("p.s1", 3000, 64, "interactive", 30.0, job_leader="p.s0")
+    later = chat("c", 31.0)
+    queued = schedule([first, forked, later], RATE, 0.0)
+    assert ids(dispatch_groups("m", queued, 0.0, limit=10)) == [["p.s0", "c"]]
+    pulled = schedule([forked, later], RATE, 0.0)  # the leader went to this engine
+    assert ids(dispatch_groups("m", pulled, 0.0, limit=10, prefilling={"p.s0"})) == [["c"]]
+    assert ids(dispatch_groups("m", pulled, 0.0, limit=10)) == [["p.s1", "c"]]  # it is done

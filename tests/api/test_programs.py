@@ -226,3 +226,31 @@ async def test_a_program_is_charged_to_its_tenants_quota_as_a_whole(
         refused = await http.post(PROGRAMS, json=big.body())
     assert refused.status_code == 429, refused.text
     assert "retry-after" in refused.headers
+
+
+async def test_map_calls_reading_one_paper_wait_for_the_first_to_compute_it(
+    client: httpx.AsyncClient, agent: FakeAgent, queue: MemoryQueue, runner: ProgramRunner
+) -> None:
+    """Parrot's fork (qlm/programs/fork.py): maps ready together whose prompts start with the
+    same paper carry the first map as their leader; the merge, alone in its round, none."""
+    agent.serving = False
+    p = ProgramBuilder("m7b", max_tokens=8)
+    paper = p.input("paper", "A paper about queues. " * 40)
+    maps = [p.call(f"s{i}", f"{paper}\nSummarise part {i + 1}.") for i in range(3)]
+    p.call("merged", "Merge: " + " | ".join(maps))
+    response = await client.post(PROGRAMS, json=p.body())
+    assert response.status_code == 201, response.text
+    program_id = response.json()["id"]
+
+    async def maps_queued() -> bool:
+        return len(await queue.queued()) == 3
+
+    await wait_until(maps_queued)
+    leaders = {r.id.rsplit(".", 1)[1]: r.job_leader for r in await queue.queued()}
+    assert leaders == {"s0": None, "s1": f"{program_id}.s0", "s2": f"{program_id}.s0"}
+    agent.serving = True
+    view = await finished(client, program_id)
+    assert view["status"] == "completed"
+    merge = await queue.get(f"{program_id}.merged")
+    assert merge is not None
+    assert merge.request.job_leader is None
