@@ -90,11 +90,19 @@ def test_verdicts_follow_the_ratios() -> None:
 
 def test_alone_the_simulator_reaches_the_round_trip_bound() -> None:
     """One at a time, a chain's latency in the simulator is its latency alone by the profile
-    in both modes (the bound the docs' alone ratio states is what the planes reach)."""
+    when nothing is shared (the bound the docs' alone ratio states, which prices every
+    prompt whole); sharing the paper across steps, both modes beat it and prefill nothing
+    twice."""
     setup = Setup(3, None, 0.25, 1.0, 2.0, 1, 0)
+    unshared = sim_point("chain", "calls-unshared", setup)
+    # within 3 %: the engine prefills a 3,000-token paper in chunks, each iteration with its
+    # fixed cost, where the bound prices it at the profile's prefill rate
+    assert unshared["mean_s"] == pytest.approx(unshared["alone_s"], rel=0.03)
+    assert unshared["prefilled twice per app"] > 1000  # the paper, once per later step
     for mode in ("program", "calls"):
         row = sim_point("chain", mode, setup)
-        assert row["mean_s"] == pytest.approx(row["alone_s"], rel=0.01)
+        assert row["mean_s"] < row["alone_s"]
+        assert row["prefilled twice per app"] == 0
     app = APPS["chain"](documents(0)[0], MODEL, "w")
     config = plane_config(setup)
     steps = len(app.program.calls)
