@@ -118,10 +118,16 @@ def render(report: dict[str, Any]) -> str:
         "read; `calls`: each call a completion once its inputs came back to the client. "
         "The simulator runs the same apps and arrivals (qlm/sim/dependencies.py; `light` "
         "spaces them ten critical paths apart). `alone_s`: the mean latency with nothing "
-        "else running, by the profile (a program: its critical path and one round trip; "
-        "call by call: the longest chain of calls, each with its round trip). Both modes do "
-        "the same engine work, so `alone ratio` is the best mean ratio saving round trips "
-        "can give at this round trip; below it, a program must also be scheduled better.",
+        "else running, by the profile, every prompt prefilled whole (a program: its critical "
+        "path and one round trip; call by call: the longest chain of calls, each with its "
+        "round trip): `alone ratio` is what saving round trips alone gives. The apps share "
+        "context across calls (a paper every step or map reads, a conversation each turn "
+        "extends), so both modes find text cached where an engine computed it; a program's "
+        "maps, ready together, wait for the first to compute the paper (Parrot's fork, "
+        "qlm/programs/fork.py), where calls sent apart compute it side by side. The "
+        "simulator also runs `calls-unshared`: the same calls with no prefix information (a "
+        "server that shares nothing, Parrot's baseline). `prefilled twice per app`: prompt "
+        "tokens computed beyond each distinct text once.",
         "",
         *header_lines(report["header"]),
         "",
