@@ -29,7 +29,8 @@ class PlannedGroup:
     arrivals_at_s: tuple[float, ...] = ()  # each member's arrival (pacing reads it)
     # each member's key in its batch job's planned order ("" outside a planned job)
     job_orders: tuple[str, ...] = ()
-    # each member's job part leader ("" for none; qlm/prefixes/job_plan.py)
+    # each member's job part leader, or its program fork's ("" for none; qlm/prefixes/
+    # job_plan.py, qlm/programs/fork.py)
     job_leaders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -76,12 +77,11 @@ class PlannedGroup:
         return self.arrivals_at_s or (-math.inf,) * len(self.request_ids)
 
     def job_order_of(self, position: int) -> tuple[str | None, str | None]:
-        """The member's key in its job's planned order and its part's leader; None, None
-        outside a planned job."""
-        if not self.job_orders:
-            return None, None
+        """The member's key in its job's planned order and its part's (or its fork's,
+        qlm/programs/fork.py) leader; None for what it has not."""
+        order = self.job_orders[position] if self.job_orders else ""
         leader = self.job_leaders[position] if self.job_leaders else ""
-        return self.job_orders[position] or None, leader or None
+        return order or None, leader or None
 
     def with_request(
         self,
@@ -110,9 +110,11 @@ class PlannedGroup:
 def planned_group(
     group_id: str, model: str, members: Sequence[Request], slo_class: str = ""
 ) -> PlannedGroup:
-    """A group of these requests, in order, with each member's fields (job fields only when
-    a member is in a planned batch job)."""
+    """A group of these requests, in order, with each member's fields (job orders only when
+    a member is in a planned batch job, leaders only when one has a leader: a job part's, or
+    a program fork's)."""
     jobs = any(r.job_order is not None for r in members)
+    led = any(r.job_leader is not None for r in members)
     return PlannedGroup(
         group_id,
         model,
@@ -124,7 +126,7 @@ def planned_group(
         tuple(r.ttft_deadline_at_s for r in members),
         tuple(r.arrival_at_s for r in members),
         tuple(r.job_order or "" for r in members) if jobs else (),
-        tuple(r.job_leader or "" for r in members) if jobs else (),
+        tuple(r.job_leader or "" for r in members) if led else (),
     )
 
 

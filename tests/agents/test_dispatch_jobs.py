@@ -6,6 +6,8 @@ from __future__ import annotations
 from qlm.agents.dispatch import PoolMember, PoolRate, dispatch_groups, schedule
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.reconcile import QueuedItem
+from qlm.control.plan import _group_from_dict, planned_group
+from qlm.types import Request
 from tests.factories import make_profile
 
 RATE = PoolRate((PoolMember(make_profile("m"), 60_000, 64),))
@@ -100,3 +102,24 @@ def test_a_program_s_forked_call_waits_alone_for_its_leader() -> None:
     pulled = schedule([forked, later], RATE, 0.0)  # the leader went to this engine
     assert ids(dispatch_groups("m", pulled, 0.0, limit=10, prefilling={"p.s0"})) == [["c"]]
     assert ids(dispatch_groups("m", pulled, 0.0, limit=10)) == [["p.s1", "c"]]  # it is done
+
+
+def test_the_published_plan_carries_a_fork_s_leader_to_the_live_agents() -> None:
+    """A program call's leader (no batch job) reaches live agents through the plan, as the
+    simulator's queue keeps it (qlm/control/plan.py)."""
+    calls = [
+        Request(f"p.s{k}", "m", 3000, 64, "interactive", 0.0, 30.0, job_leader=leader)
+        for k, leader in enumerate((None, "p.s0", "p.s0"))
+    ]
+    group = planned_group("g", "m", calls)
+    assert [group.job_order_of(k) for k in range(3)] == [
+        (None, None),
+        (None, "p.s0"),
+        (None, "p.s0"),
+    ]
+    grown = planned_group("g", "m", calls[:1]).with_request(
+        "p.s1", 3000, 64, "interactive", 30.0, 0.0, (None, "p.s0")
+    )
+    assert grown.job_order_of(1) == (None, "p.s0")
+    restored = _group_from_dict(group.to_dict())  # as the plan is stored and read
+    assert restored.job_order_of(2) == (None, "p.s0")
