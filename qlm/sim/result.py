@@ -218,6 +218,19 @@ class SimResult:
     def ttft_p99_s(self) -> float:
         return self.ttft_quantile_s(0.99)
 
+    def tbt_quantile_ms(self, q: float) -> float:
+        """Time between tokens (ms): a completed request's decode time over the tokens after
+        its first, its quantile over those that made two or more (NaN when none did)."""
+        tbts = [
+            1e3 * (o.finish_s - o.first_token_s) / (o.output_tokens - 1)
+            for o in self.outcomes
+            if o.output_tokens is not None and o.output_tokens > 1
+            if o.finish_s is not None and o.first_token_s is not None
+        ]
+        if not tbts:
+            return math.nan
+        return float(np.quantile(np.asarray(tbts, dtype=np.float64), q))
+
     def summary(self) -> dict[str, Any]:
         """One policy's entry in summary.json (README: the summary format), less its miss
         causes (qlm.sim.report.summary.policy_summary adds them)."""
@@ -228,6 +241,8 @@ class SimResult:
             "goodput_rps": self.goodput_rps,
             "ttft_p50_s": self.ttft_p50_s,
             "ttft_p99_s": self.ttft_p99_s,
+            "tbt_p50_ms": self.tbt_quantile_ms(0.5),
+            "tbt_p99_ms": self.tbt_quantile_ms(0.99),
             "swaps": self.total_swaps,
             "evictions": self.evictions,
             "sim_wall_s": self.sim_wall_s,

@@ -47,6 +47,8 @@ SUMMARY_KEYS = [
     "goodput_rps",
     "ttft_p50_s",
     "ttft_p99_s",
+    "tbt_p50_ms",
+    "tbt_p99_ms",
     "swaps",
     "evictions",
     "miss_causes",

@@ -134,6 +134,8 @@ def test_summary_document_has_the_issue_schema(results: list[SimResult]) -> None
         "goodput_rps",
         "ttft_p50_s",
         "ttft_p99_s",
+        "tbt_p50_ms",
+        "tbt_p99_ms",
         "swaps",
         "evictions",
         "miss_causes",

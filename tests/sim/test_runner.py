@@ -173,6 +173,8 @@ def test_summary_has_the_report_fields() -> None:
         "goodput_rps",
         "ttft_p50_s",
         "ttft_p99_s",
+        "tbt_p50_ms",
+        "tbt_p99_ms",
         "swaps",
         "evictions",
         "sim_wall_s",
