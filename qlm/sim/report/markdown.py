@@ -60,7 +60,9 @@ def _report_text(info: RunInfo, results: Sequence[SimResult]) -> str:
         "(and that finished by a completion target, where the class has one). Throughput: "
         "completed requests per simulated second from the first arrival to the end of the run; "
         "goodput counts only requests that met their SLO. TTFT percentiles are over requests "
-        "that produced a token. sim wall s is this machine's wall time for the run.",
+        "that produced a token; TBT (time between tokens) over completed requests of two "
+        "tokens or more, each its decode time over its tokens after the first. sim wall s is "
+        "this machine's wall time for the run.",
         "",
         "## Why requests missed",
         "",

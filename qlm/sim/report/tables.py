@@ -55,7 +55,8 @@ def summary_table(results: Sequence[SimResult]) -> str:
 def markdown_table(results: Sequence[SimResult]) -> str:
     classes = class_names(results)
     head = ["policy", "overall", *classes, "throughput rps", "goodput rps"]
-    head += ["TTFT p50 s", "TTFT p99 s", "swaps", "evictions", "sim wall s"]
+    head += ["TTFT p50 s", "TTFT p99 s", "TBT p50 ms", "TBT p99 ms", "swaps", "evictions"]
+    head += ["sim wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         s = policy_summary(r)
@@ -68,6 +69,8 @@ def markdown_table(results: Sequence[SimResult]) -> str:
             f"{s['goodput_rps']:.3f}",
             _secs(s["ttft_p50_s"]),
             _secs(s["ttft_p99_s"]),
+            _millis(s["tbt_p50_ms"]),
+            _millis(s["tbt_p99_ms"]),
             str(s["swaps"]),
             str(s["evictions"]),
             f"{r.sim_wall_s:.2f}",
@@ -101,3 +104,7 @@ def _pct(value: float | None) -> str:
 
 def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _millis(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
