@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.stats import percentile, percentile_or_nan
+from benchmarks.common.stats import percentile
 from benchmarks.common.tables import markdown_table
 from benchmarks.report import (
     RESULTS_DIR,
@@ -85,20 +85,14 @@ def measure(result: SimResult) -> dict[str, Any]:
         for o in outcomes
         if o.slo_class == LATENCY_CLASS and o.first_token_s is not None
     ]
-    tbt = [
-        (o.finish_s - o.first_token_s) / (o.output_tokens - 1)
-        for o in outcomes
-        if o.output_tokens and o.output_tokens > 1
-        if o.finish_s is not None and o.first_token_s is not None
-    ]
     by_class = result.attainment_by_class()
     return {
         "overall_pct": 100 * result.attainment(),
         "latency_class_pct": 100 * by_class.get(LATENCY_CLASS, math.nan),
         "ttft_p50_s": percentile(ttft, 0.5),
         "ttft_p99_s": percentile(ttft, 0.99),
-        "tbt_p50_ms": 1e3 * percentile_or_nan(tbt, 0.5),
-        "tbt_p99_ms": 1e3 * percentile_or_nan(tbt, 0.99),
+        "tbt_p50_ms": result.tbt_quantile_ms(0.5),
+        "tbt_p99_ms": result.tbt_quantile_ms(0.99),
         "interrupted": dict(Counter(a.reason for a in result.interrupted)),
     }
 

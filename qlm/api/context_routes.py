@@ -13,20 +13,21 @@ cap.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import Field
+from pydantic import Field, field_validator
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from qlm.api.context import ApiContext, json_response
 from qlm.api.errors import ApiError
-from qlm.api.program_routes import PROGRAMS, SAMPLING_FIELDS
+from qlm.api.program_routes import PROGRAMS, only_sampling, tenant_program
 from qlm.api.program_runner import ProgramRunner
 from qlm.config import StrictModel
 from qlm.programs.graph import NAME
-from qlm.programs.program_contexts import CONTEXT_MARK, ProgramContext
+from qlm.programs.program_contexts import ProgramContext
 from qlm.programs.state import Program
 from qlm.programs.storage import ProgramStore
 
@@ -47,7 +48,14 @@ class ForkBody(StrictModel):
 class GenerateBody(StrictModel):
     prompt: str = Field(description="Text after the context's.")
     max_tokens: int | None = Field(default=None, ge=1)
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(
+        default_factory=dict, description="Completion fields (temperature, stop, seed, ...)."
+    )
+
+    @field_validator("sampling")
+    @classmethod
+    def _only_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return only_sampling(value)
 
 
 def add_context_routes(
@@ -80,8 +88,9 @@ class _Routes:
             raise ApiError(400, f"model must be the parent's ({parent.model}).", param="model")
         text = (parent.text if parent else "") + body.text
         now_s = self.ctx.clock.now_s()
-        fill_id = f"{program.id}.{CONTEXT_MARK}.{body.name}.fill"
-        context = ProgramContext(body.name, model, text, body.parent, now_s, fill_id)
+        context = ProgramContext(body.name, model, text, body.parent, now_s, None)
+        fill_id = context.request_id(program.id, "fill")
+        context = replace(context, fill_request_id=fill_id)
         fields = {"model": model, "prompt": text, "max_tokens": 1}
         await self.ctx.admit_built(self.runner.completion(program, fill_id, fields, len(text)))
         await self.store.put_context(program.id, context)
@@ -101,13 +110,10 @@ class _Routes:
         program, contexts = await self._running(http)
         context = _known(contexts, http.path_params["name"], "name")
         body = await self.ctx.read(http, GenerateBody.model_validate_json)
-        other = sorted(set(body.sampling) - SAMPLING_FIELDS)
-        if other:
-            raise ApiError(400, f"'{other[0]}' is not a sampling field.", param="sampling")
         max_tokens = body.max_tokens or self.ctx.settings.api.default_max_tokens
         fields = {"model": context.model, "prompt": context.text + body.prompt,
                   "max_tokens": max_tokens, **body.sampling}  # fmt: skip
-        request_id = f"{program.id}.{CONTEXT_MARK}.{context.name}.{uuid.uuid4().hex}"
+        request_id = context.request_id(program.id, uuid.uuid4().hex)
         built = self.runner.completion(program, request_id, fields, len(context.text))
         await self.ctx.admit_built(built)
         return json_response({"request_id": request_id, "context": context.name}, 202)
@@ -136,12 +142,7 @@ class _Routes:
     # ---------------------------------------------------------------- inside
 
     async def _mine(self, http: HttpRequest) -> Program:
-        tenant = self.ctx.authenticate(http) or "default"
-        program_id = http.path_params["program_id"]
-        program = await self.store.get(program_id)
-        if program is None or program.tenant != tenant:
-            raise ApiError(404, f"No program {program_id!r}.", code="program_not_found")
-        return program
+        return await tenant_program(self.ctx, self.store, http)
 
     async def _running(self, http: HttpRequest) -> tuple[Program, dict[str, ProgramContext]]:
         program = await self._mine(http)

@@ -42,6 +42,26 @@ SAMPLING_FIELDS = frozenset({
 })  # fmt: skip
 
 
+def only_sampling(value: dict[str, Any]) -> dict[str, Any]:
+    """A call's (or a context generation's) `sampling`, refused when it sets other fields."""
+    other = sorted(set(value) - SAMPLING_FIELDS)
+    if other:
+        allowed = ", ".join(sorted(SAMPLING_FIELDS))
+        raise ValueError(f"'{other[0]}' is not a sampling field; these are: {allowed}")
+    return value
+
+
+async def tenant_program(ctx: ApiContext, store: ProgramStore, http: HttpRequest) -> Program:
+    """The program the path names, if the caller's tenant owns it (another's answers 404
+    like an unknown id)."""
+    tenant = ctx.authenticate(http) or "default"
+    program_id = http.path_params["program_id"]
+    program = await store.get(program_id)
+    if program is None or program.tenant != tenant:
+        raise ApiError(404, f"No program {program_id!r}.", code="program_not_found")
+    return program
+
+
 class CallBody(StrictModel):
     name: str = Field(description="The call's name, also its output variable's.")
     model: str
@@ -54,11 +74,7 @@ class CallBody(StrictModel):
     @field_validator("sampling")
     @classmethod
     def _only_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
-        other = sorted(set(value) - SAMPLING_FIELDS)
-        if other:
-            allowed = ", ".join(sorted(SAMPLING_FIELDS))
-            raise ValueError(f"'{other[0]}' is not a sampling field; these are: {allowed}")
-        return value
+        return only_sampling(value)
 
 
 class ProgramBody(StrictModel):
@@ -156,12 +172,7 @@ class _Routes:
         return times, total
 
     async def _mine(self, http: HttpRequest) -> Program:
-        tenant = self.tenant(http)
-        program_id = http.path_params["program_id"]
-        program = await self.store.get(program_id)
-        if program is None or program.tenant != tenant:
-            raise ApiError(404, f"No program {program_id!r}.", code="program_not_found")
-        return program
+        return await tenant_program(self.ctx, self.store, http)
 
     async def get_program(self, http: HttpRequest) -> Response:
         return json_response(program_view(await self._mine(http)))

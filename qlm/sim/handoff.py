@@ -79,26 +79,22 @@ def decode_candidates(slots: Mapping[str, Slot], model: str) -> list[EngineObser
 
 
 class Handoffs:
-    """Carries handed-off requests from prefill to decode engines for one simulation run.
-    `connect` gives it the run's paths: `abort(slot, event, requeued)` returns a request its
-    slot holds to the global queue (the run's abort path), `requeued_now(requests)` tells the
-    policy outside an engine's events, `poll(slot)` makes the run poll an engine now."""
+    """Carries handed-off requests from prefill to decode engines for one simulation run,
+    on the run's paths: `abort(slot, event, requeued)` returns a request its slot holds to
+    the global queue (the run's abort path), `requeued_now(requests)` tells the policy
+    outside an engine's events, `poll(slot)` makes the run poll an engine now."""
 
     def __init__(
-        self, slots: Mapping[str, Slot], loop: EventLoop, fleet: Fleet, choose: DecodeTarget
-    ) -> None:
-        self._slots = slots
-        self._loop = loop
-        self._profiles = fleet.profiles
-        self._choose = choose
-        self.in_transit: dict[str, Track] = {}
-
-    def connect(
         self,
+        slots: Mapping[str, Slot],
+        loop: EventLoop,
+        fleet: Fleet,
+        choose: DecodeTarget,
         abort: Callable[[Slot, EngineEvent, list[Request]], None],
         requeued_now: Callable[[list[Request]], None],
         poll: Callable[[Slot], None],
     ) -> None:
+        self._slots, self._loop, self._fleet, self._choose = slots, loop, fleet, choose
         self._abort, self._requeued_now, self._poll = abort, requeued_now, poll
 
     def on_handed_off(self, slot: Slot, event: EngineEvent, requeued: list[Request]) -> None:
@@ -116,19 +112,18 @@ class Handoffs:
             self._abort(slot, Aborted(event.request_id, event.at_s, reason), requeued)
             return
         target = self._slots[target_id]
-        profile = self._profiles[(request.model, target.instance.gpu_type)]
+        profile = self._fleet.profile(request.model, target.instance)
+        assert profile is not None  # a candidate serves the model
         delay_s = transfer_s(
             event.kv_tokens, profile.kv_bytes_per_token, slot.instance, target.instance
         )
         del slot.held[event.request_id]
         slot.evicting.discard(event.request_id)
-        self.in_transit[event.request_id] = track
         track.holder = target
         arrive = partial(self._deliver, target, track, event)
         self._loop.schedule(event.at_s + delay_s, Priority.ENGINE, arrive)
 
     def _deliver(self, target: Slot, track: Track, event: HandedOff) -> None:
-        del self.in_transit[event.request_id]
         target.held[event.request_id] = track
         observed = target.engine.observe()
         if observed.state is not EngineState.READY or observed.model != track.request.model:

@@ -191,14 +191,13 @@ class Simulation:
         self._apply(self._policy.on_arrival(request))
         self._settle()
 
-    def _wake(self, fired: Slot | None, slot: Slot | None = None) -> None:
-        """Poll `slot` now: its wake-up `fired`, or (fired None) something reached it."""
-        if fired is not None:
-            fired.wake_key = None
-            fired.wake_at_s = None
-        target = fired or slot
-        assert target is not None
-        self._dirty[target.id] = target
+    def _wake(self, slot: Slot) -> None:
+        slot.wake_key = None
+        slot.wake_at_s = None
+        self._poll_now(slot)
+
+    def _poll_now(self, slot: Slot) -> None:
+        self._dirty[slot.id] = slot
         self._settle()
 
     def _settle(self) -> None:
@@ -309,9 +308,8 @@ class Simulation:
 
     def _handoffs(self) -> Handoffs:
         """The carrier of prefill instances' hand-offs (qlm/sim/handoff.py)."""
-        carrier = Handoffs(self._slots, self._loop, self._fleet, self._policy.decode_target)
-        carrier.connect(self._on_aborted, self._requeued_now, partial(self._wake, None))
-        return carrier
+        paths = (self._on_aborted, self._requeued_now, self._poll_now)
+        return Handoffs(self._slots, self._loop, self._fleet, self._policy.decode_target, *paths)
 
     def _requeued_now(self, requeued: list[Request]) -> None:
         """Requests back in the queue outside an engine's events (a hand-off that failed)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qlm.sim.policies.llmd import LlmdPolicy
-from qlm.sim.policies.policy_base import SIM_POLICIES
+from qlm.sim.policies.policy_base import SIM_POLICIES, Actions, SimContext
 from qlm.types import InstanceRole, Request
 
 # Dynamo's default max_local_prefill_length: longer prompts are prefilled remotely.
@@ -36,9 +36,11 @@ class DisaggPolicy(LlmdPolicy):
         self.max_local_prefill_tokens = max_local_prefill_tokens
         self._roles: dict[str, InstanceRole] = {}
 
+    def start(self, ctx: SimContext) -> Actions:
+        self._roles = {i.id: i.role for i in ctx.fleet.instances}
+        return super().start(ctx)
+
     def _pick(self, pool: Sequence[str], request: Request) -> str | None:
-        if not self._roles:
-            self._roles = {i.id: i.role for i in self.ctx.fleet.instances}
         prefill = [i for i in pool if self._roles[i] is InstanceRole.PREFILL]
         local = [i for i in pool if self._roles[i] is not InstanceRole.PREFILL]
         if prefill and self.remote_prefill(request):
