@@ -23,3 +23,12 @@ def test_calls_that_start_with_the_same_text_wait_for_the_first() -> None:
 def test_alone_or_with_nothing_shared_no_call_waits() -> None:
     assert leaders({"s0": prompt_prefix(PAPER, 220)}) == {}
     assert leaders({}) == {}
+
+
+def test_a_short_shared_template_head_is_not_worth_a_wait() -> None:
+    heads = {
+        f"s{i}": prompt_prefix(f"Summarise: chunk {i} " * 30, 150, cuts=(len("Summarise: "),))
+        for i in range(3)
+    }
+    assert all(h[0] == heads["s0"][0] for h in heads.values())  # the head block is shared
+    assert leaders(heads) == {}
