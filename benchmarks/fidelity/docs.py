@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from benchmarks.fidelity.results import FidelityReport, command
 from benchmarks.fidelity.settings import (
+    ENGINE,
     JUST_BEFORE,
     MAX_OUTPUT_TOKENS,
     MAX_PROMPT_TOKENS,
@@ -73,7 +74,9 @@ def _method(report: FidelityReport) -> list[str]:
         "cache, a 2048-token budget (the simulator's chunk), prefix caching off, unseeded "
         "sampling, and worker threads left unbound with one thread each "
         "(`VLLM_CPU_OMP_THREADS_BIND=nobind`, `OMP_NUM_THREADS=1`: vLLM's automatic binding "
-        "would put every engine on core 0).",
+        "would put every engine on core 0), the servers at niceness "
+        f"{ENGINE['cpu_nice']} (`cpu_nice`: the plane's process, whose work a GPU engine "
+        "would leave it a core for, goes first when both are runnable; 0: the same priority).",
         f"2. **Workload** per run: Poisson arrivals at a share of the capacity the fitted "
         f"tiny-a profile predicts ({capacity:.2f} requests/s per instance), lengths from the "
         f"Azure 2023 conversation trace (prompts <= {MAX_PROMPT_TOKENS} tokens, outputs capped "

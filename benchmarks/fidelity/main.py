@@ -34,6 +34,7 @@ from benchmarks.fidelity.profiles import (
 from benchmarks.fidelity.results import FidelityReport, Measured, write_results
 from benchmarks.fidelity.scenarios import serve_config, write_scenario
 from benchmarks.fidelity.settings import (
+    ENGINE,
     FULL_RUNS,
     JUST_BEFORE,
     QUICK_RUNS,
@@ -222,5 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the report to write; its plots, profiles and scenarios go to the folder of the "
         "same name (default docs/fidelity.md; with --quick, under benchmarks/results/)",
     )
+    parser.add_argument(
+        "--cpu-nice",
+        type=int,
+        default=ENGINE["cpu_nice"],
+        help="niceness of the vLLM servers (engine.vllm.cpu_nice), profiling included: above "
+        "0 the control plane's process goes first when both are runnable (default %(default)s)",
+    )
     args = parser.parse_args(argv)
+    ENGINE["cpu_nice"] = args.cpu_nice  # one setting for profiles, re-profiles and live runs
     return asyncio.run(main_async(args))

@@ -48,6 +48,9 @@ ENGINE: dict[str, Any] = {
     # one core. Unbound single-threaded workers let the OS give each engine a core, as two
     # devices would (profiles are measured with the same setting).
     "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
+    # The servers at a lower CPU priority than the plane (`--cpu-nice`, set by main): engines
+    # on GPUs take no host core from the control plane, here they share the machine's two.
+    "cpu_nice": 10,
 }
 # Re-measured on the live plane's own engine just before each run (the host's speed drifts
 # with other people's load): enough probes for the four coefficients in ~20 s.

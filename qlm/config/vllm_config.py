@@ -79,6 +79,16 @@ class VllmEngineConfig(StrictModel):
         "cores the control plane uses. None: vLLM's own choice (on CPU it binds threads to "
         "every core and leaves the agent, the API and the server's own HTTP process waiting).",
     )
+    cpu_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="Niceness of the server's processes (inherited by all it starts). On a "
+        "CPU machine the engine's steps and the control plane share cores; above 0 the "
+        "control plane's short bursts (admission, dispatch, token relay) run first when both "
+        "are runnable, as they would beside a GPU engine, whose steps take no host core. "
+        "0: the same priority as the agent.",
+    )
     extra_args: tuple[str, ...] = Field(default=(), description="Appended to the command.")
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for the server process."

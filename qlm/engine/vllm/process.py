@@ -251,7 +251,9 @@ class Supervisor:
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=functools.partial(_in_child, os.getpid(), self.config.cpu_cores),
+                preexec_fn=functools.partial(
+                    _in_child, os.getpid(), self.config.cpu_cores, self.config.cpu_nice
+                ),
             )
         server = ServerProcess(proc, model, port, self.config.host, log_path)
         task = asyncio.get_running_loop().create_task(self._watch(server), name=f"watch-{proc.pid}")
@@ -320,12 +322,14 @@ def reaped(argv: list[str], grace_s: float) -> list[str]:
     return [sys.executable, str(REAPER), f"{grace_s:g}", *argv]
 
 
-def _in_child(parent_pid: int, cpu_cores: tuple[int, ...] | None) -> None:
-    """Between fork and exec: die with the agent, and keep to the configured cores (the
-    affinity is inherited by everything the server starts)."""
+def _in_child(parent_pid: int, cpu_cores: tuple[int, ...] | None, nice: int = 0) -> None:
+    """Between fork and exec: die with the agent, keep to the configured cores and take the
+    configured niceness (both inherited by everything the server starts)."""
     _die_with_parent(parent_pid)
     if cpu_cores is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpu_cores)
+    if nice:
+        os.nice(nice)
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -95,3 +95,22 @@ async def test_the_server_runs_on_its_cores_with_its_threads_bound_there(tmp_pat
     assert "VLLM_CPU_OMP_THREADS_BIND" not in unbound
     overridden = config(cpu_cores=(1, 0), env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
     assert overridden.server_env()["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+async def test_the_server_runs_at_its_niceness_above_the_agent(tmp_path: Path) -> None:
+    """`cpu_nice` lowers the server's CPU priority by that much against the agent's (a
+    stand-in interpreter reports its niceness and exits); 0 leaves it at the agent's."""
+    base = os.nice(0)
+    for nice in (0, 7):
+        report = tmp_path / f"nice-{nice}.txt"
+        fake = tmp_path / f"python-{nice}"
+        fake.write_text(f"#!/bin/sh\nnice > {report}\nexit 3\n")
+        fake.chmod(0o755)
+        settings = config(python=fake, log_dir=tmp_path, cpu_nice=nice)
+        engine = VllmEngine(tiny_instance(), settings, WallClock())
+        with pytest.raises(EngineError, match="code 3"):
+            await engine.start()
+        await engine.close()
+        assert int(report.read_text()) == min(base + nice, 19)
+    with pytest.raises(ValueError, match="cpu_nice"):
+        config(cpu_nice=20)
