@@ -19,10 +19,13 @@ requests: the live plane should keep at least the best of them (`live >= baselin
 
 A case is within bounds when the median live run is within 2 points of the simulated overall
 attainment and 3 points in every class, and its swaps within 25 % (or one swap) of the
-simulated ones. Reported with it: the spread of the live repeats, TTFT p50/p99, and the
-accuracy of the wait estimate each plane gives (live: the API's x-qlm-estimated-wait-s;
-simulated: the policy's prediction at arrival): median absolute error as a share of the
-class's TTFT target (worst class), and how often the TTFT came within it.
+simulated ones. Each case is also simulated with its control loop's periods 10 % shorter and
+longer (benchmarks/parity_spread.py): where the simulated outcome itself moves by more than the
+bounds, a live run within that spread differs by timing, not by a rule. Reported with it: the
+spread of the live repeats, TTFT p50/p99, and the accuracy of the wait estimate each plane
+gives (live: the API's x-qlm-estimated-wait-s; simulated: the policy's prediction at arrival):
+median absolute error as a share of the class's TTFT target (worst class), and how often the
+TTFT came within it.
 
     .venv/bin/python -m benchmarks.parity                     # every case, 3 repeats
     .venv/bin/python -m benchmarks.parity --repeats 1 --random 6 --no-docs
@@ -39,8 +42,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.parity_spread import describe, simulated_spread
+from benchmarks.parity_table import LEGEND, table, versus_baselines
 from benchmarks.report import (
     RESULTS_DIR,
+    code_version,
     finish_header,
     header_lines,
     run_header,
@@ -101,7 +107,11 @@ def replay_once(
 
 
 def summarise_case(
-    name: str, seed: int, runs: Sequence[dict[str, Any]], baselines: dict[str, float]
+    name: str,
+    seed: int,
+    runs: Sequence[dict[str, Any]],
+    baselines: dict[str, float],
+    spread: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A case from its live replays: the median live run against the simulation, beside the
     simulated baselines' attainment on the same requests."""
@@ -124,6 +134,7 @@ def summarise_case(
     }
     case["within"] = within(case)
     case["baselines"] = baselines
+    case["sim_spread"] = spread
     return case
 
 
@@ -160,97 +171,20 @@ def add_baselines(path: Path) -> None:
         if "baselines" not in case:
             name = case["case"]
             case["baselines"] = simulated_baselines(load_scenario(case_path(name)), case["seed"])
-            print(f"  {name} seed {case['seed']}: {_versus_baselines(case)}", flush=True)
+            print(f"  {name} seed {case['seed']}: {versus_baselines(case)}", flush=True)
     write_results(path, report)
 
 
-def _versus_baselines(case: dict[str, Any]) -> str:
-    """The best simulated baseline and whether live kept at least as many promises."""
-    baselines = case.get("baselines")
-    if not baselines:
-        return "-"
-    best = max(baselines, key=lambda p: baselines[p])
-    ok = case["live"]["overall"] >= baselines[best] - 1e-9
-    return f"{best} {100 * baselines[best]:.1f} % {'yes' if ok else 'NO'}"
-
-
-def _worst_error(prediction: dict[str, Any]) -> str:
-    if not prediction:
-        return "-"
-    worst = max(prediction.values(), key=lambda p: p["median_abs_error_of_target"])
-    held = min(p["held"] for p in prediction.values())
-    bounds = [p["bound_held"] for p in prediction.values() if p.get("bound_held") is not None]
-    bound = f" / {100 * min(bounds):.0f} %" if bounds else ""
-    return f"{100 * worst['median_abs_error_of_target']:.0f} % / {100 * held:.0f} %{bound}"
-
-
-def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _replay_health(case: dict[str, Any]) -> str:
-    """Client errors / the worst class's arrival lag p99 (the admission lag's for runs made
-    before the arrival lag was measured) / faithful; '-' where a run did not measure it."""
-    live = case["live"]
-    if "client_errors" not in live:
-        return "-"
-    lags = live.get("arrival_lag_p99_s") or {}
-    lag_s = max(lags.values()) if lags else live.get("admission_lag_p99_s")
-    lag = "-" if lag_s is None else f"{lag_s:.1f} s" + ("" if lags else " (adm.)")
-    faithful = case.get("faithful")
-    verdict = "-" if faithful is None else "yes" if faithful else "NO: " + ", ".join(case["late"])
-    return f"{live['client_errors']:g} / {lag} / {verdict}"
-
-
-def table(cases: Sequence[dict[str, Any]]) -> str:
-    head = [
-        "case", "seed", "x", "live", "sim", "gap", "worst class gap", "spread",
-        "swaps live/sim", "TTFT p50 live/sim",
-        "wait err / held / p90 held live", "wait err / held / p90 held sim",
-        "replay errors / arrival lag p99 / faithful", "best sim baseline, live >=", "within",
-        "code",
-    ]  # fmt: skip
-    rows = []
-    for c in cases:
-        gap = c["gap_points"]
-        classes = {k: v for k, v in gap.items() if k != "overall"}
-        worst = max(classes, key=lambda k: abs(classes[k])) if classes else "-"
-        live, sim = c["live"], c["simulated"]
-        rows.append([
-            c["case"], str(c["seed"]), f"{c['speedup']:g}",
-            f"{100 * live['overall']:.1f} %", f"{100 * sim['overall']:.1f} %",
-            f"{gap['overall']:+.1f}", f"{worst} {classes.get(worst, 0.0):+.1f}",
-            f"{c['live_overall_spread_points']:.1f}",
-            f"{c['live_swaps']:g} / {sim['swaps']}",
-            f"{live['ttft_p50_s'] or 0:.2f} / {sim['ttft_p50_s'] or 0:.2f} s",
-            _worst_error(live["prediction"]), _worst_error(sim["prediction"]),
-            _replay_health(c), _versus_baselines(c),
-            "yes" if c["within"] else "NO", str(c.get("code", "-")),
-        ])  # fmt: skip
-    return markdown_table(head, rows)
-
-
-LEGEND = (
-    "x: speedup. gap: live less simulated, attainment points (live: the median repeat). "
-    "wait err / held: the wait estimate's median absolute error as a share of the class's TTFT "
-    "target (worst class) / how often the TTFT came within it (least class) / how often within "
-    "the bound for nine in ten (least class; absent: no bound given); live: the API's "
-    "x-qlm-estimated-wait-s and -p90-s, simulated: the dispatch schedule's prediction and its "
-    "bound; a predicted miss ('late') says \"past the target\": graded by how far short of the "
-    "target the TTFT came (runs before 4840db9 graded it as the target itself). "
-    "replay errors / arrival lag p99 / faithful: requests the client could not send; "
-    "scenario seconds from a request's time in the scenario to the plane's arrival stamp (worst "
-    "class; '(adm.)': from the client's send only, runs before the arrival lag was measured); "
-    "faithful when every class's lag is within 10 % of its TTFT target and no request was lost "
-    "(otherwise the plane ran another workload than the simulator and the case is not within "
-    "bounds, whatever its gap; '-': not measured by that run). "
-    "best sim baseline: the simulated baseline with the highest overall attainment on the same "
-    "requests, and whether live qlm kept at least as many ('-': not run by that run). "
-    "Bounds: 2 points overall, 3 in every class, swaps within one or 25 %. "
-    "code: the commit the case ran on (its results file's)."
-)
+def add_spread(path: Path, code: str) -> None:
+    """Fill in `sim_spread` for the cases of a results file that lack it, simulated on the
+    code checked out now (`code`, recorded with it: the live runs may be older)."""
+    report = json.loads(path.read_text())
+    for case in report["cases"]:
+        if not case.get("sim_spread"):
+            spread = simulated_spread(load_scenario(case_path(case["case"])), case["seed"])
+            case["sim_spread"] = {**spread, "code": code}
+            print(f"  {case['case']} seed {case['seed']}: {describe(spread)}", flush=True)
+    write_results(path, report)
 
 
 def render(reports: Sequence[dict[str, Any]]) -> str:
@@ -293,6 +227,8 @@ def run_rounds(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[st
     todo = cases_to_run(args)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {case: [] for case in todo}
     baselines: dict[tuple[str, int], dict[str, float]] = {}  # simulated once per case
+    spreads: dict[tuple[str, int], dict[str, Any]] = {}  # likewise
+    code = str(report.get("code", "-"))
     cases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qlm-parity-") as tmp:
         for repeat in range(args.repeats):
@@ -301,8 +237,11 @@ def run_rounds(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[st
                 if (name, seed) not in baselines:
                     scenario = load_scenario(case_path(name))
                     baselines[name, seed] = simulated_baselines(scenario, seed)
+                    spreads[name, seed] = {**simulated_spread(scenario, seed), "code": code}
             cases = [
-                summarise_case(name, seed, runs[name, seed], baselines[name, seed])
+                summarise_case(
+                    name, seed, runs[name, seed], baselines[name, seed], spreads[name, seed]
+                )
                 for name, seed in todo
             ]
             write_results(args.results, {**report, "cases": cases, "partial": True})
@@ -335,10 +274,21 @@ def main(argv: Sequence[str]) -> int:
         help="only simulate the baselines of these results' cases that lack them (results "
         "written before the baselines were part of a case), in place",
     )
+    parser.add_argument(
+        "--add-spread",
+        type=Path,
+        nargs="+",
+        help="only simulate the timing spread (parity_spread.py) of these results' cases that "
+        "lack it, on the code checked out now, in place",
+    )
     args = parser.parse_args(argv)
     if args.add_baselines:
         for path in args.add_baselines:
             add_baselines(path)
+        return 0
+    if args.add_spread:
+        for path in args.add_spread:
+            add_spread(path, code_version())
         return 0
     if args.render:
         write_docs_block("parity", render([json.loads(p.read_text()) for p in args.render]))

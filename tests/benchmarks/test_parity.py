@@ -78,6 +78,8 @@ def test_repeats_run_in_rounds_and_the_median_repeat_is_the_case(
 
     monkeypatch.setattr(parity, "replay_once", replay)
     monkeypatch.setattr(parity, "simulated_baselines", lambda *_: {"fcfs": 0.5})
+    spread = {"overall_low": 0.9, "overall_high": 0.97, "swaps_low": 3, "swaps_high": 5}
+    monkeypatch.setattr(parity, "simulated_spread", lambda *_: spread)
     out = tmp_path / "parity.json"
     argv = ["--quick", "wb-quick", "wc-quick", "--seeds", "0", "--random", "0", "--repeats", "3"]
     assert parity.main([*argv, "--results", str(out), "--no-docs"]) == 0
