@@ -175,16 +175,23 @@ def add_baselines(path: Path) -> None:
     write_results(path, report)
 
 
-def add_spread(path: Path, code: str) -> None:
-    """Fill in `sim_spread` for the cases of a results file that lack it, simulated on the
-    code checked out now (`code`, recorded with it: the live runs may be older)."""
-    report = json.loads(path.read_text())
-    for case in report["cases"]:
-        if not case.get("sim_spread"):
-            spread = simulated_spread(load_scenario(case_path(case["case"])), case["seed"])
-            case["sim_spread"] = {**spread, "code": code}
-            print(f"  {case['case']} seed {case['seed']}: {describe(spread)}", flush=True)
-    write_results(path, report)
+def add_spread(paths: Sequence[Path], code: str) -> None:
+    """Fill in `sim_spread` for the cases of these results files that lack it, simulated on
+    the code checked out now (`code`, recorded with it: the live runs may be older); a case
+    in several files is simulated once."""
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in paths:
+        report = json.loads(path.read_text())
+        for case in report["cases"]:
+            key = (case["case"], case["seed"])
+            if case.get("sim_spread"):
+                continue
+            if key not in done:
+                spread = simulated_spread(load_scenario(case_path(key[0])), key[1])
+                done[key] = {**spread, "code": code}
+                print(f"  {key[0]} seed {key[1]}: {describe(spread)}", flush=True)
+            case["sim_spread"] = done[key]
+        write_results(path, report)
 
 
 def render(reports: Sequence[dict[str, Any]]) -> str:
@@ -287,8 +294,7 @@ def main(argv: Sequence[str]) -> int:
             add_baselines(path)
         return 0
     if args.add_spread:
-        for path in args.add_spread:
-            add_spread(path, code_version())
+        add_spread(args.add_spread, code_version())
         return 0
     if args.render:
         write_docs_block("parity", render([json.loads(p.read_text()) for p in args.render]))
