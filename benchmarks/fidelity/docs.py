@@ -27,6 +27,7 @@ from benchmarks.fidelity.tables import (
     misses,
     pct,
     refit_table,
+    swap_timeline,
 )
 from benchmarks.report import ROOT
 
@@ -134,6 +135,11 @@ def _results(report: FidelityReport) -> list[str]:
         "the path to it), or to an eviction the simulator did not make:",
         "",
         *disagreement_table(measured.comparisons),
+        "",
+        "Swaps as the live plane recorded them (its metrics recorder's events: a swap's start, "
+        "when the agent decided it, and when the new model served):",
+        "",
+        *swap_timeline({name: live for name, (live, _, _) in measured.results.items()}),
         "",
         "## The fitted profiles",
         "",

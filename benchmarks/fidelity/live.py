@@ -151,7 +151,20 @@ async def live_run(
         evictions=sum(a.counters.evictions for a in plane.agents) - evictions0,
         replans=(plane.loop.counters.replans if plane.loop else 0) - replans0,
         engine_itl_s=engine_itl,
+        swap_events=_swap_events(plane, t0),
     )
+
+
+def _swap_events(plane: Plane, t0: float) -> list[tuple[float, str, str, str]]:
+    """The swaps the plane's recorder saw start and finish since the run began (`t0`, the
+    same wall clock), in order, times from `t0`: when a swap was decided and how long its
+    load took, which the counts alone do not tell apart."""
+    events = [] if plane.metrics is None else list(plane.metrics.events)
+    return [
+        (e.at_s - t0, e.kind, e.instance_id, e.detail)
+        for e in events
+        if e.kind in ("swap", "swapped") and e.at_s >= t0 - 0.5
+    ]
 
 
 async def _wait_terminal(plane: Plane, ids: list[str], timeout_s: float) -> None:

@@ -4,7 +4,7 @@ predicted for it, and everything one live run measured."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qlm.types import Request
 
@@ -57,3 +57,6 @@ class LiveRun:
     evictions: int
     replans: int
     engine_itl_s: float = math.nan  # the engines' own mean decode step over the run (metrics)
+    # The plane's swap events over the run (metrics recorder): (seconds from the run's start,
+    # "swap" when one starts or "swapped" when the new model serves, instance, detail)
+    swap_events: list[tuple[float, str, str, str]] = field(default_factory=list)

@@ -90,6 +90,7 @@ def _requests(
 ) -> dict[str, Any]:
     return {
         "live": [asdict(o) for o in live.outcomes],
+        "live_swap_events": [list(e) for e in live.swap_events],
         "sim": [asdict(o) for o in sim_outcomes(sim)],
         "sim_just_before": None if again is None else [asdict(o) for o in sim_outcomes(again)],
         "sim_together": None if together is None else [asdict(o) for o in sim_outcomes(together)],

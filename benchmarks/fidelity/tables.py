@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from benchmarks.fidelity.comparison import Comparison
 from benchmarks.fidelity.estimator import EstimatorCheck
 from benchmarks.fidelity.host import HostSample
+from benchmarks.fidelity.outcomes import LiveRun
 from benchmarks.fidelity.settings import TARGET_E2E_P50, TARGET_TTFT_P50
 from qlm.config.profile_files import ProfileFile
 from qlm.engine.profiling.measured import ProfileFit
@@ -215,3 +216,15 @@ def one_line(c: Comparison) -> str:
         f"{_s(c.e2e_sim['p50'])} ({pct(c.error('e2e', 'p50'))}); attainment live "
         f"{pct(c.attainment_live['overall'])} sim {pct(c.attainment_sim['overall'])}"
     )
+
+
+def swap_timeline(live_runs: Mapping[str, LiveRun]) -> list[str]:
+    """Per run with swaps, each swap the live plane recorded: when it started and when the
+    new model served (seconds from the run's start), so that a late first dispatch is told
+    apart as a late decision or a long load."""
+    lines: list[str] = []
+    for name, live in live_runs.items():
+        for at_s, kind, instance_id, detail in live.swap_events:
+            what = "started" if kind == "swap" else "serving"
+            lines.append(f"- {name}: {instance_id} {what} at {at_s:.1f} s: {detail}")
+    return lines or ["- no swap in any run"]

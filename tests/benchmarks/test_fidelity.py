@@ -256,3 +256,35 @@ def test_the_quick_benchmark_compares_live_vllm_with_the_simulator(
         assert (tmp_path / "fidelity" / name).stat().st_size > 1000
     assert (tmp_path / "fidelity" / "tiny-a_cpu.yaml").exists()
     assert (tmp_path / "fidelity" / "scenarios" / "1x-load60.yaml").exists()
+
+
+def test_the_swap_timeline_keeps_the_runs_swaps_timed_from_its_start() -> None:
+    """A run's swap events come from the plane's recorder: only swap starts and readiness
+    since the run began (an earlier run's and evictions left out), in seconds from its start;
+    the report lists each, so a late first dispatch reads as a late decision or a long load."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from benchmarks.fidelity.live import _swap_events
+    from benchmarks.fidelity.tables import swap_timeline
+    from qlm.metrics.hooks import PlaneEvent
+
+    events = [
+        PlaneEvent(90.0, "swap", "cpu-0", "tiny-a -> tiny-b"),  # the run before
+        PlaneEvent(112.0, "swap", "cpu-1", "tiny-a -> tiny-b"),
+        PlaneEvent(113.0, "eviction", "cpu-1", "r1 (batch-1, evict)"),
+        PlaneEvent(180.0, "swapped", "cpu-1", "tiny-a -> tiny-b: serving after 68.0 s"),
+    ]
+    plane: Any = SimpleNamespace(metrics=SimpleNamespace(events=events))
+    got = _swap_events(plane, t0=100.0)
+    assert got == [
+        (12.0, "swap", "cpu-1", "tiny-a -> tiny-b"),
+        (80.0, "swapped", "cpu-1", "tiny-a -> tiny-b: serving after 68.0 s"),
+    ]
+    run = replace(live_run(OUTCOMES, {}), swap_events=got)
+    assert swap_timeline({"2x-swap": run}) == [
+        "- 2x-swap: cpu-1 started at 12.0 s: tiny-a -> tiny-b",
+        "- 2x-swap: cpu-1 serving at 80.0 s: tiny-a -> tiny-b: serving after 68.0 s",
+    ]
+    assert swap_timeline({"1x": live_run(OUTCOMES, {})}) == ["- no swap in any run"]
+    assert _swap_events(SimpleNamespace(metrics=None), 0.0) == []  # type: ignore[arg-type]
