@@ -100,6 +100,9 @@ def serve_config(
             "qlm": qlm.model_dump(),
             "agent": AGENT,
             "api": {"port": 0},
+            # every swap and eviction of a run stays in the recorder's events (the report's
+            # swap timeline reads them; the dashboard's default keeps the last 50)
+            "metrics": {"recent_events": 10_000},
             "engine": {"kind": "vllm", "vllm": engine_config(models).model_dump(mode="json")},
             "models": [{"name": m, "max_context_tokens": ENGINE["max_model_len"]} for m in models],
             "fleet": {
