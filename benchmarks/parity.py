@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.parity_spread import describe, simulated_spread
+from benchmarks.parity_spread import describe, inside, simulated_spread
 from benchmarks.parity_table import LEGEND, table, versus_baselines
 from benchmarks.report import (
     RESULTS_DIR,
@@ -214,6 +214,14 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
         lines += header_lines(report)
         lines += [f"Note: {report['note']}", ""] if report.get("note") else [""]
     summary = f"{held} of {len(cases)} cases within bounds; {unfaithful} replays not faithful."
+    spread = [c for c in cases if c.get("sim_spread")]
+    if spread:
+        codes = sorted({str(c["sim_spread"].get("code", "-")) for c in spread})
+        inside_n = sum(bool(inside(c)) for c in spread)
+        summary += (
+            f" Live inside the simulated timing spread on {inside_n} of {len(spread)} cases "
+            f"(spreads simulated on code {', '.join(codes)})."
+        )
     lines += [table(cases), "", summary, "", LEGEND]
     return "\n".join(lines)
 

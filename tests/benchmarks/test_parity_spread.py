@@ -50,3 +50,25 @@ def test_inside_widens_the_spread_by_the_parity_bounds() -> None:
     assert not inside(case(0.85, 86, spread))  # past 25 % above the most
     assert inside(case(0.85, 1, {**spread, "swaps_low": 0, "swaps_high": 0}))  # one swap
     assert inside(case(0.85, 48, None)) is None
+
+
+def test_the_docs_block_counts_the_cases_live_inside_the_spread() -> None:
+    from benchmarks.parity import render
+
+    def full(name: str, live: float, spread: dict[str, Any] | None) -> dict[str, Any]:
+        figures = {"overall": live, "by_class": {}, "swaps": 48, "ttft_p50_s": 1.0,
+                   "ttft_p99_s": 2.0, "prediction": {}}  # fmt: skip
+        return {
+            "case": name, "seed": 5, "speedup": 4.0, "gap_points": {"overall": 7.4},
+            "live": figures, "simulated": {**figures, "overall": 0.838}, "live_swaps": 48,
+            "live_overall_spread_points": 0.0, "within": False, "faithful": True, "late": [],
+            "sim_spread": spread,
+        }  # fmt: skip
+
+    spread = {"overall_low": 0.828, "overall_high": 0.908, "swaps_low": 48, "swaps_high": 68,
+              "code": "abc1234"}  # fmt: skip
+    header = {"command": "x", "date": "d", "machine": "m", "platform": "p", "code": "c"}
+    block = render([{**header, "cases": [full("many:5", 0.912, spread), full("b", 0.9, None)]}])
+    assert "82.8-90.8 % / 48-68 | yes |" in block
+    assert "inside the simulated timing spread on 1 of 1 cases (spreads simulated on code " in block
+    assert "abc1234" in block
