@@ -42,7 +42,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.parity_spread import describe, inside, simulated_spread
+from benchmarks.parity_spread import (
+    CLASS_POINTS,
+    OVERALL_POINTS,
+    describe,
+    inside,
+    simulated_spread,
+    swap_slack,
+)
 from benchmarks.parity_table import LEGEND, table, versus_baselines
 from benchmarks.report import (
     RESULTS_DIR,
@@ -61,7 +68,6 @@ from qlm.sim.scenario import Scenario, load_scenario
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_PATH = RESULTS_DIR / "parity.json"
 QUICK = ("wa-quick", "wb-quick", "wc-quick")
-OVERALL_POINTS, CLASS_POINTS, SWAP_SHARE = 2.0, 3.0, 0.25
 
 
 def speedup_for(scenario: Scenario, seed: int, most: float, max_rps: float) -> float:
@@ -79,7 +85,7 @@ def within(case: dict[str, Any]) -> bool:
     gap = case["gap_points"]
     classes_ok = all(abs(v) <= CLASS_POINTS for k, v in gap.items() if k != "overall")
     live, sim = case["live_swaps"], case["simulated"]["swaps"]
-    swaps_ok = abs(live - sim) <= max(1.0, SWAP_SHARE * sim)
+    swaps_ok = abs(live - sim) <= swap_slack(sim)
     return abs(gap["overall"]) <= OVERALL_POINTS and classes_ok and swaps_ok
 
 

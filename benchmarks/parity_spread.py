@@ -21,6 +21,9 @@ from typing import Any
 from qlm.replay.replay_cli import simulate_same
 from qlm.sim.scenario import Scenario
 
+# The parity bounds (benchmarks/parity.py `within`): attainment points overall and per class,
+# and swaps within this share of the simulated count or one swap (`swap_slack`).
+OVERALL_POINTS, CLASS_POINTS, SWAP_SHARE = 2.0, 3.0, 0.25
 # (control field, factor): each simulated once more with that one field scaled
 PERTURBATIONS: tuple[tuple[str, float], ...] = (
     ("tick_s", 0.9),
@@ -28,6 +31,11 @@ PERTURBATIONS: tuple[tuple[str, float], ...] = (
     ("min_replan_interval_s", 0.9),
     ("min_replan_interval_s", 1.1),
 )
+
+
+def swap_slack(swaps: float) -> float:
+    """How many swaps either way a live run may differ by from `swaps` simulated."""
+    return max(1.0, SWAP_SHARE * swaps)
 
 
 def perturbed(scenario: Scenario, field: str, factor: float) -> Scenario:
@@ -72,9 +80,9 @@ def inside(case: dict[str, Any]) -> bool | None:
     spread = case.get("sim_spread")
     if not spread:
         return None
-    live = case["live"]["overall"]
-    ok_overall = spread["overall_low"] - 0.02 <= live <= spread["overall_high"] + 0.02
+    live, margin = case["live"]["overall"], OVERALL_POINTS / 100
+    ok_overall = spread["overall_low"] - margin <= live <= spread["overall_high"] + margin
     low, high = spread["swaps_low"], spread["swaps_high"]
     swaps = case["live_swaps"]
-    ok_swaps = low - max(1.0, 0.25 * low) <= swaps <= high + max(1.0, 0.25 * high)
+    ok_swaps = low - swap_slack(low) <= swaps <= high + swap_slack(high)
     return ok_overall and ok_swaps

@@ -17,13 +17,13 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import Field, field_validator
+from pydantic import Field
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from qlm.api.context import ApiContext, json_response
 from qlm.api.errors import ApiError
-from qlm.api.program_routes import PROGRAMS, only_sampling, tenant_program
+from qlm.api.program_routes import PROGRAMS, SampledBody, tenant_program
 from qlm.api.program_runner import ProgramRunner
 from qlm.config import StrictModel
 from qlm.programs.graph import NAME
@@ -45,17 +45,8 @@ class ForkBody(StrictModel):
     name: str = Field(description="The child's name; it starts with its parent's text.")
 
 
-class GenerateBody(StrictModel):
+class GenerateBody(SampledBody):
     prompt: str = Field(description="Text after the context's.")
-    max_tokens: int | None = Field(default=None, ge=1)
-    sampling: dict[str, Any] = Field(
-        default_factory=dict, description="Completion fields (temperature, stop, seed, ...)."
-    )
-
-    @field_validator("sampling")
-    @classmethod
-    def _only_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return only_sampling(value)
 
 
 def add_context_routes(

@@ -42,13 +42,23 @@ SAMPLING_FIELDS = frozenset({
 })  # fmt: skip
 
 
-def only_sampling(value: dict[str, Any]) -> dict[str, Any]:
-    """A call's (or a context generation's) `sampling`, refused when it sets other fields."""
-    other = sorted(set(value) - SAMPLING_FIELDS)
-    if other:
-        allowed = ", ".join(sorted(SAMPLING_FIELDS))
-        raise ValueError(f"'{other[0]}' is not a sampling field; these are: {allowed}")
-    return value
+class SampledBody(StrictModel):
+    """The generation fields a call and a context generation share: `max_tokens` and a
+    `sampling` refused when it sets other fields than SAMPLING_FIELDS."""
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    sampling: dict[str, Any] = Field(
+        default_factory=dict, description="Completion fields (temperature, stop, seed, ...)."
+    )
+
+    @field_validator("sampling")
+    @classmethod
+    def _only_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
+        other = sorted(set(value) - SAMPLING_FIELDS)
+        if other:
+            allowed = ", ".join(sorted(SAMPLING_FIELDS))
+            raise ValueError(f"'{other[0]}' is not a sampling field; these are: {allowed}")
+        return value
 
 
 async def tenant_program(ctx: ApiContext, store: ProgramStore, http: HttpRequest) -> Program:
@@ -62,19 +72,10 @@ async def tenant_program(ctx: ApiContext, store: ProgramStore, http: HttpRequest
     return program
 
 
-class CallBody(StrictModel):
+class CallBody(SampledBody):
     name: str = Field(description="The call's name, also its output variable's.")
     model: str
     prompt: str = Field(description="The prompt; `{{name}}` uses a variable.")
-    max_tokens: int | None = Field(default=None, ge=1)
-    sampling: dict[str, Any] = Field(
-        default_factory=dict, description="Completion fields (temperature, stop, seed, ...)."
-    )
-
-    @field_validator("sampling")
-    @classmethod
-    def _only_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return only_sampling(value)
 
 
 class ProgramBody(StrictModel):
