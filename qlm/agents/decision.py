@@ -14,6 +14,8 @@ The rules, in order:
 1. `follows`: an instance follows its plan to another model only when the plan's head is of
    another model, the plan does not come back to its model while it has queued work
    (`dispatch.follows_swap`), and the swap keeps more promises than it breaks (`swap_pays`).
+1b. Otherwise, with nothing of its model queued, it wakes a model asleep in its tier that has
+   queued requests and no instance, when that pays (qlm/agents/standby_rules.py).
 2. Otherwise it serves its model's dispatch queue: `schedule` (Moore-Hodgson over the model's
    pool, the instances serving it, seen as one machine; each class's due times shifted by
    the engine work that blocks its next first token) cut by `dispatch.dispatch_groups`.
@@ -38,6 +40,7 @@ from qlm.agents.dispatch import PoolRate, Schedule, follows_swap
 from qlm.agents.drain import start_blocks_by_rank
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.queued import QueuedGroup, QueuedItem
+from qlm.agents.standby_rules import cold_drop_loss
 from qlm.engine.engine_types import EngineObservation
 from qlm.estimator.passing import PassingRates, start_with_passing
 from qlm.perf.profile import Profile
@@ -156,7 +159,9 @@ class Dispatcher:
         without it, plus, when the instance is its model's last, the arrivals of that model
         expected while it is away that cannot wait that long (`ArrivalRates.at_risk`). Away
         is the target's load, the stay there, and the way back (a wake when the instance has
-        a standby tier for the model to sleep in, a cold load when not). The stay: beside
+        a standby tier for the model to sleep in, a cold load when not), and the requests of
+        sleeping models whose only warm copy the swap sends cold from the instance's full
+        tier (`cold_drop_loss`, qlm/agents/standby_rules.py). The stay: beside
         other instances of the target it helps through a backlog and is free to come back
         (none counted); alone on the target it carries all the target's traffic, and a move
         is worth making only for a stay at least as long as the round trip takes, the load
@@ -194,7 +199,7 @@ class Dispatcher:
         back_s = 0.0 if back is None else back.load_time_s(asleep)
         stay_s = 0.0 if others else load_s + back_s  # ski rental: as long as the round trip
         away_s = load_s + stay_s + back_s
-        lost = self._lost(view, model, instance_id, now_s, away_s)
+        lost = self._lost(view, (model, target), instance_id, now_s, away_s)
         if lost is None:
             return False  # too little seen of its arrivals to know what the absence costs
         if not others:
@@ -227,29 +232,33 @@ class Dispatcher:
 
         `models`: (its model, the target); `spans_s`: the target's load, the stay there and
         the whole absence from its model."""
-        model, target = models
+        target = models[1]
         load_s, stay_s, away_s = spans_s
-        lost = self._lost(view, model, instance_id, now_s, away_s, Side.HIGH)
+        lost = self._lost(view, models, instance_id, now_s, away_s, Side.HIGH)
         gained = self._gained_alone(view, target, instance_id, now_s, load_s, stay_s)
         return lost is not None and outweighs(gained, lost)
 
     def _lost(
         self,
         view: FleetView,
-        model: str,
+        models: tuple[str, str],
         instance_id: str,
         now_s: float,
         away_s: float,
         side: Side = Side.POINT,
     ) -> float | None:
-        """`swap_pays`'s promises broken for the instance's own `model` by `away_s` away
-        from it, its arrivals read as `side` says (None: arrivals not yet watched for that
-        long)."""
+        """`swap_pays`'s promises broken by a swap of the instance from its model to the
+        target (`models`): its own model's for `away_s` away from it, and those of the
+        sleeping models the swap sends cold from its tier (`cold_drop_loss`,
+        qlm/agents/standby_rules.py); arrivals read as `side` says (None: arrivals not yet
+        watched for that long)."""
+        model, target = models
         pool = self.pool(view, model, instance_id)
         rest = tuple(i for i in pool if i != instance_id)
         lost: float = self._unkept(view, model, rest, now_s) - self._unkept(
             view, model, pool, now_s
         )
+        lost += cold_drop_loss(self, view, instance_id, target, now_s, side)
         if rest:
             return lost
         if not self.arrivals.watched_for(now_s, away_s):

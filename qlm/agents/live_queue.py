@@ -27,6 +27,7 @@ from qlm.agents.dispatch import Schedule, dispatch_groups, unseen_paced
 from qlm.agents.pacing import Pacing, first_compressed_s, held_back
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.reported_fleet import ReportedFleet
+from qlm.agents.standby_rules import wake_target
 from qlm.agents.virtual_queue import head_model, planned_items, virtual_queue
 from qlm.control.plan import PublishedPlan
 from qlm.types import Fleet
@@ -61,13 +62,15 @@ class AgentQueue:
         prefilling: Collection[str] = frozenset(),
     ) -> tuple[QueuedGroup, ...]:
         """What this instance reconciles: its virtual queue when the decision follows the
-        plan to another model (`Dispatcher.follows`), else its model's dispatch queue over
+        plan to another model (`Dispatcher.follows`), else the dispatch queue of the model
+        it wakes from its standby tier (`wake_target`, over itself alone) or its model's over
         the plan's members of that model (ordered by prefix locality with `affinity`; paced
         requests not due to start yet left out, qlm/agents/pacing.py)."""
         model = view.model_of(self.instance_id)
         head = head_model(plan, self.instance_id, is_queued)
         planned = () if head in (None, model) else virtual_queue(plan, self.instance_id, is_queued)
-        models = [m for m in (model, head if planned else None) if m is not None]
+        asleep = view.standby_models(self.instance_id)  # read by the standby rules
+        models = [m for m in (model, head if planned else None, *asleep) if m is not None]
         queued = {m: self._queued(plan, m, is_queued, now_s) for m in models}
         self._sync(queued)
         decision = self.decision
@@ -75,7 +78,12 @@ class AgentQueue:
             return planned
         if model is None:
             return ()
-        pool = decision.pool(view, model, self.instance_id)
+        woken = wake_target(decision, view, self.instance_id, now_s)  # rule 1b
+        pool: tuple[str, ...]
+        if woken is not None:  # a pool of one: no prefix locality (as in the simulator)
+            model, pool, affinity = woken, (self.instance_id,), None
+        else:
+            pool = decision.pool(view, model, self.instance_id)
         kept = decision.schedule(view, model, pool, now_s)
         mine = queued[model]
         unseen = unseen_paced(plan, model, mine.values(), pacing)

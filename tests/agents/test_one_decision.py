@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -15,15 +15,17 @@ import pytest
 from qlm.agents.agent_reports import instance_status
 from qlm.agents.live_queue import AgentQueue
 from qlm.agents.reported_fleet import ReportedFleet
+from qlm.agents.standby_rules import goes_cold, warm_elsewhere
 from qlm.clock import VirtualClock
 from qlm.config import QlmConfig
 from qlm.control.plan import PublishedPlan, planned_group
 from qlm.engine.engine_types import EngineObservation, EngineRequest, EngineState
+from qlm.queue.records import InstanceStatus
 from qlm.sim.policies.qlm_dispatch import SimDispatch
 from qlm.types import Fleet, Request
 from tests.factories import make_instance, make_profile, make_request
 
-MODELS = ("m7b", "m13b")
+MODELS = ("m7b", "m13b", "m7c")
 PRIORITY = {"interactive": 2, "batch-1": 1, "batch-2": 0}
 TTFT_S = {"interactive": 20.0, "batch-1": 60.0, "batch-2": 600.0}
 
@@ -68,17 +70,23 @@ class FakeSim:
 
 
 def draw_state(rng: random.Random, now_s: float) -> FakeSim:
-    """Four instances, two models, each instance serving, loading or empty, with admitted work
-    of random classes; 0-120 queued requests per model that arrived over the last minute."""
+    """Four instances, three models, each instance serving, loading or empty, with admitted
+    work of random classes and a standby tier of 0-2 models with some asleep (a swap may send
+    the only warm copy of one cold: qlm/agents/standby_rules.py); 0-120 queued requests per model
+    that arrived over the last minute."""
     ids = [f"i{k}" for k in range(4)]
     fleet = Fleet.of(
         [make_instance(i, loaded_model=None) for i in ids],
-        [make_profile("m7b", load_s=8.0), make_profile("m13b", weight_gib=26.0, load_s=15.0)],
+        [
+            replace(make_profile("m7b", load_s=8.0), wake_s=1.0),
+            replace(make_profile("m13b", weight_gib=26.0, load_s=15.0), wake_s=2.0),
+            replace(make_profile("m7c", load_s=8.0), wake_s=1.0),
+        ],
     )
     state: dict[str, tuple[str | None, bool]] = {}
     observations = {}
     for i in ids:
-        model = rng.choice((*MODELS, *MODELS, None))
+        model = rng.choice((*MODELS[:2], *MODELS[:2], None))  # m7c: asleep at most
         loading = model is not None and rng.random() < 0.2
         state[i] = (model, loading)
         admitted = tuple(
@@ -89,9 +97,11 @@ def draw_state(rng: random.Random, now_s: float) -> FakeSim:
             for k in range(0 if model is None or loading else rng.randint(0, 70))
         )  # fmt: skip
         engine_state = EngineState.LOADING if loading else EngineState.READY
+        capacity = rng.choice((0, 1, 2))
+        asleep = [m for m in MODELS if m != model and rng.random() < 0.3][:capacity]
         observations[i] = EngineObservation(
             i, engine_state, model, admitted, sum(r.context_tokens for r in admitted),
-            400_000, 64, at_s=now_s, standby_capacity=rng.choice((0, 1)),
+            400_000, 64, at_s=now_s, standby_models=tuple(asleep), standby_capacity=capacity,
         )  # fmt: skip
     config = QlmConfig.model_validate(
         {
@@ -134,21 +144,33 @@ def names(heads: tuple[object, ...]) -> list[tuple[str, list[str]]]:
     return [(g.model, [it.request_id for it in g.items]) for g in heads]  # type: ignore[attr-defined]
 
 
+def status_reports(sim: FakeSim, now_s: float) -> dict[str, InstanceStatus]:
+    """Every instance's status report, as its agent writes it."""
+    reports = {}
+    for i, obs in sim.observations.items():
+        profile = None if obs.model is None else sim.fleet.profile(obs.model, sim.fleet.instance(i))
+        reports[i] = instance_status(i, obs, profile, 0.0, PRIORITY, now_s)
+    return reports
+
+
 def decisions(seed: int) -> list[tuple[str, bool, object, object]]:
     """Per instance not loading: (id, whether the simulator follows the plan to another
     model, the live heads, the simulated heads)."""
     rng = random.Random(seed)
     now_s = 1000.0
     sim = draw_state(rng, now_s)
-    plan = random_plan(rng, sim)
+    return decide(sim, random_plan(rng, sim), now_s)
+
+
+def decide(
+    sim: FakeSim, plan: PublishedPlan, now_s: float
+) -> list[tuple[str, bool, object, object]]:
+    """`decisions` of one state and plan."""
     simulated = SimDispatch(sim, PRIORITY, members=10_000)  # type: ignore[arg-type]
     for request in sorted(sim.requests.values(), key=lambda r: r.arrival_at_s):
         simulated.arrived(request)
         simulated.queue(request)
-    reports = {}
-    for i, obs in sim.observations.items():
-        profile = None if obs.model is None else sim.fleet.profile(obs.model, sim.fleet.instance(i))
-        reports[i] = instance_status(i, obs, profile, 0.0, PRIORITY, now_s)
+    reports = status_reports(sim, now_s)
     out = []
     for instance in sim.fleet.instances:
         i = instance.id
@@ -175,3 +197,60 @@ def test_the_states_exercise_both_rules() -> None:
     outcomes = [(follows, bool(heads)) for s in range(40) for _, follows, _, heads in decisions(s)]
     assert any(follows for follows, _ in outcomes)
     assert any(not follows and served for follows, served in outcomes)
+
+
+def test_both_views_see_the_same_standby_drops() -> None:
+    """Which sleeping models a swap sends cold, and whether each is warm on another instance
+    (qlm/agents/standby_rules.py), read alike off the simulator's exact tiers and the live
+    agent's own engine and peers' reports; the states hold drops of a model's only warm
+    copy as well as of one warm elsewhere."""
+    seen = set()
+    for seed in range(40):
+        sim = draw_state(random.Random(seed), 1000.0)
+        simulated = SimDispatch(sim, PRIORITY, members=10_000)  # type: ignore[arg-type]
+        reports = status_reports(sim, 1000.0)
+        for instance in sim.fleet.instances:
+            i = instance.id
+            others = {k: r for k, r in reports.items() if k != i}
+            view = ReportedFleet(sim.fleet, i, sim.observations[i], PRIORITY, others)
+            for target in MODELS:
+                drops = [
+                    [(m, warm_elsewhere(simulated.decision, plane, m, i)) for m in gone]
+                    for plane in (view, simulated)
+                    for gone in [goes_cold(plane, i, target)]
+                ]
+                assert drops[0] == drops[1], (seed, i, target)
+                seen.update(warm for _, warm in drops[0])
+    assert seen == {True, False}
+
+
+def test_an_idle_instance_wakes_the_sleeping_model_no_instance_serves() -> None:
+    """i0 serves m7b with nothing of it queued and holds m7c asleep, its only warm copy, with
+    ten batch requests of m7c queued; the plan sends i0 to m13b, which two instances serve
+    already, and m7c's groups to i1. Both planes refuse the move to m13b (it keeps nothing
+    more of m13b, and a cold load there would drop m7c from the tier) and wake m7c instead
+    (`wake_target`, qlm/agents/standby_rules.py): before, i0 idled on m7b while m7c waited."""
+    now_s = 1000.0
+    sim = draw_state(random.Random(0), now_s)
+    sim.requests.clear()
+    for i, model, asleep in (("i0", "m7b", ("m7c",)), ("i1", "m13b", ()), ("i2", "m13b", ()),
+                             ("i3", "m7b", ())):  # fmt: skip
+        sim.state[i] = (model, False)
+        sim.observations[i] = EngineObservation(
+            i, EngineState.READY, model, (), 0, 400_000, 64, at_s=now_s,
+            standby_models=asleep, standby_capacity=len(asleep),
+        )  # fmt: skip
+    chats = [make_request(model="m13b", arrival_at_s=now_s - 2.0, ttft_s=20.0) for _ in range(2)]
+    batch = [
+        make_request(model="m7c", slo_class="batch-1", arrival_at_s=now_s - 5.0 - k, ttft_s=60.0)
+        for k in range(10)
+    ]
+    sim.requests.update({r.id: r for r in (*chats, *batch)})
+    groups = {"g13": planned_group("g13", "m13b", chats), "g7c": planned_group("g7c", "m7c", batch)}
+    queues = {"i0": ("g13",), "i1": ("g7c",), "i2": (), "i3": ()}
+    plan = PublishedPlan(1, now_s, queues, groups)
+    heads = {i: (live, simulated) for i, _, live, simulated in decide(sim, plan, now_s)}
+    live, simulated = heads["i0"]
+    assert live == simulated
+    assert [model for model, _ in simulated] == ["m7c"]
+    assert sorted(simulated[0][1]) == sorted(r.id for r in batch)

@@ -20,6 +20,7 @@ from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
+from qlm.agents.standby_rules import wake_target
 from qlm.agents.virtual_queue import head_model, virtual_queue
 from qlm.agents.warming import fleet_fetches, hosts_of
 from qlm.control.plan import PublishedPlan
@@ -133,7 +134,8 @@ class SimDispatch:
         self, plan: PublishedPlan | None, instance_id: str, whole: bool
     ) -> tuple[QueuedGroup, ...]:
         """What the instance's agent reconciles: its virtual queue (the live agents' cut) when
-        it follows the plan to another model, else the dispatch queue of its model. Unless
+        it follows the plan to another model, else the dispatch queue of the model it wakes
+        from its standby tier (`wake_target`) or of its model. Unless
         `whole`, the virtual queue is built only up to its first group of the loaded model
         (all `follows_swap` reads)."""
         ctx = self.ctx
@@ -146,14 +148,19 @@ class SimDispatch:
             if plan is None or stays  # the plan keeps it on its model: it serves the model
             else virtual_queue(plan, instance_id, queued, self.members, until)
         )
-        if self.decision.follows(self, instance_id, planned, ctx.clock.now_s()):
+        now_s = ctx.clock.now_s()
+        if self.decision.follows(self, instance_id, planned, now_s):
             return planned
         if model is None:
             return ()
-        pool = self.serving(model)
+        woken = wake_target(self.decision, self, instance_id, now_s)  # rule 1b
+        pool: tuple[str, ...]
+        if woken is not None:
+            model, pool = woken, (instance_id,)
+        else:
+            pool = self.serving(model)
         kept = self._schedule(model, pool)
         limit = ctx.max_num_seqs(instance_id)
-        now_s = ctx.clock.now_s()
         still, paced_s = self._unheld(model, kept, now_s)
         affinity = self._affinity(instance_id, pool)
         prefilling = prefilling_ids(ctx.observe(instance_id)) if self._jobs else frozenset()

@@ -1,0 +1,111 @@
+"""The models asleep in an instance's standby tier, in the one dispatch decision
+(qlm/agents/decision.py): what a swap costs them, and when an idle instance wakes one.
+
+**What a swap costs them** (`cold_drop_loss`, added by `swap_pays` to the promises a swap
+breaks). The model an instance leaves goes to sleep in its tier, first in line; when the tier
+is full, the least recently served sleeping model goes cold (qlm/engine/model/tiers.py; a
+wake of the target frees the target's own place first). A model warm elsewhere (serving,
+loading, or asleep in another instance's tier) loses nothing by it. A model whose only warm
+copy this was comes back with a cold load where a wake would have done: its queued requests
+due between the wake and the cold load are broken, and so are its arrivals that could wait
+for the wake but not for the load (`ArrivalRates.at_risk`). Without it a cold swap was priced
+by the instance's own model and the target only (many:5: a model's only warm copy dropped,
+its queued requests then waited a minute for a cold load elsewhere).
+
+**When an idle instance wakes one** (`wake_target`, rule 1b of the decision). The plan names
+the model an instance goes to next; the swap gate may refuse it (the cost above, among
+others), and the plan may keep the instance on a model with nothing queued. Either way the
+instance would idle while a model asleep in its own tier, served by no instance, has requests
+waiting: the planner kept proposing tail models to such an instance, the gate refused each
+for the sleeping model's sake, and that model's requests waited until all were late (many:6).
+So an instance with nothing of its model queued wakes the sleeping model with the most
+queued requests that no instance serves or loads, when the wake pays (`swap_pays`).
+
+Both planes read it through their `FleetView`: the simulator's exact tiers, the live agent's
+own engine and the other agents' reports (their standby models, most recently served first);
+the live agent keeps the queued requests of its tier's models in the decision's queue for it
+(qlm/agents/live_queue.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qlm.agents.arrival_rates import Side
+
+if TYPE_CHECKING:
+    from qlm.agents.decision import Dispatcher, FleetView
+
+
+def goes_cold(view: FleetView, instance_id: str, target: str) -> tuple[str, ...]:
+    """The sleeping models a swap of the instance to `target` drops from its standby tier:
+    the target wakes (leaves the tier), the model left goes to sleep first in line, and what
+    is past the capacity goes cold. None without a tier: there the model left goes cold
+    itself, which `swap_pays` prices as its way back."""
+    capacity = view.standby_capacity(instance_id)
+    if capacity <= 0:
+        return ()
+    tier = [m for m in view.standby_models(instance_id) if m != target]
+    return tuple(tier[capacity - 1 :])
+
+
+def warm_elsewhere(dispatcher: Dispatcher, view: FleetView, model: str, instance_id: str) -> bool:
+    """Whether an instance other than `instance_id` serves, loads or holds `model` asleep."""
+    if view.serving(model) or view.loading(model):
+        return True
+    return any(
+        model in view.standby_models(i.id)
+        for i in dispatcher.fleet.instances
+        if i.id != instance_id
+    )
+
+
+def cold_drop_loss(
+    dispatcher: Dispatcher,
+    view: FleetView,
+    instance_id: str,
+    target: str,
+    now_s: float,
+    side: Side = Side.POINT,
+) -> float:
+    """Promises a swap of the instance to `target` breaks by sending the only warm copy of
+    sleeping models cold: per such model, its queued requests due from a wake's end to a
+    cold load's, and its expected arrivals at risk over the cold load less those at risk
+    over the wake (read as `side` says)."""
+    fleet = dispatcher.fleet
+    instance = fleet.instance(instance_id)
+    broken = 0.0
+    for gone in goes_cold(view, instance_id, target):
+        profile = fleet.profile(gone, instance)
+        if profile is None or warm_elsewhere(dispatcher, view, gone, instance_id):
+            continue
+        wake_s, cold_s = profile.load_time_s(True), profile.load_s
+        if cold_s <= wake_s:
+            continue  # no faster way back asleep than cold: nothing lost by the drop
+        queued = dispatcher.queues.items(gone).values()
+        broken += sum(now_s + wake_s <= item.ttft_deadline_at_s < now_s + cold_s for item in queued)
+        arrivals = dispatcher.arrivals
+        broken += arrivals.at_risk(gone, now_s, cold_s, side)
+        broken -= arrivals.at_risk(gone, now_s, wake_s, side)
+    return broken
+
+
+def wake_target(
+    dispatcher: Dispatcher, view: FleetView, instance_id: str, now_s: float
+) -> str | None:
+    """Rule 1b: the model asleep in the instance's tier that it wakes to serve, when it follows
+    no plan to another model and has nothing of its own model queued: of the sleeping models
+    with queued requests that no instance serves or loads, the one with the most (the most
+    recently served first among equals), if its wake pays (`swap_pays`). None otherwise."""
+    model = view.model_of(instance_id)
+    queues = dispatcher.queues
+    if model is None or queues.count(model) > 0:
+        return None
+    best, most = None, 0
+    for asleep in view.standby_models(instance_id):
+        count = queues.count(asleep)
+        if count > most and not view.serving(asleep) and not view.loading(asleep):
+            best, most = asleep, count
+    if best is None or not dispatcher.swap_pays(view, best, instance_id, now_s):
+        return None
+    return best
