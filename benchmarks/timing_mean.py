@@ -41,7 +41,7 @@ from qlm.sim.scenario import Scenario, load_scenario
 
 def tiered(scenario: Scenario) -> bool:
     """Whether the scenario's instances have a standby tier."""
-    return scenario.qlm.engine.standby_models > 0
+    return scenario.engine.standby_models > 0
 
 
 def run_case(seed: int) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def run_case(seed: int) -> dict[str, Any]:
     return {
         "case": f"many:{seed}",
         "seed": seed,
-        "tier": scenario.qlm.engine.standby_models,
+        "tier": scenario.engine.standby_models,
         "overall_pct": overall,
         "mean_pct": statistics.fmean(overall),
         "swaps": swaps,
