@@ -39,7 +39,6 @@ from qlm.engine.client import EngineClient, EventWaiter
 from qlm.engine.engine_types import (
     EngineEvent,
     EngineObservation,
-    EngineState,
     TokenChunk,
 )
 from qlm.metrics import NO_METRICS, MetricsHooks
@@ -156,8 +155,7 @@ class Agent:
                 self.settings, self._backlog.size, self.control.prefill_backlog_s
             )
             actions = reconcile(inp, options)
-            loading = obs.state is EngineState.LOADING
-            await self._apply(lso_steps(actions, tuple(self._held), obs.model, loading))
+            await self._apply(lso_steps(actions, tuple(self._held), obs.model))
             self.counters.fetches += start_fetch(self.engine, self.instance.id, plan)
         await self._housekeeping()
         return actions

@@ -68,7 +68,7 @@ class LsoApplier:
         if not isinstance(action, LoadModel):
             return (action,)
         slot = self._slot_for(action)
-        return lso_steps((action,), tuple(slot.held), slot.model, slot.loading)
+        return lso_steps((action,), tuple(slot.held), slot.model)
 
     def _slot_for(self, action: Action) -> Slot:
         slot = self._slots.get(action.instance_id)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qlm.agents.actions import Evict, KvDirection, LoadModel, Pull, SwapKv
+from qlm.agents.actions import Evict, KvDirection, LoadModel, Pull, SwapKv, lso_steps
 from qlm.agents.reconcile import (
     QueuedGroup,
     QueuedItem,
@@ -266,3 +266,19 @@ def test_no_eviction_that_cannot_seat_the_urgent_request_and_no_pull_into_freed_
     assert isinstance(evict, Evict)
     assert evict.request_ids == ("b-old",)
     assert pull == Pull("i0", ("chat",))
+
+
+def test_a_load_of_the_model_loading_or_served_is_no_step() -> None:
+    """`lso_steps`, both planes: a second LoadModel of the model an engine loads already (two
+    steps of one instance in one round) is no swap (the simulator counted it as one), a
+    LoadModel of its model when loaded is none either, and another model's evicts first."""
+    load_b = LoadModel("i0", "b")
+    assert lso_steps([load_b, load_b], ("r1",), "a") == (
+        Evict("i0", ("r1",), "model swap to b"),
+        load_b,
+    )
+    assert lso_steps([load_b], (), "b") == ()  # loading b, or serving it
+    assert lso_steps([load_b, LoadModel("i0", "a")], (), "a") == (
+        load_b,
+        LoadModel("i0", "a"),
+    )
