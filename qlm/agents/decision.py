@@ -31,13 +31,13 @@ simulator grades it (qlm/sim/report/prediction.py) and the API returns it to cli
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from qlm.agents.arrival_rates import ArrivalRates, Side
 from qlm.agents.dispatch import PoolRate, Schedule, follows_swap
 from qlm.agents.drain import start_blocks_by_rank
+from qlm.agents.fleet_view import FleetView
 from qlm.agents.model_queues import ModelQueues
 from qlm.agents.queued import QueuedGroup, QueuedItem
 from qlm.agents.standby_rules import cold_drop_loss
@@ -68,37 +68,6 @@ class Forecast:
     the schedule drops it, a predicted miss)."""
 
     first_token_s: float | None
-
-
-class FleetView(Protocol):
-    """What the dispatch decision reads about the fleet (besides the queue it is given)."""
-
-    def model_of(self, instance_id: str) -> str | None:
-        """The model the instance holds or is loading (None: none)."""
-        ...
-
-    def serving(self, model: str) -> tuple[str, ...]:
-        """The instances with `model` loaded and not loading, in fleet order: its pool."""
-        ...
-
-    def loading(self, model: str) -> tuple[str, ...]:
-        """The instances loading `model` now, in fleet order."""
-        ...
-
-    def standby_models(self, instance_id: str) -> Collection[str]:
-        """The models asleep in the instance's standby tier (a swap to one is a wake)."""
-        ...
-
-    def standby_capacity(self, instance_id: str) -> int:
-        """How many models the instance's standby tier holds (0: none; a model it leaves is
-        unloaded and comes back with a cold load)."""
-        ...
-
-    def blocks_of(self, instance_id: str) -> tuple[float, Mapping[str, float]]:
-        """The instance's prefill speed (tokens/s) and, per SLO class, how long the work
-        admitted to its engine delays a new request's first token
-        (`drain.start_blocks_by_rank`)."""
-        ...
 
 
 def outweighs(gained: float, lost: float) -> bool:

@@ -29,12 +29,25 @@ the live agent keeps the queued requests of its tier's models in the decision's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from qlm.agents.arrival_rates import Side
+from qlm.agents.arrival_rates import ArrivalRates, Side
+from qlm.agents.fleet_view import FleetView
+from qlm.agents.model_queues import ModelQueues
+from qlm.types import Fleet
 
-if TYPE_CHECKING:
-    from qlm.agents.decision import Dispatcher, FleetView
+
+class Decision(Protocol):
+    """What these rules read of the decision's state (`decision.Dispatcher`, which calls
+    them: declared here rather than imported, so the modules import one way only)."""
+
+    fleet: Fleet
+    queues: ModelQueues
+    arrivals: ArrivalRates
+
+    def swap_pays(self, view: FleetView, target: str, instance_id: str, now_s: float) -> bool:
+        """`Dispatcher.swap_pays`."""
+        ...
 
 
 def goes_cold(view: FleetView, instance_id: str, target: str) -> tuple[str, ...]:
@@ -49,7 +62,7 @@ def goes_cold(view: FleetView, instance_id: str, target: str) -> tuple[str, ...]
     return tuple(tier[capacity - 1 :])
 
 
-def warm_elsewhere(dispatcher: Dispatcher, view: FleetView, model: str, instance_id: str) -> bool:
+def warm_elsewhere(dispatcher: Decision, view: FleetView, model: str, instance_id: str) -> bool:
     """Whether an instance other than `instance_id` serves, loads or holds `model` asleep."""
     if view.serving(model) or view.loading(model):
         return True
@@ -61,7 +74,7 @@ def warm_elsewhere(dispatcher: Dispatcher, view: FleetView, model: str, instance
 
 
 def cold_drop_loss(
-    dispatcher: Dispatcher,
+    dispatcher: Decision,
     view: FleetView,
     instance_id: str,
     target: str,
@@ -91,7 +104,7 @@ def cold_drop_loss(
 
 
 def wake_target(
-    dispatcher: Dispatcher, view: FleetView, instance_id: str, now_s: float
+    dispatcher: Decision, view: FleetView, instance_id: str, now_s: float
 ) -> str | None:
     """Rule 1b: the model asleep in the instance's tier that it wakes to serve, when it follows
     no plan to another model and has nothing of its own model queued: of the sleeping models
