@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from qlm.replay.replay_cli import simulate_same
+from qlm.sim.result import SimResult
 from qlm.sim.scenario import Scenario
 
 # The parity bounds (benchmarks/parity.py `within`): attainment points overall and per class,
@@ -46,16 +47,19 @@ def perturbed(scenario: Scenario, field: str, factor: float) -> Scenario:
     return scenario.model_copy(update={"qlm": qlm})
 
 
+def timing_runs(scenario: Scenario, seed: int) -> list[SimResult]:
+    """`qlm` on the scenario's requests as given and with each timing perturbation."""
+    requests = scenario.requests(seed)
+    variants = (scenario, *(perturbed(scenario, f, k) for f, k in PERTURBATIONS))
+    return [simulate_same(variant, requests, seed, "qlm") for variant in variants]
+
+
 def simulated_spread(scenario: Scenario, seed: int) -> dict[str, Any]:
     """The lowest and highest overall attainment and swaps of `qlm` over the scenario as
     given and its four timing perturbations, on the same requests."""
-    requests = scenario.requests(seed)
-    overall: list[float] = []
-    swaps: list[int] = []
-    for variant in (scenario, *(perturbed(scenario, f, k) for f, k in PERTURBATIONS)):
-        result = simulate_same(variant, requests, seed, "qlm")
-        overall.append(result.attainment(None))
-        swaps.append(result.total_swaps)
+    runs = timing_runs(scenario, seed)
+    overall = [result.attainment(None) for result in runs]
+    swaps = [result.total_swaps for result in runs]
     return {
         "overall_low": min(overall),
         "overall_high": max(overall),

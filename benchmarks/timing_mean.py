@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.parity_spread import PERTURBATIONS, perturbed
+from benchmarks.parity_spread import timing_runs
 from benchmarks.report import (
     RESULTS_DIR,
     finish_header,
@@ -35,7 +35,6 @@ from benchmarks.report import (
     write_docs_block,
     write_results,
 )
-from qlm.replay.replay_cli import simulate_same
 from qlm.sim.scenario import Scenario, load_scenario
 
 
@@ -47,12 +46,9 @@ def tiered(scenario: Scenario) -> bool:
 def run_case(seed: int) -> dict[str, Any]:
     """many:SEED's overall attainment (percent) and swaps over the five timings."""
     scenario = load_scenario(Path(f"many:{seed}"))
-    requests = scenario.requests(seed)
-    overall, swaps = [], []
-    for variant in (scenario, *(perturbed(scenario, f, k) for f, k in PERTURBATIONS)):
-        result = simulate_same(variant, requests, seed, "qlm")
-        overall.append(100 * result.attainment(None))
-        swaps.append(result.total_swaps)
+    runs = timing_runs(scenario, seed)
+    overall = [100 * result.attainment(None) for result in runs]
+    swaps = [result.total_swaps for result in runs]
     return {
         "case": f"many:{seed}",
         "seed": seed,

@@ -125,6 +125,16 @@ class ArrivalRates:
             return 0.0
         return self._read_per_s(model, now_s, away_s, away_s, side) * away_s
 
+    def saved_by_wake(
+        self, model: str, now_s: float, spans_s: tuple[float, float], side: Side = Side.POINT
+    ) -> float:
+        """Arrivals of `model` a wake keeps that a cold load loses: those at risk over the
+        cold load less those at risk over the wake (`spans_s`: the wake's and the load's
+        seconds). What a model asleep is worth (qlm/agents/warming.py) and what dropping its
+        only warm copy breaks (qlm/agents/standby_rules.py)."""
+        wake_s, load_s = spans_s
+        return self.at_risk(model, now_s, load_s, side) - self.at_risk(model, now_s, wake_s, side)
+
     def expected(self, model: str, now_s: float, span_s: float, side: Side = Side.POINT) -> float:
         """Arrivals of `model` expected in the next `span_s` seconds, at its rate (read as
         `side` says)."""

@@ -8,7 +8,7 @@ wake of the target frees the target's own place first). A model warm elsewhere (
 loading, or asleep in another instance's tier) loses nothing by it. A model whose only warm
 copy this was comes back with a cold load where a wake would have done: its queued requests
 due between the wake and the cold load are broken, and so are its arrivals that could wait
-for the wake but not for the load (`ArrivalRates.at_risk`). Without it a cold swap was priced
+for the wake but not for the load (`ArrivalRates.saved_by_wake`). Without it a cold swap was priced
 by the instance's own model and the target only (many:5: a model's only warm copy dropped,
 its queued requests then waited a minute for a cold load elsewhere).
 
@@ -87,6 +87,7 @@ def cold_drop_loss(
     over the wake (read as `side` says)."""
     fleet = dispatcher.fleet
     instance = fleet.instance(instance_id)
+    arrivals = dispatcher.arrivals
     broken = 0.0
     for gone in goes_cold(view, instance_id, target):
         profile = fleet.profile(gone, instance)
@@ -97,9 +98,7 @@ def cold_drop_loss(
             continue  # no faster way back asleep than cold: nothing lost by the drop
         queued = dispatcher.queues.items(gone).values()
         broken += sum(now_s + wake_s <= item.ttft_deadline_at_s < now_s + cold_s for item in queued)
-        arrivals = dispatcher.arrivals
-        broken += arrivals.at_risk(gone, now_s, cold_s, side)
-        broken -= arrivals.at_risk(gone, now_s, wake_s, side)
+        broken += arrivals.saved_by_wake(gone, now_s, (wake_s, cold_s), side)
     return broken
 
 

@@ -59,9 +59,7 @@ def standby_worths(
         profile = fleet.profile(model, instance)
         if profile is None or profile.wake_s is None or not fleet.can_serve(instance, model):
             continue
-        saved = rates.at_risk(model, now_s, profile.load_s) - rates.at_risk(
-            model, now_s, profile.wake_s
-        )
+        saved = rates.saved_by_wake(model, now_s, (profile.wake_s, profile.load_s))
         if saved > 0:
             worths[model] = saved / max(1, count)
     return worths
