@@ -97,7 +97,9 @@ def summary(cases: list[dict[str, Any]], before: dict[str, float]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--seeds", default="0-19", help="many:SEED cases, e.g. 0-19 or 3,5")
+    parser.add_argument(
+        "--seeds", type=seeds_of, default="0-19", help="many:SEED cases, e.g. 0-19 or 3,5"
+    )
     parser.add_argument("--all", action="store_true", help="untiered scenarios too")
     parser.add_argument("--against", type=Path, help="an earlier results file of this script")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "timing_mean.json")
@@ -109,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         earlier = json.loads(args.against.read_text())["cases"]
         before = {c["case"]: c["mean_pct"] for c in earlier}
     cases = []
-    for seed in seeds_of(args.seeds):
+    for seed in args.seeds:
         if not args.all and not tiered(load_scenario(Path(f"many:{seed}"))):
             continue
         cases.append(run_case(seed))
@@ -140,7 +142,10 @@ def seeds_of(text: str) -> list[int]:
     seeds: list[int] = []
     for part in text.split(","):
         low, _, high = part.partition("-")
-        seeds += list(range(int(low), int(high or low) + 1))
+        try:
+            seeds += list(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a seed or a range A-B") from None
     return seeds
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
+
 from benchmarks.timing_mean import seeds_of, summary, table
 
 
 def test_seeds_are_read_as_ranges_and_lists() -> None:
     assert seeds_of("0-3") == [0, 1, 2, 3]
     assert seeds_of("3,5,9-10") == [3, 5, 9, 10]
+    with pytest.raises(argparse.ArgumentTypeError, match="'x' is not a seed"):
+        seeds_of("3,x")
 
 
 def test_the_comparison_is_the_difference_of_the_means_per_case() -> None:
