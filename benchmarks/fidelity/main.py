@@ -77,6 +77,8 @@ async def main_async(args: argparse.Namespace) -> int:
     from tests.vllm_fixtures import build_tiny_models
 
     runs = QUICK_RUNS if args.quick else FULL_RUNS
+    if args.runs:
+        runs = tuple(r for r in FULL_RUNS if r.name in args.runs)
     code = code_version()  # before the measurement: others may commit while it runs
     paths = Paths.of(args)
     meter = HostMeter(WallClock())
@@ -229,6 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=ENGINE["cpu_nice"],
         help="niceness of the vLLM servers (engine.vllm.cpu_nice), profiling included: above "
         "0 the control plane's process goes first when both are runnable (default %(default)s)",
+    )
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        choices=[r.name for r in FULL_RUNS],
+        help="only these of the full runs (the report then holds only them)",
     )
     args = parser.parse_args(argv)
     ENGINE["cpu_nice"] = args.cpu_nice  # one setting for profiles, re-profiles and live runs
