@@ -24,11 +24,13 @@ spread over the hops in proportion with the rest. The shares are statistical: a 
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +39,9 @@ from typing import Any
 from benchmarks.common.stats import median
 
 RATE_PER_S = 250
+# With this set to a folder, each run's raw py-spy stacks are kept there (for a flame graph:
+# where inside a hop the time goes)
+KEEP_STACKS = "QLM_BENCH_KEEP_STACKS"
 HOPS = (
     "queue",
     "token streaming",
@@ -129,6 +134,9 @@ class HopSampler:
                 continue
             if out.exists():
                 self.counts += hop_counts(out.read_text().splitlines())
+                if keep := os.environ.get(KEEP_STACKS):
+                    Path(keep).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(out, Path(keep) / f"{time.time_ns()}-{out.name}")
             elif err:
                 self.errors.append(err.decode(errors="replace").strip()[-200:])
                 print(f"    py-spy: {self.errors[-1]}", file=sys.stderr)

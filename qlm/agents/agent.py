@@ -207,7 +207,9 @@ class Agent:
             if isinstance(action, Pull):
                 await self._pull(action.request_ids, claimed)
             elif isinstance(action, Evict):
-                log.debug("agent %s: evicting %s: %s", self.instance.id, action.request_ids, action.reason)
+                log.debug(
+                    "agent %s: evicting %s: %s", self.instance.id, action.request_ids, action.reason
+                )
                 self._evict(action.request_ids)
             elif isinstance(action, LoadModel):  # lso_steps evicted what the engine held
                 before = self.engine.observe()

@@ -128,6 +128,13 @@ class MilpPlanner(_HeuristicPlanner):
 
     name = "milp"
 
+    def __init__(self, config: PlannerConfig, estimator: WaitEstimator, clock: Clock) -> None:
+        super().__init__(config, estimator, clock)
+        # Made (and its solver library imported) when the control loop starts, not by the
+        # first solve: importing OR-Tools takes a good part of a second, which the first
+        # plan's wall budget paid, and which the live plane's CPU per request counted.
+        self._backend = MILP_BACKENDS.create(config.backend)
+
     def plan(self, inp: PlanInput) -> Plan:
         started = self.clock.monotonic_s()
         placeable, unplaced = _split_unplaceable(inp)
@@ -165,7 +172,7 @@ class MilpPlanner(_HeuristicPlanner):
         start_units = [[index[u] for u in queue] for queue in coarse.start_units]
         formulation = formulate(table, self._slots(table, start_units))
         warm = formulation.values_for(start_units) if self.config.warm_start else None
-        backend = MILP_BACKENDS.create(self.config.backend)
+        backend = self._backend
         if self._on_work_budget:  # a reproducible solve must not hang on wall time
             outcome = backend.solve(
                 formulation, self.config.time_limit_s, 1, warm, self.clock, budget

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -239,3 +241,27 @@ def test_unknown_planner_lists_known_names() -> None:
     inp = random_input(1, 2, 2)
     with pytest.raises(UnknownPolicyError, match="edf, fcfs, milp"):
         make_planner(PlannerConfig(policy="nope"), estimator_for(inp))
+
+
+@pytest.mark.solver
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_solver_library_is_imported_when_the_planner_is_made(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing OR-Tools takes over half a second here, more than the default solver wall
+    limit: a solve that imports it first spends its budget on the import (and holds the
+    GIL over the live plane's event loop). The planner imports its backend when made."""
+    inp = random_input(2, 5, num_instances=2)
+    planner = make_planner(
+        PlannerConfig(policy="milp", backend=backend, time_limit_s=20.0), estimator_for(inp)
+    )
+    real_import = builtins.__import__
+
+    def no_solver_imports(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.split(".")[0] in ("ortools", "pulp"):
+            raise AssertionError(f"{name} imported during a solve")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_solver_imports)
+    plan = planner.plan(inp)
+    assert plan.status is PlanStatus.OPTIMAL

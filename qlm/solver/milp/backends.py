@@ -77,6 +77,13 @@ class CpSatBackend:
     SCALE = 1000.0  # seconds -> milliseconds
     OBJECTIVE_SCALE = 100.0  # keeps two decimals of fractional lateness weights
 
+    def __init__(self) -> None:
+        # Imported when the backend is made (the planner makes it once), not in `solve`,
+        # whose time limit would pay the import; a process that never plans never imports.
+        from ortools.sat.python import cp_model
+
+        self._cp_model = cp_model
+
     def solve(
         self,
         formulation: Formulation,
@@ -86,8 +93,7 @@ class CpSatBackend:
         clock: Clock,
         deterministic_work: float | None = None,
     ) -> SolveOutcome:
-        from ortools.sat.python import cp_model
-
+        cp_model = self._cp_model
         started = clock.monotonic_s()
         binary = [v.binary for v in formulation.vars]
         rows = [self._int_row(binary, con) for con in formulation.constraints]
@@ -220,6 +226,11 @@ class _PulpBackend:
 
     solver_name = ""
 
+    def __init__(self) -> None:
+        import pulp  # when made, as CpSatBackend's library
+
+        self._pulp = pulp
+
     def solve(
         self,
         formulation: Formulation,
@@ -229,8 +240,7 @@ class _PulpBackend:
         clock: Clock,
         deterministic_work: float | None = None,
     ) -> SolveOutcome:
-        import pulp
-
+        pulp = self._pulp
         started = clock.monotonic_s()
         prob = pulp.LpProblem("qlm_plan", pulp.LpMinimize)
         variables = [
