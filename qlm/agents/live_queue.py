@@ -27,7 +27,7 @@ from qlm.agents.dispatch import Schedule, dispatch_groups, unseen_paced
 from qlm.agents.pacing import Pacing, first_compressed_s, held_back
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.reported_fleet import ReportedFleet
-from qlm.agents.standby_rules import wake_target
+from qlm.agents.standby_rules import idle_target
 from qlm.agents.virtual_queue import head_model, planned_items, virtual_queue
 from qlm.control.plan import PublishedPlan
 from qlm.types import Fleet
@@ -63,7 +63,8 @@ class AgentQueue:
     ) -> tuple[QueuedGroup, ...]:
         """What this instance reconciles: its virtual queue when the decision follows the
         plan to another model (`Dispatcher.follows`), else the dispatch queue of the model
-        it wakes from its standby tier (`wake_target`, over itself alone) or its model's over
+        it moves to on its own (`idle_target`, over itself alone: a wake from its standby
+        tier or, with none, a cold load of a model no instance holds) or its model's over
         the plan's members of that model (ordered by prefix locality with `affinity`; paced
         requests not due to start yet left out, qlm/agents/pacing.py)."""
         model = view.model_of(self.instance_id)
@@ -72,13 +73,16 @@ class AgentQueue:
         asleep = view.standby_models(self.instance_id)  # read by the standby rules
         models = [m for m in (model, head if planned else None, *asleep) if m is not None]
         queued = {m: self._queued(plan, m, is_queued, now_s) for m in models}
+        if model is not None and not queued[model] and not view.standby_capacity(self.instance_id):
+            for other in self._unheld_models(plan, view, model):  # read by rule 1c
+                queued[other] = self._queued(plan, other, is_queued, now_s)
         self._sync(queued)
         decision = self.decision
         if decision.follows(view, self.instance_id, planned, now_s):
             return planned
         if model is None:
             return ()
-        woken = wake_target(decision, view, self.instance_id, now_s)  # rule 1b
+        woken = idle_target(decision, view, self.instance_id, now_s)  # rules 1b, 1c
         pool: tuple[str, ...]
         if woken is not None:  # a pool of one: no prefix locality (as in the simulator)
             model, pool, affinity = woken, (self.instance_id,), None
@@ -89,6 +93,18 @@ class AgentQueue:
         unseen = unseen_paced(plan, model, mine.values(), pacing)
         due = self._held.unheld(mine.__contains__, kept, pacing, now_s, unseen)
         return dispatch_groups(model, kept, now_s, limit, due, affinity, prefilling)
+
+    def _unheld_models(self, plan: PublishedPlan, view: ReportedFleet, model: str) -> list[str]:
+        """The plan's models besides `model` that this instance can hold and no instance
+        serves or loads (rule 1c's candidates; `idle_target` also drops those asleep in a
+        tier), by name."""
+        instance = self.fleet.instance(self.instance_id)
+        models = {group.model for group in plan.groups.values()} - {model}
+        return sorted(
+            m
+            for m in models
+            if self.fleet.can_serve(instance, m) and not view.serving(m) and not view.loading(m)
+        )
 
     def _queued(
         self, plan: PublishedPlan, model: str, is_queued: Callable[[str], bool], now_s: float

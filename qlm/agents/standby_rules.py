@@ -1,5 +1,6 @@
 """The models asleep in an instance's standby tier, in the one dispatch decision
-(qlm/agents/decision.py): what a swap costs them, and when an idle instance wakes one.
+(qlm/agents/decision.py): what a swap costs them, and when an idle instance wakes one, or,
+with no tier, loads a model no instance holds.
 
 **What a swap costs them** (`cold_drop_loss`, added by `swap_pays` to the promises a swap
 breaks). The model an instance leaves goes to sleep in its tier, first in line; when the tier
@@ -12,7 +13,7 @@ for the wake but not for the load (`ArrivalRates.saved_by_wake`). Without it a c
 by the instance's own model and the target only (many:5: a model's only warm copy dropped,
 its queued requests then waited a minute for a cold load elsewhere).
 
-**When an idle instance wakes one** (`wake_target`, rule 1b of the decision). The plan names
+**When an idle instance wakes one** (`idle_target`, rule 1b of the decision). The plan names
 the model an instance goes to next; the swap gate may refuse it (the cost above, among
 others), and the plan may keep the instance on a model with nothing queued. Either way the
 instance would idle while a model asleep in its own tier, served by no instance, has requests
@@ -20,6 +21,18 @@ waiting: the planner kept proposing tail models to such an instance, the gate re
 for the sleeping model's sake, and that model's requests waited until all were late (many:6).
 So an instance with nothing of its model queued wakes the sleeping model with the most
 queued requests that no instance serves or loads, when the wake pays (`swap_pays`).
+
+**When an idle instance with no tier loads one** (`idle_target`, rule 1c). The same gap
+without a tier: the plan sends a model no instance holds to one instance, the gate refuses
+that instance (its own model's arrivals), and another instance idles beside it. So an
+instance with no tier and nothing of its model queued loads, cold, the model it can hold with
+the most queued requests that no instance holds warm (serving, loading or asleep anywhere:
+that one is woken where it sleeps), when the load pays, as the plan's move would be priced.
+In a tiered fleet such a model comes in by a fetch into a tier and a wake (warming.py), which
+takes no instance away: in an experiment that applied rule 1c there too, the 11 tiered
+many-model cases lost 0.33 points on average over the control loop's timing
+(benchmarks/timing_mean.py; 3 up, 5 down, by up to 1.8), while the untiered ones gained up to
+1.1 points (`qlm simulate sims/many-quick.yaml --seed 0 --policy qlm`: 72.1 -> 73.1 %).
 
 Both planes read it through their `FleetView`: the simulator's exact tiers, the live agent's
 own engine and the other agents' reports (their standby models, most recently served first);
@@ -29,6 +42,7 @@ the live agent keeps the queued requests of its tier's models in the decision's 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from qlm.agents.arrival_rates import ArrivalRates, Side
@@ -102,22 +116,46 @@ def cold_drop_loss(
     return broken
 
 
-def wake_target(
+def idle_target(
     dispatcher: Decision, view: FleetView, instance_id: str, now_s: float
 ) -> str | None:
-    """Rule 1b: the model asleep in the instance's tier that it wakes to serve, when it follows
-    no plan to another model and has nothing of its own model queued: of the sleeping models
-    with queued requests that no instance serves or loads, the one with the most (the most
-    recently served first among equals), if its wake pays (`swap_pays`). None otherwise."""
+    """Rules 1b and 1c: the model an instance moves to on its own when it follows no plan to
+    another model and has nothing of its own model queued. 1b: of the sleeping models in its
+    tier with queued requests that no instance serves or loads, the one with the most (the
+    most recently served first among equals), if its wake pays (`swap_pays`). 1c, on an
+    instance with no standby tier: of the models it can hold with queued requests that no
+    instance holds warm (`warm_elsewhere`), the one with the most (by name among equals), if
+    its cold load pays. None otherwise."""
     model = view.model_of(instance_id)
     queues = dispatcher.queues
     if model is None or queues.count(model) > 0:
         return None
-    best, most = None, 0
-    for asleep in view.standby_models(instance_id):
-        count = queues.count(asleep)
-        if count > most and not view.serving(asleep) and not view.loading(asleep):
-            best, most = asleep, count
-    if best is None or not dispatcher.swap_pays(view, best, instance_id, now_s):
+    asleep = _most_queued(queues, view, view.standby_models(instance_id))
+    if asleep is not None and dispatcher.swap_pays(view, asleep, instance_id, now_s):
+        return asleep
+    if view.standby_capacity(instance_id) > 0:
+        return None  # a tiered fleet brings a model no instance holds by fetch and wake
+    fleet = dispatcher.fleet
+    instance = fleet.instance(instance_id)
+    unheld = sorted(
+        m
+        for m in queues.models()
+        if m != model
+        and fleet.can_serve(instance, m)
+        and not warm_elsewhere(dispatcher, view, m, instance_id)
+    )
+    cold = _most_queued(queues, view, unheld)
+    if cold is None or not dispatcher.swap_pays(view, cold, instance_id, now_s):
         return None
+    return cold
+
+
+def _most_queued(queues: ModelQueues, view: FleetView, models: Iterable[str]) -> str | None:
+    """Of `models`, the first with the most queued requests that no instance serves or
+    loads (None: none has any)."""
+    best, most = None, 0
+    for candidate in models:
+        count = queues.count(candidate)
+        if count > most and not view.serving(candidate) and not view.loading(candidate):
+            best, most = candidate, count
     return best

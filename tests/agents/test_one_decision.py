@@ -229,7 +229,7 @@ def test_an_idle_instance_wakes_the_sleeping_model_no_instance_serves() -> None:
     ten batch requests of m7c queued; the plan sends i0 to m13b, which two instances serve
     already, and m7c's groups to i1. Both planes refuse the move to m13b (it keeps nothing
     more of m13b, and a cold load there would drop m7c from the tier) and wake m7c instead
-    (`wake_target`, qlm/agents/standby_rules.py): before, i0 idled on m7b while m7c waited."""
+    (`idle_target`, qlm/agents/standby_rules.py): before, i0 idled on m7b while m7c waited."""
     now_s = 1000.0
     sim = draw_state(random.Random(0), now_s)
     sim.requests.clear()
@@ -254,3 +254,34 @@ def test_an_idle_instance_wakes_the_sleeping_model_no_instance_serves() -> None:
     assert live == simulated
     assert [model for model, _ in simulated] == ["m7c"]
     assert sorted(simulated[0][1]) == sorted(r.id for r in batch)
+
+
+def test_an_idle_instance_with_no_tier_loads_the_model_no_instance_holds() -> None:
+    """No standby tiers. i0 serves m7b, which i3 serves too, with nothing of it queued; the
+    plan sends m7c's two batch requests (a model no instance holds) to i1, m13b's only
+    instance, whose two queued chats the move would break: the gate refuses it. Both planes
+    then load m7c on i0, which breaks nothing (`idle_target`'s rule 1c,
+    qlm/agents/standby_rules.py): before, i0 idled beside the refused plan and m7c waited."""
+    now_s = 1000.0
+    sim = draw_state(random.Random(0), now_s)
+    sim.requests.clear()
+    for i, model in (("i0", "m7b"), ("i1", "m13b"), ("i2", None), ("i3", "m7b")):
+        sim.state[i] = (model, False)
+        sim.observations[i] = EngineObservation(
+            i, EngineState.READY, model, (), 0, 400_000, 64, at_s=now_s
+        )
+    chats = [make_request(model="m13b", arrival_at_s=now_s - 2.0, ttft_s=20.0) for _ in range(2)]
+    batch = [
+        make_request(model="m7c", slo_class="batch-1", arrival_at_s=now_s - 5.0 - k, ttft_s=60.0)
+        for k in range(2)
+    ]
+    sim.requests.update({r.id: r for r in (*chats, *batch)})
+    groups = {"g13": planned_group("g13", "m13b", chats), "g7c": planned_group("g7c", "m7c", batch)}
+    queues = {"i0": (), "i1": ("g7c",), "i2": (), "i3": ()}
+    plan = PublishedPlan(1, now_s, queues, groups)
+    heads = {i: (live, simulated) for i, _, live, simulated in decide(sim, plan, now_s)}
+    for i in ("i0", "i1"):
+        assert heads[i][0] == heads[i][1], i
+    assert [model for model, _ in heads["i1"][1]] == ["m13b"]  # the plan's move refused
+    assert [model for model, _ in heads["i0"][1]] == ["m7c"]
+    assert sorted(heads["i0"][1][0][1]) == sorted(r.id for r in batch)

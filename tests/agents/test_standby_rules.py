@@ -10,7 +10,7 @@ import pytest
 
 from qlm.agents.decision import Dispatcher
 from qlm.agents.queued import QueuedItem
-from qlm.agents.standby_rules import cold_drop_loss, goes_cold
+from qlm.agents.standby_rules import cold_drop_loss, goes_cold, idle_target
 from qlm.types import Fleet
 from tests.factories import make_instance, make_profile
 
@@ -120,3 +120,34 @@ def test_the_gate_keeps_a_full_tier_from_dropping_a_busy_models_only_copy() -> N
             dispatcher.queues.add(item, "c")
         view = View({"i0": "a", "i1": "c"}, {"i0": ("b",), "i1": ()})
         assert dispatcher.swap_pays(view, "c", "i0", now_s) is not b_busy
+
+
+def idle_i0(tiers: dict[str, tuple[str, ...]], capacity: int) -> tuple[Dispatcher, View]:
+    """i0 serves a, with nothing of it queued and no traffic; i1 serves d; three batch
+    requests of b and one of c are queued, due in 100 s (a cold load keeps them)."""
+    now_s = 1000.0
+    dispatcher = Dispatcher(fleet(), PRIORITY)
+    dispatcher.arrived("a", QueuedItem("a0", 10, 10, "interactive", 0.0, 0.0))
+    for rid, model in (("b1", "b"), ("b2", "b"), ("b3", "b"), ("c1", "c")):
+        item = QueuedItem(rid, 100, 50, "batch-1", now_s + 100.0, now_s - 5.0)
+        dispatcher.queues.add(item, model)
+    return dispatcher, View({"i0": "a", "i1": "d"}, tiers, capacity)
+
+
+def test_an_idle_instance_with_no_tier_loads_the_most_queued_model_no_one_holds() -> None:
+    dispatcher, view = idle_i0({}, capacity=0)
+    assert idle_target(dispatcher, view, "i0", 1000.0) == "b"
+    # ... not a model asleep in another instance's tier (woken there), nor with its own
+    # model's requests queued
+    dispatcher, view = idle_i0({"i1": ("b",)}, capacity=0)
+    assert idle_target(dispatcher, view, "i0", 1000.0) == "c"
+    dispatcher.queues.add(QueuedItem("a1", 10, 10, "interactive", 1010.0, 999.0), "a")
+    assert idle_target(dispatcher, view, "i0", 1000.0) is None
+
+
+def test_an_idle_instance_with_a_tier_wakes_but_loads_nothing_cold() -> None:
+    """With a tier, a model no instance holds comes in by a fetch and a wake (warming.py)."""
+    dispatcher, view = idle_i0({"i0": ("c",)}, capacity=1)
+    assert idle_target(dispatcher, view, "i0", 1000.0) == "c"  # the sleeper, though b has more
+    dispatcher, view = idle_i0({}, capacity=1)
+    assert idle_target(dispatcher, view, "i0", 1000.0) is None

@@ -20,7 +20,7 @@ from qlm.agents.job_gate import prefilling_ids
 from qlm.agents.pacing import Pacing, unheld
 from qlm.agents.reconcile import QueuedGroup, QueuedItem
 from qlm.agents.room import Room
-from qlm.agents.standby_rules import wake_target
+from qlm.agents.standby_rules import idle_target
 from qlm.agents.virtual_queue import head_model, virtual_queue
 from qlm.agents.warming import fleet_fetches, hosts_of
 from qlm.control.plan import PublishedPlan
@@ -135,7 +135,7 @@ class SimDispatch:
     ) -> tuple[QueuedGroup, ...]:
         """What the instance's agent reconciles: its virtual queue (the live agents' cut) when
         it follows the plan to another model, else the dispatch queue of the model it wakes
-        from its standby tier (`wake_target`) or of its model. Unless
+        from its standby tier or, with none, loads cold (`idle_target`) or of its model. Unless
         `whole`, the virtual queue is built only up to its first group of the loaded model
         (all `follows_swap` reads)."""
         ctx = self.ctx
@@ -153,7 +153,7 @@ class SimDispatch:
             return planned
         if model is None:
             return ()
-        woken = wake_target(self.decision, self, instance_id, now_s)  # rule 1b
+        woken = idle_target(self.decision, self, instance_id, now_s)  # rules 1b, 1c
         pool: tuple[str, ...]
         if woken is not None:
             model, pool = woken, (instance_id,)
