@@ -137,17 +137,18 @@ def idle_target(
         return None  # a tiered fleet brings a model no instance holds by fetch and wake
     fleet = dispatcher.fleet
     instance = fleet.instance(instance_id)
-    unheld = sorted(
-        m
-        for m in queues.models()
-        if m != model
-        and fleet.can_serve(instance, m)
-        and not warm_elsewhere(dispatcher, view, m, instance_id)
-    )
-    cold = _most_queued(queues, view, unheld)
-    if cold is None or not dispatcher.swap_pays(view, cold, instance_id, now_s):
-        return None
-    return cold
+    # Most queued first, by name among equals; whether a model is warm elsewhere (a look at
+    # every instance's tier) is asked only of the candidates reached.
+    for cold in sorted(queues.models(), key=lambda m: (-queues.count(m), m)):
+        if queues.count(cold) == 0:
+            break
+        if cold == model or view.serving(cold) or view.loading(cold):
+            continue
+        if fleet.can_serve(instance, cold) and not warm_elsewhere(
+            dispatcher, view, cold, instance_id
+        ):
+            return cold if dispatcher.swap_pays(view, cold, instance_id, now_s) else None
+    return None
 
 
 def _most_queued(queues: ModelQueues, view: FleetView, models: Iterable[str]) -> str | None:
