@@ -219,6 +219,10 @@ class Agent:
                 self._loads.started(action.model, self.clock.now_s(), warm=warm)
                 self.counters.swaps += 1
                 self.metrics.model_swap_started(self.instance.id, action.model, before.model)
+                # Report the load at the end of this round, not a period later: the others
+                # count it in the model's pool (they do not load the same model for the same
+                # requests; the simulator's steps at one instant see it: SimDispatch.load_decided)
+                self._last_status_s = -1e18
             elif isinstance(action, SwapKv):
                 if action.direction is KvDirection.TO_CPU:
                     self.engine.swap_out(action.request_ids)

@@ -322,6 +322,7 @@ class QlmPolicy(BasePolicy):
                 self.dispatch.pulled(action.request_ids, action.instance_id)
             elif isinstance(action, LoadModel):
                 self.dispatch.forget(action.instance_id)
+                self.dispatch.load_decided(action.instance_id, action.model)
         return actions
 
     def _timing(self, obs: EngineObservation) -> EngineTiming | None:

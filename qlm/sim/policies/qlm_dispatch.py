@@ -61,6 +61,7 @@ class SimDispatch:
         self._jobs = False  # a planned job's member with a leader has arrived (job_gate.py)
         self._hosts: dict[str, int] | None = None  # model -> instances that can serve it
         self._tiered: tuple[str, ...] | None = None  # instances with a standby tier
+        self._loads_decided: dict[str, tuple[str, float]] = {}  # instance -> (model, when)
 
     def arrived(self, request: Request) -> None:
         """A new request (not one back from an engine): its model's recent arrivals."""
@@ -86,6 +87,13 @@ class SimDispatch:
                     self._prefixes.record(instance_id, request.prefix)
             self._held.clear()
         self._queues.remove(request_ids)
+
+    def load_decided(self, instance_id: str, model: str) -> None:
+        """The instance's step decided to load `model` now: the steps of other instances at
+        this instant count it as loading (a live agent sees another's load once that agent
+        reports it; the simulator applies a round's actions after all its steps, and its
+        idle instances all loaded the same model: tests/sim/test_swap_guard.py)."""
+        self._loads_decided[instance_id] = (model, self.ctx.clock.now_s())
 
     def forget(self, instance_id: str) -> None:
         """The instance loads another model: its prefix cache is gone."""
@@ -268,8 +276,12 @@ class SimDispatch:
     def loading(self, model: str) -> tuple[str, ...]:
         """The instances loading `model` now."""
         ctx = self.ctx
+        now_s = ctx.clock.now_s()
         return tuple(
-            i.id for i in ctx.fleet.instances if ctx.loading(i.id) and ctx.model_of(i.id) == model
+            i.id
+            for i in ctx.fleet.instances
+            if (ctx.loading(i.id) and ctx.model_of(i.id) == model)
+            or self._loads_decided.get(i.id) == (model, now_s)
         )
 
     def standby_models(self, instance_id: str) -> Collection[str]:
