@@ -273,16 +273,16 @@ class Agent:
         if not request_ids:
             return []
         now_s = self.clock.now_s()
-        got = await self.queue.pull(self.instance.id, request_ids, self.settings.lease_s, now_s)
+        lease_s = self.settings.lease_s
+        pulled = await self.queue.pull_counted(self.instance.id, request_ids, lease_s, now_s)
+        got = [p.request for p in pulled]
         got_ids = {r.id for r in got}
         self._taken.update(rid for rid in request_ids if rid not in got_ids)
         self.prefixes.pulled(got, self.engine.observe().kv_capacity_tokens)
-        records = await asyncio.gather(*(self.queue.get(r.id) for r in got))
-        for request, record in zip(got, records, strict=True):
-            attempt = record.dispatches if record is not None else 1
-            self._held[request.id] = Held(request, now_s, attempt)
+        for p in pulled:
+            self._held[p.request.id] = Held(p.request, now_s, p.dispatches)
         self.counters.pulled += len(got)
-        return list(got)
+        return got
 
     def _evict(self, request_ids: Sequence[str]) -> None:
         evicting = self.events.evicting

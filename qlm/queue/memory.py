@@ -24,6 +24,7 @@ from qlm.queue.queue_protocol import (
 )
 from qlm.queue.records import (
     InstanceStatus,
+    Pulled,
     RequestRecord,
     RequestResult,
     StreamEvent,
@@ -139,7 +140,14 @@ class MemoryQueue:
     async def pull(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
     ) -> tuple[Request, ...]:
-        moved: list[Request] = []
+        return tuple(
+            p.request for p in await self.pull_counted(instance_id, request_ids, lease_s, now_s)
+        )
+
+    async def pull_counted(
+        self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
+    ) -> tuple[Pulled, ...]:
+        moved: list[Pulled] = []
         for rid in request_ids:
             record = self._records.get(rid)
             if record is None or record.state is not RequestState.QUEUED:
@@ -152,7 +160,7 @@ class MemoryQueue:
                 dispatches=record.dispatches + 1,
             )
             self._records[rid] = record
-            moved.append(record.request)
+            moved.append(Pulled(record.request, record.dispatches))
         return tuple(moved)
 
     async def mark_running(self, request_id: str, instance_id: str) -> bool:

@@ -16,6 +16,7 @@ from qlm.control.plan import PublishedPlan
 from qlm.queue.listing import RecordFilter, RecordPage
 from qlm.queue.records import (
     InstanceStatus,
+    Pulled,
     RequestRecord,
     RequestResult,
     StreamEvent,
@@ -89,7 +90,15 @@ class GlobalQueue(Protocol):
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
     ) -> tuple[Request, ...]:
         """Atomically move the listed requests that are still QUEUED to DISPATCHED, held by
-        instance_id with a lease; returns those moved (the rest were taken or cancelled)."""
+        instance_id with a lease; returns those moved (the rest were taken or cancelled).
+        `pull_counted`'s requests."""
+        ...
+
+    async def pull_counted(
+        self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
+    ) -> tuple[Pulled, ...]:
+        """`pull`, each request moved with its dispatch count after this pull (what an
+        agent holds it as: its attempt)."""
         ...
 
     async def mark_running(self, request_id: str, instance_id: str) -> bool:

@@ -101,6 +101,16 @@ class RequestRecord:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """A request an instance just pulled, and how many times it has been pulled in all
+    (this pull included): the agent's attempt number, given back by the pull itself so that
+    holding a request costs no second read of its record."""
+
+    request: Request
+    dispatches: int
+
+
 class StreamKind(StrEnum):
     TOKENS = "tokens"  # a chunk of output text
     DONE = "done"  # the final event: carries the result

@@ -289,7 +289,8 @@ async def test_requeue_only_by_the_holder_keeps_arrival_order(queue: GlobalQueue
     r2 = await queue.get("r2")
     assert r2 is not None
     assert (r2.state, r2.instance_id, r2.evictions, r2.dispatches) == (S.QUEUED, None, 1, 1)
-    await queue.pull("i1", ["r0"], lease_s=5.0, now_s=2.0)
+    [again] = await queue.pull_counted("i1", ["r0"], lease_s=5.0, now_s=2.0)
+    assert (again.request.id, again.request.state, again.dispatches) == ("r0", S.DISPATCHED, 2)
     assert await queue.requeue("i1", ["r0"], evicted=False, now_s=3.0) == ("r0",)
     r0 = await queue.get("r0")
     assert r0 is not None
@@ -584,12 +585,14 @@ async def random_step(queue: GlobalQueue, model: Model, rng: random.Random, now_
     elif op == "pull":
         lease_s = rng.choice([1.0, 3.0])
         expect = [r for r in dict.fromkeys(some) if model.state.get(r) is S.QUEUED]
-        got = await queue.pull(instance, some, lease_s=lease_s, now_s=now_s)
-        assert [r.id for r in got] == expect
+        got = await queue.pull_counted(instance, some, lease_s=lease_s, now_s=now_s)
+        assert [p.request.id for p in got] == expect
         for rid in expect:
             model.state[rid], model.holder[rid] = S.DISPATCHED, instance
             model.lease[rid] = now_s + lease_s
             model.dispatches[rid] += 1
+        # each comes with its dispatch count, this pull included (the agent's attempt)
+        assert [p.dispatches for p in got] == [model.dispatches[rid] for rid in expect]
     elif op == "run":
         rid = some[0]
         expect_ok = model.holds(rid, instance)

@@ -32,6 +32,7 @@ from qlm.queue.queue_protocol import (
 )
 from qlm.queue.records import (
     InstanceStatus,
+    Pulled,
     RequestRecord,
     RequestResult,
     StreamEvent,
@@ -222,6 +223,12 @@ class RedisQueue:
     async def pull(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
     ) -> tuple[Request, ...]:
+        pulled = await self.pull_counted(instance_id, request_ids, lease_s, now_s)
+        return tuple(p.request for p in pulled)
+
+    async def pull_counted(
+        self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
+    ) -> tuple[Pulled, ...]:
         if not request_ids:
             return ()
         k = self._keys
@@ -229,8 +236,11 @@ class RedisQueue:
         args: list[str | int] = [instance_id, num(now_s + lease_s), *request_ids]
         flat = await write(self._redis, self._pull, (keys, args), self._wait)
         return tuple(
-            request_from_dict({**json.loads(flat[i + 1]), "state": RequestState.DISPATCHED})
-            for i in range(0, len(flat), 2)
+            Pulled(
+                request_from_dict({**json.loads(flat[i + 1]), "state": RequestState.DISPATCHED}),
+                int(flat[i + 2]),
+            )
+            for i in range(0, len(flat), 3)
         )
 
     async def mark_running(self, request_id: str, instance_id: str) -> bool:

@@ -72,7 +72,8 @@ return 1
 
 # KEYS: queued, leases, counts, tenants, record...
 # ARGV: instance, lease expiry, id... (parallel to the records)
-# Returns id, request JSON, id, request JSON, ... for the requests moved to DISPATCHED.
+# Returns id, request JSON, dispatch count (this pull included), id, ... for the requests
+# moved to DISPATCHED.
 PULL = (
     _HELPERS
     + """
@@ -82,15 +83,16 @@ for i = 5, #KEYS do
   local f = redis.call('HMGET', KEYS[i], 'state', 'req', 'ten')
   if f[1] == 'queued' then
     redis.call('HSET', KEYS[i], 'state', 'dispatched', 'inst', ARGV[1], 'lease', ARGV[2])
-    redis.call('HINCRBY', KEYS[i], 'disp', 1)
+    local disp = redis.call('HINCRBY', KEYS[i], 'disp', 1)
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZADD', KEYS[2], ARGV[2], id)
     count_tenant(KEYS[4], f[3], -1)
     moved[#moved + 1] = id
     moved[#moved + 1] = f[2]
+    moved[#moved + 1] = disp
   end
 end
-if #moved > 0 then move(KEYS[3], 'queued', 'dispatched', #moved / 2) end
+if #moved > 0 then move(KEYS[3], 'queued', 'dispatched', #moved / 3) end
 return moved
 """
 )
