@@ -2,10 +2,11 @@
 
 Writes go through the EMIT script, one call per batch of events (an agent's round), which
 appends each only while its request is live (so no token lands after DONE) and PUBLISHes a
-poke. Readers read from the first entry, so a reader that connects late, or on another API
-replica, sees the whole stream (readers woken together share one XREAD,
-qlm/queue/redis/stream_reads.py); they wait for the next entry on a poke
-(qlm/queue/redis/pokes.py) and re-read on a timer should one be lost.
+poke carrying the entry. Readers read from the first entry, so a reader that connects late,
+or on another API replica, sees the whole stream (readers woken together share one XREAD,
+qlm/queue/redis/stream_reads.py); then they take each next entry from its poke
+(qlm/queue/redis/pokes.py), read when a poke was lost or carried none, and re-read on a
+timer.
 """
 
 from __future__ import annotations
@@ -81,21 +82,26 @@ class OutputStreams:
     async def read(
         self, request_id: str, timeout_s: float | None = None
     ) -> AsyncGenerator[Sequence[StreamEvent], None]:
-        """Read from the last entry each time the stream is poked, and on a timer should a
-        poke be lost (reads woken together share one XREAD: stream_reads.py); each read's
-        entries are one batch. Ends after DONE; UnknownRequestError once the record is gone,
-        TimeoutError after `timeout_s` without an event. A read that got less than a full page
-        waits for the next poke: the poke was cleared before the read, so whatever was added
-        since pokes again (reading again at once cost an empty read per chunk)."""
+        """Each time the stream is poked, the entries the pokes carried when they follow the
+        last one read (pokes.py, `Watch.take`), else a read from the last entry (reads woken
+        together share one XREAD: stream_reads.py); a read also on a timer, should a poke be
+        lost. Each wake's entries are one batch. Ends after DONE; UnknownRequestError once
+        the record is gone, TimeoutError after `timeout_s` without an event. A read that got
+        less than a full page waits for the next poke: the poke was cleared before the read,
+        so whatever was added since pokes again (reading again at once cost an empty read per
+        chunk)."""
         record_key, stream_key = self._keys.record(request_id), self._keys.stream(request_id)
         if not await self._redis.exists(record_key):
             raise UnknownRequestError(request_id)
         await self._pokes.start(timeout_s=1.0)
-        last_id, waited_s = START_ID, 0.0
-        with self._pokes.watch(stream_key) as poke:
+        last_id, waited_s, must_read = START_ID, 0.0, True
+        with self._pokes.watch(stream_key) as watch:
             while True:
-                poke.clear()
-                entries = await self._reads.after(stream_key, last_id)
+                watch.event.clear()
+                entries = watch.take(last_id)  # what the pokes carried, when it follows
+                if entries is None or must_read:
+                    entries = await self._reads.after(stream_key, last_id)
+                must_read = False
                 if entries:
                     last_id = entries[-1][0]
                     events = [event_from_fields(request_id, fields) for _, fields in entries]
@@ -105,12 +111,14 @@ class OutputStreams:
                         return
                     waited_s = 0.0
                     if len(entries) >= READ_COUNT or not self._pokes.subscribed:
+                        must_read = True
                         continue
                 block_s = self._block_s(timeout_s, waited_s)
                 if not self._pokes.subscribed:
                     block_s = min(block_s, UNSUBSCRIBED_POLL_S)
-                if await _wait_event(poke, block_s):
+                if await _wait_event(watch.event, block_s):
                     continue
+                must_read = True  # a quiet spell: read, should a poke have been lost
                 waited_s += block_s
                 if timeout_s is not None and waited_s >= timeout_s:
                     raise TimeoutError(f"no stream event for {request_id!r} within {timeout_s} s")

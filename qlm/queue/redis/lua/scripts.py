@@ -36,6 +36,14 @@ local function count_tenant(tenants, tenant, n)
   if not tenant then return end
   if redis.call('HINCRBY', tenants, tenant, n) <= 0 then redis.call('HDEL', tenants, tenant) end
 end
+local function append(rec, stream, fields)
+  local prev = redis.call('HGET', rec, 'sl') or '0-0'
+  local id = redis.call('XADD', stream, '*', unpack(fields))
+  redis.call('HSET', rec, 'sl', id)
+  local carried = {prev, id}
+  for _, v in ipairs(fields) do carried[#carried + 1] = v end
+  redis.call('PUBLISH', stream, cjson.encode(carried))
+end
 """
 
 # KEYS: record, stream, queued, seq, counts, changes, tenants, listed, listed by tenant
@@ -160,8 +168,7 @@ for j = 1, n do
     redis.call('ZADD', KEYS[1], f[4], id)
     move(KEYS[3], f[1], 'queued', 1)
     count_tenant(KEYS[5], f[6], 1)
-    redis.call('XADD', stream, '*', 'k', 'requeued', 'a', f[5], 't', ARGV[4])
-    redis.call('PUBLISH', stream, 'requeued')
+    append(rec, stream, {'k', 'requeued', 'a', f[5], 't', ARGV[4]})
     moved[#moved + 1] = id
   elseif ARGV[1] == 'lease' and not in_flight(f[1]) then
     redis.call('ZREM', KEYS[2], id)
@@ -192,8 +199,7 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 move(KEYS[5], state, ARGV[4], 1)
 if state == 'queued' then count_tenant(KEYS[7], f[4], -1) end
-redis.call('XADD', KEYS[2], '*', 'k', 'done', 'a', f[3], 't', ARGV[7], 'r', ARGV[6])
-redis.call('PUBLISH', KEYS[2], 'done')
+append(KEYS[1], KEYS[2], {'k', 'done', 'a', f[3], 't', ARGV[7], 'r', ARGV[6]})
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -204,15 +210,20 @@ return 1
 """
 )
 
-# Every append to a request's stream is also PUBLISHed on a channel named like the stream:
-# readers (qlm/queue/redis/pokes.py) hold one pattern subscription per process instead of one
-# blocking XREAD connection per open stream. One call appends a whole round of events (an
-# agent's token chunks of one engine step): one command to pack, send and parse, not one per
-# stream.
+# Every append to a request's stream (`append`: EMIT, REQUEUE, FINISH) is also PUBLISHed on a
+# channel named like the stream, carrying the entry: a JSON array of the stream's previous
+# entry id (kept in the record's `sl` field; '0-0' for the first), the new entry's id, then its
+# fields. Readers (qlm/queue/redis/pokes.py) hold one pattern subscription per process instead
+# of one blocking XREAD connection per open stream, and a reader whose last entry is the
+# carried one's previous takes it from the message without a read (qlm/queue/redis/streams.py).
+# One call appends a whole round of events (an agent's token chunks of one engine step): one
+# command to pack, send and parse, not one per stream.
 # KEYS: record, stream, per event
 # ARGV: kind, attempt, time, text, tokens, offset, extras JSON ('' for none), per event
 # Appends each event unless its request is unknown or finished. Returns how many it appended.
-EMIT = """
+EMIT = (
+    _HELPERS
+    + """
 local appended = 0
 for i = 1, #KEYS, 2 do
   local state = redis.call('HGET', KEYS[i], 'state')
@@ -224,13 +235,13 @@ for i = 1, #KEYS, 2 do
       table.insert(fields, 'e')
       table.insert(fields, ARGV[a + 7])
     end
-    redis.call('XADD', KEYS[i + 1], '*', unpack(fields))
-    redis.call('PUBLISH', KEYS[i + 1], ARGV[a + 1])
+    append(KEYS[i], KEYS[i + 1], fields)
     appended = appended + 1
   end
 end
 return appended
 """
+)
 
 # KEYS: record...
 # ARGV: group, predicted wait ('' for none), per record
