@@ -50,6 +50,18 @@ def runqueue_wait_s(pid: int) -> float:
         return 0.0
 
 
+def process_syscalls(pid: int) -> int:
+    """Read and write system calls the process has made (/proc/PID/io syscr + syscw; 0 when
+    unreadable): the round trips it paid to Redis, vLLM and its clients, a count that the
+    machine's load does not blur the way it blurs CPU seconds."""
+    try:
+        lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+    except OSError:
+        return 0
+    counts = dict(line.split(": ", 1) for line in lines if ": " in line)
+    return int(counts.get("syscr", 0)) + int(counts.get("syscw", 0))
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has been busy (every core, every user)."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]

@@ -19,7 +19,7 @@ import httpx
 
 from benchmarks.common.plane import descendants, stop
 from benchmarks.common.stats import median, percentile
-from benchmarks.control_plane.cpu import process_cpu_s, runqueue_wait_s
+from benchmarks.control_plane.cpu import process_cpu_s, process_syscalls, runqueue_wait_s
 from benchmarks.control_plane.engines import (
     engine_settings,
     engine_steps,
@@ -61,6 +61,7 @@ class Target:
 async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str, Any]:
     """One run of a workload against a target: the stream summary, QLM's phases, CPU."""
     qlm0 = sum(map(process_cpu_s, target.qlm_pids))
+    calls0 = sum(map(process_syscalls, target.qlm_pids))
     wait0 = sum(map(runqueue_wait_s, target.qlm_pids))
     vllm0 = sum(map(process_cpu_s, target.vllm_pids))
     steps0 = await _engine_steps(target.engine_url)
@@ -71,6 +72,7 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
         # Read before py-spy stops: its exit waits for the sampler to write its output.
         wall = time.monotonic() - started
         qlm_cpu_s = sum(map(process_cpu_s, target.qlm_pids)) - qlm0
+        qlm_calls = sum(map(process_syscalls, target.qlm_pids)) - calls0
         wait_s = sum(map(runqueue_wait_s, target.qlm_pids)) - wait0
         vllm_cpu_s = sum(map(process_cpu_s, target.vllm_pids)) - vllm0
     summary = summarise_stream(samples)
@@ -86,6 +88,7 @@ async def run_once(target: Target, workload: Workload, repeat: int) -> dict[str,
         "repeat": repeat,
         "qlm_cpu_cores": qlm_cpu_s / wall,
         "qlm_cpu_ms_per_req": 1e3 * qlm_cpu_s / workload.num_requests,
+        "qlm_syscalls_per_req": qlm_calls / workload.num_requests,
         "qlm_runq_wait_share": wait_s / wall,
         "vllm_cpu_cores": vllm_cpu_s / wall,
         "vllm_steps": steps,
@@ -338,6 +341,9 @@ def _overhead_row(runs: Sequence[Mapping[str, Any]], variant: str, workload: str
         **{f"qlm_{name[:-3]}_p50_ms": pooled(name, 0.5) for name in PHASES},
         "qlm_cpu_cores": median([r["qlm_cpu_cores"] for r in good]),
         "qlm_cpu_ms_per_req": median([r["qlm_cpu_ms_per_req"] for r in good]),
+        "qlm_syscalls_per_req": median(
+            [v for r in good if (v := r.get("qlm_syscalls_per_req")) is not None]
+        ),
         "qlm_runq_wait_share": median([r["qlm_runq_wait_share"] for r in good]),
         "vllm_cpu_cores": median([r["vllm_cpu_cores"] for r in good]),
         "prompt_tokens_mean": median([r["prompt_tokens_mean"] for r in good]),

@@ -39,7 +39,8 @@ OVERHEAD_COLUMNS = (
     "qlm_first_submit_ms", "baseline", "throughput_ratio", "ttft_p50_ms", "added_ttft_p50_ms",
     "ttft_p90_ms", "e2e_p50_ms", "qlm_admit_p50_ms", "qlm_dispatch_p50_ms",
     "qlm_engine_ttft_p50_ms", "qlm_delivery_p50_ms", "qlm_cpu_cores", "qlm_cpu_ms_per_req",
-    "qlm_runq_wait_share", "vllm_cpu_cores", "vllm_steps", "prompt_tokens_mean",
+    "qlm_syscalls_per_req", "qlm_runq_wait_share", "vllm_cpu_cores", "vllm_steps",
+    "prompt_tokens_mean",
 )  # fmt: skip
 
 
@@ -164,7 +165,10 @@ OVERHEAD_NOTE = (
     "records): medians over runs; TTFT (to the first chunk with text) "
     "pooled over runs. From QLM's records: qlm_dispatch (admission to the agent's submit to "
     "vLLM) and qlm_engine_ttft (submit to the first token as the agent sees it). CPU in "
-    "cores: the qlm process and the vLLM server's processes; qlm_runq_wait_share: share of "
+    "cores: the qlm process and the vLLM server's processes; qlm_syscalls_per_req: the qlm "
+    "process's read and write system calls per request (/proc/PID/io; its round trips to "
+    "Redis, vLLM and the clients: a count the machine's load does not blur, unlike its CPU; "
+    "median over runs); qlm_runq_wait_share: share of "
     "the run's wall time the qlm event-loop thread spent runnable but waiting for a CPU. "
     "vllm_steps: the engine steps vLLM ran during the run (its `vllm:iteration_tokens_total` "
     "histogram's count), median over runs: every variant produces the same tokens, so more "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from qlm.agents.engine_loads import ModelLoads
 from qlm.agents.rounds import AgentCounters, Batch, Chunks, Held, failed_result, finished_result
@@ -93,13 +93,17 @@ class EventWriter:
             self.metrics.model_loaded(self.instance_id, event.model, event.load_s)
 
     async def _flush(self, batch: Batch) -> None:
-        if batch.running:
-            marks = (self.queue.mark_running(rid, self.instance_id) for rid in batch.running)
-            await asyncio.gather(*marks)
+        """The round's marks, token chunks and results, issued together in that order (a
+        Redis queue sends them in one round trip: qlm/queue/redis/batching.py)."""
+        calls: list[Awaitable[object]] = [
+            self.queue.mark_running(rid, self.instance_id) for rid in batch.running
+        ]
         if batch.chunks:
-            await self.queue.emit_many([c.event(rid) for rid, c in batch.chunks.items()])
+            calls.append(self.queue.emit_many([c.event(r) for r, c in batch.chunks.items()]))
+        ends = [self.queue.complete(r) for r in batch.finished]
+        outcomes = await asyncio.gather(*calls, *ends)
         if batch.finished:
-            done = await asyncio.gather(*(self.queue.complete(r) for r in batch.finished))
+            done = [bool(recorded) for recorded in outcomes[len(calls) :]]
             self.counters.completed += sum(done)
             for result, recorded in zip(batch.finished, done, strict=True):
                 if recorded:  # a result counts once, like the queue records it

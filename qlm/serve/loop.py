@@ -137,8 +137,7 @@ class ControlLoop:
         if (at_s := self.clock.monotonic_s()) >= self._sweep_at_s:
             self._sweep_at_s = at_s + LEASE_SWEEP_S
             self.counters.expired += len(await self.queue.expire_leases(now_s))
-        queued = await self.queue.queued()
-        statuses = await self.queue.instances()
+        queued, statuses = await self._snapshot()
         views = self._views(statuses)
         if self.scaling is not None:  # draining instances get no new work
             up = {v.instance_id for v in views}
@@ -189,10 +188,12 @@ class ControlLoop:
         seen = (shown(view), dict(notes.prefix_held), waiting_ids, self._fetches)
         if seen == self._shown and plan.epoch == self._published_epoch:
             return None  # agents see this already; a new plan or moved heads republish
-        published = await self.queue.publish_plan(view)
-        self._shown, self._published_epoch = seen, plan.epoch
         changed, current = self._changed_annotations(plan)
-        await self.queue.annotate(changed)
+        # together: a Redis queue writes both in one round trip (qlm/queue/redis/batching.py)
+        published, _ = await asyncio.gather(
+            self.queue.publish_plan(view), self.queue.annotate(changed)
+        )
+        self._shown, self._published_epoch = seen, plan.epoch
         self._annotated = current  # only once written: a failed write is retried next round
         return published
 
@@ -262,11 +263,15 @@ class ControlLoop:
 
     async def _round_while_solving(self) -> None:
         """A round during a solve: offer arrivals (they wait for the new plan) and show them."""
-        queued = await self.queue.queued()
-        statuses = await self.queue.instances()
+        queued, statuses = await self._snapshot()
         views = self._views(statuses)
         self._offer(queued, views, self.clock.now_s())
         await self._publish(queued, statuses, views)
+
+    async def _snapshot(self) -> tuple[tuple[Request, ...], tuple[InstanceStatus, ...]]:
+        """The queued requests and the instances' reports, asked together (a Redis queue
+        reads both in one round trip: qlm/queue/redis/batching.py)."""
+        return await asyncio.gather(self.queue.queued(), self.queue.instances())
 
     def _views(self, statuses: Sequence[InstanceStatus]) -> list[InstanceView]:
         """The instances that are up (their agents reported within instance_timeout_s):

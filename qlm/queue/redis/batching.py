@@ -1,6 +1,7 @@
 """How calls share round trips to Redis: many EVALSHAs in one pipeline, and calls made in the
-same event-loop iteration sent together (`TurnBatch`: script calls by `GroupCommit`, stream
-reads by qlm/queue/redis/stream_reads.py). Each call still gets its own result or error.
+same event-loop iteration sent together (`TurnBatch`: commands and script calls by
+`TurnPipeline`, stream reads by qlm/queue/redis/stream_reads.py). Each call still gets its
+own result or error.
 
 A pipeline of writes may end with WAIT (`ReplicaWait`): on the same connection, so it waits
 for exactly those writes to reach the replicas; too few replicas in time fails every call of
@@ -132,24 +133,61 @@ class TurnBatch(Generic[T, R]):
                 future.set_result(result)
 
 
-class GroupCommit:
-    """Script calls made in the same event-loop iteration go to Redis in one pipeline: one
-    write and one read for all of them instead of one round trip each. Under load the API
-    parses several requests per iteration, and on a small machine the system calls of a
-    round trip cost more than the script. Each call still gets its own result or error."""
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One command of a turn's pipeline: execute_command's arguments; for an EVALSHA, the
+    script it runs (loaded again should Redis have lost it); `acked`: a write that must reach
+    the replicas (the pipeline then ends with WAIT, and a shortfall fails this command)."""
 
-    def __init__(
-        self, client: redis.Redis, script: AsyncScript, wait: ReplicaWait | None = None
-    ) -> None:
+    args: tuple[Any, ...]
+    script: AsyncScript | None = None
+    acked: bool = False
+
+
+class TurnPipeline:
+    """Commands issued in the same event-loop iteration go to Redis in one pipeline: one
+    write and one read for all of them instead of one round trip each, in the order they were
+    issued. Under load the API parses several requests per iteration; an agent's round marks
+    requests running, appends their tokens and records their results; the control loop reads
+    the queue and the instances' reports together. On a small machine the system calls of a
+    round trip (and the switch to the Redis server they cause) cost more than the command.
+    Each command still gets its own result or error; scripts stay atomic one by one."""
+
+    def __init__(self, client: redis.Redis, wait: ReplicaWait | None = None) -> None:
         self._client = client
-        self._script = script
         self._wait = wait
-        self._batch: TurnBatch[ScriptCall, Any] = TurnBatch(self._send)
+        self._batch: TurnBatch[Command, Any] = TurnBatch(self._send)
 
-    async def call(self, keys: list[str], args: list[str | int]) -> Any:
-        return await self._batch.call((keys, args))
+    async def script(
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int], acked: bool
+    ) -> Any:
+        command = Command(("EVALSHA", script.sha, len(keys), *keys, *args), script, acked)
+        return await self._batch.call(command)
 
-    async def _send(self, calls: list[ScriptCall]) -> list[Any]:
-        if len(calls) == 1:
-            return [await write(self._client, self._script, calls[0], self._wait)]
-        return await pipelined(self._client, self._script, calls, self._wait)
+    async def command(self, *args: Any) -> Any:
+        return await self._batch.call(Command(args))
+
+    async def _send(self, commands: list[Command]) -> list[Any]:
+        results = await self._execute(commands)
+        lost = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if lost:  # a restarted or newly promoted server: load the scripts, send those again
+            for script in {id(c.script): c.script for c in commands if c.script}.values():
+                await self._client.script_load(script.script)
+            again = await self._execute([commands[i] for i in lost])
+            for i, result in zip(lost, again, strict=True):
+                results[i] = result
+        return results
+
+    async def _execute(self, commands: Sequence[Command]) -> list[Any]:
+        wait = self._wait if any(c.acked for c in commands) else None
+        async with self._client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command.args)
+            if wait is not None:
+                pipe.execute_command("WAIT", wait.replicas, max(1, int(wait.timeout_s * 1000)))
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        if wait is not None:
+            failed = wait.shortfall(results.pop())
+            if failed is not None:
+                results = [failed if c.acked else r for c, r in zip(commands, results, strict=True)]
+        return results

@@ -19,6 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
 from qlm.control.plan import PublishedPlan
+from qlm.queue.redis.batching import TurnPipeline
 from qlm.queue.redis.codec import as_strs, block_ms, xread_entries
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.lua import scripts
@@ -30,9 +31,15 @@ class PlanBoard:
     """The plan in Redis: publish it, read it, wait for a newer epoch."""
 
     def __init__(
-        self, client: redis.Redis, blocking: redis.Redis, keys: Keys, block_chunk_s: float
+        self,
+        client: redis.Redis,
+        blocking: redis.Redis,
+        keys: Keys,
+        block_chunk_s: float,
+        turn: TurnPipeline | None = None,
     ) -> None:
         self._redis = client
+        self._turn = turn or TurnPipeline(client)
         self._blocking = blocking  # the watcher's blocking XREAD holds one of its connections
         self._keys = keys
         self._block_chunk_s = block_chunk_s
@@ -44,17 +51,23 @@ class PlanBoard:
         self._heard_at_s = float("-inf")  # when the watcher's last read returned
 
     async def publish(self, plan: PublishedPlan) -> PublishedPlan:
+        """Store the plan under the next epoch. This process's readers take it from here: an
+        agent beside the control loop (`qlm serve`) neither reads nor parses the plan it just
+        published once the watcher hears its epoch."""
         keys = [self._keys.epoch, self._keys.plan, self._keys.plan_changes]
-        epoch = await self._publish(keys, [plan.to_json()])
-        return plan.with_epoch(int(epoch))
+        epoch = await self._turn.script(self._publish, keys, [plan.to_json()], acked=False)
+        published = plan.with_epoch(int(epoch))
+        if self._cache is None or published.epoch > self._cache.epoch:
+            self._cache = published
+        return published
 
     async def current(self) -> PublishedPlan | None:
         """The plan; its JSON is read and parsed only when the epoch changed (agents ask
         every round, the plan changes far less often)."""
         cached = self._cache
         watching = self._watching
-        if cached is not None and watching and cached.epoch == self._epoch:
-            return cached  # the watcher saw no newer epoch
+        if cached is not None and watching and cached.epoch >= self._epoch:
+            return cached  # the watcher saw no newer epoch (this process published it)
         if cached is not None and not (watching and self._epoch > cached.epoch):
             # Not known to be stale: the epoch alone first, the plan only if it moved on.
             # (When the watcher heard a newer epoch, the plan is read at once: an agent

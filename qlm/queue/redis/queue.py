@@ -10,6 +10,7 @@ leadership safe under clock skew between nodes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
@@ -41,7 +42,7 @@ from qlm.queue.records import (
     done_event,
     request_from_dict,
 )
-from qlm.queue.redis.batching import GroupCommit, ReplicaWait, write
+from qlm.queue.redis.batching import ReplicaWait, TurnPipeline, write
 from qlm.queue.redis.codec import (
     as_hash,
     as_strs,
@@ -93,9 +94,12 @@ class RedisQueue:
             if config.replicas_to_ack
             else None
         )
+        # Commands of one event-loop iteration share a round trip (batching.py): the API's
+        # enqueues; an agent round's marks, token appends and results; the control loop's
+        # read of the queue beside the instances' reports.
+        self._turn = TurnPipeline(self._redis, self._wait)
         register = self._redis.register_script
         self._enqueue = register(scripts.ENQUEUE)
-        self._enqueue_batch = GroupCommit(self._redis, self._enqueue, self._wait)
         self._pull = register(scripts.PULL)
         self._mark_running = register(scripts.MARK_RUNNING)
         self._renew = register(scripts.RENEW)
@@ -106,9 +110,11 @@ class RedisQueue:
         self._queued_requests = register(scripts.QUEUED_REQUESTS)
         self._last_change = "0-0"
         self._queued_cache: dict[str, Request] = {}  # the last queued() snapshot, by id
-        self._plans = PlanBoard(self._redis, self._blocking, self._keys, config.block_chunk_s)
+        self._plans = PlanBoard(
+            self._redis, self._blocking, self._keys, config.block_chunk_s, self._turn
+        )
         self._streams = OutputStreams(
-            self._redis, self._blocking, self._keys, config.block_chunk_s, self._wait
+            self._redis, self._blocking, self._keys, config.block_chunk_s, self._wait, self._turn
         )
 
     @classmethod
@@ -140,7 +146,7 @@ class RedisQueue:
         change once enqueued, so only ids this client has not seen queued before are read
         (in chunks of `snapshot_batch`); the control loop asks every round, and a long
         queue then costs one ZRANGE instead of re-reading and parsing every request."""
-        ids = as_strs(await self._redis.zrange(self._keys.queued, 0, -1))
+        ids = as_strs(await self._turn.command("ZRANGE", self._keys.queued, 0, -1))
         known = self._queued_cache
         missing = [rid for rid in ids if rid not in known]
         fetched: dict[str, Request] = {}
@@ -179,7 +185,7 @@ class RedisQueue:
         return {state: int(stored.get(state, 0)) for state in RequestState}
 
     async def instances(self) -> tuple[InstanceStatus, ...]:
-        stored = as_hash(await self._redis.hgetall(self._keys.instances))
+        stored = as_hash(await self._turn.command("HGETALL", self._keys.instances))
         return tuple(InstanceStatus.from_json(stored[i]) for i in sorted(stored))
 
     # -- state changes: one script each -------------------------------------------------
@@ -211,7 +217,7 @@ class RedisQueue:
             self.config.max_listed_requests,
         ]
         with reachable():
-            outcome = await self._enqueue_batch.call(keys, args)
+            outcome = await self._turn.script(self._enqueue, keys, args, acked=True)
         if outcome == -1:
             raise DuplicateRequestError(request.id)
         if outcome == -2:
@@ -245,7 +251,7 @@ class RedisQueue:
 
     async def mark_running(self, request_id: str, instance_id: str) -> bool:
         keys = [self._keys.record(request_id), self._keys.counts]
-        return bool(await self._mark_running(keys, [instance_id]))
+        return bool(await self._turn.script(self._mark_running, keys, [instance_id], acked=False))
 
     async def renew_leases(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
@@ -298,19 +304,21 @@ class RedisQueue:
             num(done_event(result, 0).at_s),
             int(self.config.finished_ttl_s * 1000),
         ]
-        return bool(await write(self._redis, self._finish, (keys, args), self._wait))
+        return bool(await self._turn.script(self._finish, keys, args, acked=True))
 
     async def annotate(self, plan: PublishedPlan) -> None:
         targets = {
             rid: group.group_id for group in plan.groups.values() for rid in group.request_ids
         }
-        ids = list(targets)
-        for chunk in chunks(ids, self.config.annotate_batch):
-            args: list[str] = []
+        calls = []
+        for chunk in chunks(list(targets), self.config.annotate_batch):
+            args: list[str | int] = []
             for rid in chunk:
                 wait_s = plan.forecast.predicted_wait_s.get(rid)
                 args += [targets[rid], "" if wait_s is None else num(wait_s)]
-            await self._annotate([self._keys.record(rid) for rid in chunk], args)
+            keys = [self._keys.record(rid) for rid in chunk]
+            calls.append(self._turn.script(self._annotate, keys, args, acked=False))
+        await asyncio.gather(*calls)  # one pipeline, with a plan published in the same turn
 
     async def report_instance(self, status: InstanceStatus) -> None:
         await self._redis.hset(self._keys.instances, status.instance_id, status.to_json())
