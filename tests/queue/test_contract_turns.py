@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline, Redis
 
 from qlm.queue.queue_protocol import GlobalQueue
@@ -88,3 +89,28 @@ async def test_a_round_issued_together_is_one_round_trip(
         assert [(await rec(queue, rid)).state for rid in ids] == [S.COMPLETED] * 4
     finally:
         await queue.close()
+
+
+@pytest.mark.redis
+async def test_a_snapshot_reads_back_only_what_another_client_enqueued(
+    redis_url: str, redis_key_prefix: str
+) -> None:
+    api = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)  # the plane's own
+    other = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)  # another replica
+    admin = aioredis.Redis.from_url(redis_url, decode_responses=True)
+
+    async def scripts_run() -> int:
+        stats = await admin.info("commandstats")
+        return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+    try:
+        requests = await enqueue_n(api, 3)
+        before = await scripts_run()
+        assert await api.queued() == tuple(requests)
+        assert await scripts_run() == before  # nothing read back: it enqueued them itself
+        assert [r.id for r in await other.queued()] == ["r0", "r1", "r2"]
+        assert await scripts_run() > before  # the other client reads them
+    finally:
+        await api.close()
+        await other.close()
+        await admin.aclose()

@@ -109,7 +109,8 @@ class RedisQueue:
         self._renew_lead = register(scripts.RENEW_LEAD)
         self._queued_requests = register(scripts.QUEUED_REQUESTS)
         self._last_change = "0-0"
-        self._queued_cache: dict[str, Request] = {}  # the last queued() snapshot, by id
+        # the last queued() snapshot, by id, and what this object enqueued since
+        self._queued_cache: dict[str, Request] = {}
         self._plans = PlanBoard(
             self._redis, self._blocking, self._keys, config.block_chunk_s, self._turn
         )
@@ -143,9 +144,10 @@ class RedisQueue:
 
     async def queued(self) -> tuple[Request, ...]:
         """The queued ids in arrival order, then the requests: a request's fields never
-        change once enqueued, so only ids this client has not seen queued before are read
-        (in chunks of `snapshot_batch`); the control loop asks every round, and a long
-        queue then costs one ZRANGE instead of re-reading and parsing every request."""
+        change once enqueued, so only ids this client has not seen queued (or enqueued)
+        before are read (in chunks of `snapshot_batch`); the control loop asks every round,
+        and a long queue then costs one ZRANGE instead of re-reading and parsing every
+        request."""
         ids = as_strs(await self._turn.command("ZRANGE", self._keys.queued, 0, -1))
         known = self._queued_cache
         missing = [rid for rid in ids if rid not in known]
@@ -225,6 +227,9 @@ class RedisQueue:
             raise bounds.full_error(request.slo_class, request.tenant, scope)
         if outcome == -3:
             raise bounds.full_error(request.slo_class, request.tenant, "tenant")
+        # A control loop on this object (`qlm serve`) finds it in its next snapshot without
+        # reading it back: a request's fields never change once enqueued.
+        self._queued_cache[request.id] = request
 
     async def pull(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float
