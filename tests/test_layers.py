@@ -50,7 +50,7 @@ CORE = [
 # Adapters inside core folders, with the I/O libraries each may use.
 ADAPTERS: dict[str, set[str]] = {
     "queue/redis/connect.py": {"redis"},
-    "queue/redis/queue.py": {"redis"},
+    "queue/redis/queue.py": {"redis", "asyncio"},
     "queue/redis/batching.py": {"redis", "asyncio"},
     "queue/redis/plans.py": {"redis", "asyncio", "time"},
     "queue/redis/streams.py": {"redis", "asyncio"},

@@ -36,8 +36,8 @@ local function count_tenant(tenants, tenant, n)
   if not tenant then return end
   if redis.call('HINCRBY', tenants, tenant, n) <= 0 then redis.call('HDEL', tenants, tenant) end
 end
-local function append(rec, stream, fields)
-  local prev = redis.call('HGET', rec, 'sl') or '0-0'
+local function append(rec, stream, fields, last)
+  local prev = last or '0-0'  -- the record's 'sl' field, read by the caller with its others
   local id = redis.call('XADD', stream, '*', unpack(fields))
   redis.call('HSET', rec, 'sl', id)
   local carried = {prev, id}
@@ -153,7 +153,7 @@ local moved = {}
 local n = (#KEYS - 5) / 2
 for j = 1, n do
   local rec, stream, id = KEYS[4 + 2 * j], KEYS[5 + 2 * j], ARGV[4 + j]
-  local f = redis.call('HMGET', rec, 'state', 'inst', 'lease', 'seq', 'disp', 'ten')
+  local f = redis.call('HMGET', rec, 'state', 'inst', 'lease', 'seq', 'disp', 'ten', 'sl')
   local ok = in_flight(f[1])
   if ARGV[1] == 'holder' then
     ok = ok and f[2] == ARGV[2]
@@ -168,7 +168,7 @@ for j = 1, n do
     redis.call('ZADD', KEYS[1], f[4], id)
     move(KEYS[3], f[1], 'queued', 1)
     count_tenant(KEYS[5], f[6], 1)
-    append(rec, stream, {'k', 'requeued', 'a', f[5], 't', ARGV[4]})
+    append(rec, stream, {'k', 'requeued', 'a', f[5], 't', ARGV[4]}, f[7])
     moved[#moved + 1] = id
   elseif ARGV[1] == 'lease' and not in_flight(f[1]) then
     redis.call('ZREM', KEYS[2], id)
@@ -188,7 +188,7 @@ return moved
 FINISH = (
     _HELPERS
     + """
-local f = redis.call('HMGET', KEYS[1], 'state', 'inst', 'disp', 'ten')
+local f = redis.call('HMGET', KEYS[1], 'state', 'inst', 'disp', 'ten', 'sl')
 local state = f[1]
 if not state then return 0 end
 if ARGV[2] == 'holder' and (f[2] or '') ~= ARGV[3] then return 0 end
@@ -199,7 +199,7 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 move(KEYS[5], state, ARGV[4], 1)
 if state == 'queued' then count_tenant(KEYS[7], f[4], -1) end
-append(KEYS[1], KEYS[2], {'k', 'done', 'a', f[3], 't', ARGV[7], 'r', ARGV[6]})
+append(KEYS[1], KEYS[2], {'k', 'done', 'a', f[3], 't', ARGV[7], 'r', ARGV[6]}, f[5])
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -226,7 +226,8 @@ EMIT = (
     + """
 local appended = 0
 for i = 1, #KEYS, 2 do
-  local state = redis.call('HGET', KEYS[i], 'state')
+  local f = redis.call('HMGET', KEYS[i], 'state', 'sl')
+  local state = f[1]
   if state and state ~= 'completed' and state ~= 'cancelled' and state ~= 'failed' then
     local a = (i - 1) / 2 * 7
     local fields = {'k', ARGV[a + 1], 'a', ARGV[a + 2], 't', ARGV[a + 3], 'x', ARGV[a + 4],
@@ -235,7 +236,7 @@ for i = 1, #KEYS, 2 do
       table.insert(fields, 'e')
       table.insert(fields, ARGV[a + 7])
     end
-    append(KEYS[i], KEYS[i + 1], fields)
+    append(KEYS[i], KEYS[i + 1], fields, f[2])
     appended = appended + 1
   end
 end
