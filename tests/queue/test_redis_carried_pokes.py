@@ -5,6 +5,8 @@ poke without its entry or an overlapping read still gives every event once, in o
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as aioredis
@@ -74,38 +76,59 @@ async def _emit_tokens(writer: RedisQueue, rid: str, first: int, last: int) -> N
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.redis
-async def test_a_follower_takes_each_entry_from_its_poke(
-    redis_url: str, redis_key_prefix: str
-) -> None:
+@dataclass
+class Relay:
+    """A writer and a reader (two queue objects, as an agent's and an API replica's) on one
+    Redis, a request pulled by i0 whose stream the reader follows, and the stream reads Redis
+    served since `mark`."""
+
+    writer: RedisQueue
+    reader: RedisQueue
+    admin: aioredis.Redis
+    read: list[str] = field(default_factory=list)
+    reads_before: int = 0
+
+    async def follow(self) -> asyncio.Task[None]:
+        await self.writer.enqueue(make_request(id="r"))
+        await self.writer.pull("i0", ["r"], lease_s=60.0, now_s=0.0)
+        follower = asyncio.create_task(_follow(self.reader, "r", self.read))
+        await asyncio.sleep(0.3)  # subscribed, first read done
+        self.reads_before = await _calls(self.admin, "xread", "xrange")
+        return follower
+
+    async def reads(self) -> int:
+        return await _calls(self.admin, "xread", "xrange") - self.reads_before
+
+
+@pytest.fixture
+async def relay(redis_url: str, redis_key_prefix: str) -> AsyncIterator[Relay]:
     writer = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)
     reader = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)
     admin = aioredis.Redis.from_url(redis_url)
-    try:
-        await writer.enqueue(make_request(id="r"))
-        await writer.pull("i0", ["r"], lease_s=60.0, now_s=0.0)
-        read: list[str] = []
-        follower = asyncio.create_task(_follow(reader, "r", read))
-        await asyncio.sleep(0.3)  # subscribed, first read done
-        before = await _calls(admin, "xread", "xrange")
-        await _emit_tokens(writer, "r", 0, TOKENS)
-        while len(read) < TOKENS:
-            await asyncio.sleep(0.01)
-        reads = await _calls(admin, "xread", "xrange") - before
-        await writer.complete(RequestResult("r", RequestState.COMPLETED, "i0", finished_at_s=9.0))
-        await asyncio.wait_for(follower, 30.0)
-        assert read == [*(f"t{k}" for k in range(TOKENS)), "done"]
-        # a read per poke would be TOKENS; one at most is a quiet spell's read on a slow machine
-        assert reads <= 1
-    finally:
-        await writer.close()
-        await reader.close()
-        await admin.aclose()
+    yield Relay(writer, reader, admin)
+    await writer.close()
+    await reader.close()
+    await admin.aclose()
+
+
+@pytest.mark.redis
+async def test_a_follower_takes_each_entry_from_its_poke(relay: Relay) -> None:
+    follower = await relay.follow()
+    await _emit_tokens(relay.writer, "r", 0, TOKENS)
+    while len(relay.read) < TOKENS:
+        await asyncio.sleep(0.01)
+    reads = await relay.reads()
+    result = RequestResult("r", RequestState.COMPLETED, "i0", finished_at_s=9.0)
+    await relay.writer.complete(result)
+    await asyncio.wait_for(follower, 30.0)
+    assert relay.read == [*(f"t{k}" for k in range(TOKENS)), "done"]
+    # a read per poke would be TOKENS; one at most is a quiet spell's read on a slow machine
+    assert reads <= 1
 
 
 @pytest.mark.redis
 async def test_a_lost_poke_costs_a_read_never_an_event(
-    redis_url: str, redis_key_prefix: str, monkeypatch: pytest.MonkeyPatch
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wake = StreamPokes._wake
     pokes = 0
@@ -117,25 +140,12 @@ async def test_a_lost_poke_costs_a_read_never_an_event(
             wake(self, channel, data)
 
     monkeypatch.setattr(StreamPokes, "_wake", lossy)
-    writer = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)
-    reader = RedisQueue.from_url(redis_url, key_prefix=redis_key_prefix)
-    admin = aioredis.Redis.from_url(redis_url)
-    try:
-        await writer.enqueue(make_request(id="r"))
-        await writer.pull("i0", ["r"], lease_s=60.0, now_s=0.0)
-        read: list[str] = []
-        follower = asyncio.create_task(_follow(reader, "r", read))
-        await asyncio.sleep(0.3)
-        before = await _calls(admin, "xread", "xrange")
-        await _emit_tokens(writer, "r", 0, TOKENS)
-        await writer.requeue("i0", ["r"], evicted=True, now_s=1.0)
-        await writer.pull("i1", ["r"], lease_s=60.0, now_s=1.0)
-        await writer.complete(RequestResult("r", RequestState.COMPLETED, "i1", finished_at_s=9.0))
-        await asyncio.wait_for(follower, 30.0)
-        reads = await _calls(admin, "xread", "xrange") - before
-        assert read == [*(f"t{k}" for k in range(TOKENS)), "requeued", "done"]
-        assert reads >= 1  # the fifth poke did not follow the second: the reader read
-    finally:
-        await writer.close()
-        await reader.close()
-        await admin.aclose()
+    follower = await relay.follow()
+    writer = relay.writer
+    await _emit_tokens(writer, "r", 0, TOKENS)
+    await writer.requeue("i0", ["r"], evicted=True, now_s=1.0)
+    await writer.pull("i1", ["r"], lease_s=60.0, now_s=1.0)
+    await writer.complete(RequestResult("r", RequestState.COMPLETED, "i1", finished_at_s=9.0))
+    await asyncio.wait_for(follower, 30.0)
+    assert relay.read == [*(f"t{k}" for k in range(TOKENS)), "requeued", "done"]
+    assert await relay.reads() >= 1  # the fifth poke did not follow the second: a read
