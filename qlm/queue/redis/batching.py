@@ -4,8 +4,8 @@ same event-loop iteration sent together (`TurnBatch`: commands and script calls 
 own result or error.
 
 A pipeline of writes may end with WAIT (`ReplicaWait`): on the same connection, so it waits
-for exactly those writes to reach the replicas; too few replicas in time fails every call of
-the pipeline with `ReplicasBehindError`.
+for exactly those writes to reach the replicas; too few replicas in time fails every write of
+the pipeline that asked for it with `ReplicasBehindError`.
 """
 
 from __future__ import annotations
@@ -51,48 +51,6 @@ class ReplicaWait:
         return None
 
 
-async def pipelined(
-    client: redis.Redis,
-    script: AsyncScript,
-    calls: Sequence[ScriptCall],
-    wait: ReplicaWait | None = None,
-) -> list[Any]:
-    """Each call's result (or error) from one pipeline of EVALSHAs, then WAIT when `wait` is
-    given (every result then a ReplicasBehindError if the replicas fell short). Not
-    redis-py's Script in a pipeline, which asks SCRIPT EXISTS first (a second round trip
-    per pipeline); a server that lost the script (restart, SCRIPT FLUSH, a replica just
-    promoted) gets it loaded and the pipeline sent again."""
-    results: list[Any] = []
-    for _ in range(2):
-        async with client.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            if wait is not None:
-                pipe.execute_command("WAIT", wait.replicas, max(1, int(wait.timeout_s * 1000)))
-            results = await pipe.execute(raise_on_error=False)
-        if not any(isinstance(r, NoScriptError) for r in results):
-            break
-        await client.script_load(script.script)
-    if wait is not None:
-        failed = wait.shortfall(results.pop())
-        if failed is not None:
-            return [failed] * len(results)
-    return results
-
-
-async def write(
-    client: redis.Redis, script: AsyncScript, call: ScriptCall, wait: ReplicaWait | None
-) -> Any:
-    """One script call's result; with `wait`, once the replicas hold it (raises otherwise)."""
-    if wait is None:
-        keys, args = call
-        return await script(keys, args)
-    [result] = await pipelined(client, script, [call], wait)
-    if isinstance(result, Exception):
-        raise result
-    return result
-
-
 class TurnBatch(Generic[T, R]):
     """Calls made in the same event-loop iteration, sent together: `send` gets the items of
     every call of the iteration, in order, and answers one result (or exception) each. A
@@ -105,12 +63,21 @@ class TurnBatch(Generic[T, R]):
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def call(self, item: T) -> R:
+        return await self._add(item)
+
+    async def call_all(self, items: Sequence[T]) -> list[R]:
+        """Several calls, queued at once and in order (a gather of `call`s would queue them
+        only when its tasks start, after calls made meanwhile); the first error is raised
+        once every call has an outcome."""
+        return list(await asyncio.gather(*[self._add(item) for item in items]))
+
+    def _add(self, item: T) -> asyncio.Future[R]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, future))
         if len(self._pending) == 1:
             loop.call_soon(self._start_flush)
-        return await future
+        return future
 
     def _start_flush(self) -> None:
         task = asyncio.get_running_loop().create_task(self._flush(self._pending))
@@ -151,7 +118,10 @@ class TurnPipeline:
     requests running, appends their tokens and records their results; the control loop reads
     the queue and the instances' reports together. On a small machine the system calls of a
     round trip (and the switch to the Redis server they cause) cost more than the command.
-    Each command still gets its own result or error; scripts stay atomic one by one."""
+    Each command still gets its own result or error; scripts stay atomic one by one. Scripts
+    go as plain EVALSHAs, not redis-py's Script in a pipeline, which asks SCRIPT EXISTS first
+    (a second round trip per pipeline); those a server lost (restart, SCRIPT FLUSH, a replica
+    just promoted) are loaded and sent again."""
 
     def __init__(self, client: redis.Redis, wait: ReplicaWait | None = None) -> None:
         self._client = client
@@ -163,6 +133,16 @@ class TurnPipeline:
     ) -> Any:
         command = Command(("EVALSHA", script.sha, len(keys), *keys, *args), script, acked)
         return await self._batch.call(command)
+
+    async def scripts(
+        self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[str | int]]]
+    ) -> list[Any]:
+        """Several calls of one script, all acknowledged writes, queued in order at once."""
+        commands = [
+            Command(("EVALSHA", script.sha, len(keys), *keys, *args), script, acked=True)
+            for keys, args in calls
+        ]
+        return await self._batch.call_all(commands)
 
     async def command(self, *args: Any) -> Any:
         return await self._batch.call(Command(args))

@@ -36,10 +36,10 @@ class PlanBoard:
         blocking: redis.Redis,
         keys: Keys,
         block_chunk_s: float,
-        turn: TurnPipeline | None = None,
+        turn: TurnPipeline,
     ) -> None:
         self._redis = client
-        self._turn = turn or TurnPipeline(client)
+        self._turn = turn  # the queue's: a publication shares the round trip of its turn
         self._blocking = blocking  # the watcher's blocking XREAD holds one of its connections
         self._keys = keys
         self._block_chunk_s = block_chunk_s

@@ -42,7 +42,7 @@ from qlm.queue.records import (
     done_event,
     request_from_dict,
 )
-from qlm.queue.redis.batching import ReplicaWait, TurnPipeline, write
+from qlm.queue.redis.batching import ReplicaWait, TurnPipeline
 from qlm.queue.redis.codec import (
     as_hash,
     as_strs,
@@ -115,7 +115,7 @@ class RedisQueue:
             self._redis, self._blocking, self._keys, config.block_chunk_s, self._turn
         )
         self._streams = OutputStreams(
-            self._redis, self._blocking, self._keys, config.block_chunk_s, self._wait, self._turn
+            self._redis, self._blocking, self._keys, config.block_chunk_s, self._turn
         )
 
     @classmethod
@@ -245,7 +245,7 @@ class RedisQueue:
         k = self._keys
         keys = [k.queued, k.leases, k.counts, k.tenants, *map(k.record, request_ids)]
         args: list[str | int] = [instance_id, num(now_s + lease_s), *request_ids]
-        flat = await write(self._redis, self._pull, (keys, args), self._wait)
+        flat = await self._turn.script(self._pull, keys, args, acked=True)
         return tuple(
             Pulled(
                 request_from_dict({**json.loads(flat[i + 1]), "state": RequestState.DISPATCHED}),
@@ -285,7 +285,7 @@ class RedisQueue:
         keys = [k.queued, k.leases, k.counts, k.changes, k.tenants]
         for rid in ids:
             keys += [k.record(rid), k.stream(rid)]
-        return tuple(await write(self._redis, self._requeue, (keys, [*args, *ids]), self._wait))
+        return tuple(await self._turn.script(self._requeue, keys, [*args, *ids], acked=True))
 
     async def complete(self, result: RequestResult) -> bool:
         check_result(result)

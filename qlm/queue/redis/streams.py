@@ -19,7 +19,7 @@ import redis.asyncio as redis
 
 from qlm.queue.queue_protocol import QueueError, UnknownRequestError, through_done
 from qlm.queue.records import StreamEvent, StreamKind
-from qlm.queue.redis.batching import ReplicaWait, ScriptCall, TurnPipeline, pipelined
+from qlm.queue.redis.batching import ScriptCall, TurnPipeline
 from qlm.queue.redis.codec import event_args, event_from_fields
 from qlm.queue.redis.keys import Keys
 from qlm.queue.redis.lua import scripts
@@ -40,12 +40,10 @@ class OutputStreams:
         blocking: redis.Redis,
         keys: Keys,
         block_chunk_s: float,
-        wait: ReplicaWait | None = None,
-        turn: TurnPipeline | None = None,
+        turn: TurnPipeline,
     ) -> None:
         self._redis = client
-        self._wait = wait
-        self._turn = turn or TurnPipeline(client, wait)  # shared with the queue's writes
+        self._turn = turn  # the queue's: appends share its round trips (and its WAIT)
         self._keys = keys
         self._block_chunk_s = block_chunk_s
         self._emit = client.register_script(scripts.EMIT)
@@ -66,13 +64,9 @@ class OutputStreams:
         calls = [
             self._emit_call(events[i : i + EMIT_BATCH]) for i in range(0, len(events), EMIT_BATCH)
         ]
-        if len(calls) == 1:  # in the round trip of its turn (an agent round's marks, results)
-            keys, args = calls[0]
-            await self._turn.script(self._emit, keys, args, acked=True)
-            return
-        for result in await pipelined(self._redis, self._emit, calls, self._wait):
-            if isinstance(result, Exception):
-                raise result  # the first error, once every call has run
+        # in the pipeline of the turn, in order with the rest of it (an agent round's marks
+        # and results); the first error is raised once every call has run
+        await self._turn.scripts(self._emit, calls)
 
     def _emit_call(self, events: Sequence[StreamEvent]) -> ScriptCall:
         keys: list[str] = []
