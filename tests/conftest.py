@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -41,13 +41,14 @@ def redis_key_prefix() -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    shared_ids(items)
+
+
+def shared_ids(items: Sequence[pytest.Item]) -> None:
+    """Refuse a node id that several items share unless they are marked `one_process`."""
     counts = Counter(item.nodeid for item in items)
-    shared = sorted(
-        node_id
-        for node_id, count in counts.items()
-        if count > 1
-        and not any(i.get_closest_marker("one_process") for i in items if i.nodeid == node_id)
-    )
+    marked = {item.nodeid for item in items if item.get_closest_marker("one_process")}
+    shared = sorted(n for n, count in counts.items() if count > 1 and n not in marked)
     if shared:
         raise pytest.UsageError(
             "tests sharing a node id would run once under pytest-xdist; give them distinct "
