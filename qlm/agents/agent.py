@@ -280,7 +280,9 @@ class Agent:
         self._taken.update(rid for rid in request_ids if rid not in got_ids)
         self.prefixes.pulled(got, self.engine.observe().kv_capacity_tokens)
         for p in pulled:
-            self._held[p.request.id] = Held(p.request, now_s, p.dispatches)
+            self._held[p.request.id] = Held(
+                p.request, now_s, p.dispatches, first_token_at_s=p.first_token_at_s
+            )
         self.counters.pulled += len(got)
         return got
 

@@ -72,7 +72,7 @@ class EventWriter:
         for event in events:
             if isinstance(event, FirstToken):
                 if event.request_id in self._held:
-                    batch.running.append(event.request_id)
+                    batch.running.append((event.request_id, event.at_s))
             elif isinstance(event, TokenChunk):
                 self._chunk(event, batch)
             elif isinstance(event, RequestFinished):
@@ -96,7 +96,7 @@ class EventWriter:
         """The round's marks, token chunks and results, issued together in that order (a
         Redis queue sends them in one round trip: qlm/queue/redis/batching.py)."""
         calls: list[Awaitable[object]] = [
-            self.queue.mark_running(rid, self.instance_id) for rid in batch.running
+            self.queue.mark_running(rid, self.instance_id, at_s) for rid, at_s in batch.running
         ]
         if batch.chunks:
             calls.append(self.queue.emit_many([c.event(r) for r, c in batch.chunks.items()]))

@@ -4,6 +4,7 @@ the agent's counters."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ class Held:
     attempt: int
     sent_tokens: int = 0
     text: list[str] = field(default_factory=list)
+    # An earlier attempt's first token (`Pulled.first_token_at_s`): the result keeps it, as
+    # the client saw that token (the simulator keeps a request's first first token too).
+    first_token_at_s: float | None = None
 
 
 @dataclass
@@ -52,7 +56,7 @@ class Chunks:
 class Batch:
     """One round's queue updates, waiting to be written together."""
 
-    running: list[str] = field(default_factory=list)
+    running: list[tuple[str, float]] = field(default_factory=list)  # (id, first token at)
     chunks: dict[str, Chunks] = field(default_factory=dict)  # merged, per request
     finished: list[RequestResult] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # of `finished`, for metrics
@@ -86,7 +90,7 @@ def finished_result(
         output_tokens=event.output_tokens,
         finish_reason=event.finish_reason,
         dispatched_at_s=held.dispatched_at_s,
-        first_token_at_s=event.first_token_at_s,
+        first_token_at_s=min(event.first_token_at_s, held.first_token_at_s or math.inf),
         finished_at_s=event.at_s,
         prompt_tokens=event.prompt_tokens,
         attempt=held.attempt,

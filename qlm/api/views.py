@@ -68,7 +68,8 @@ def record_view(record: RequestRecord) -> Json:
             **_request_times(request),
             "lease_expires_at_s": record.lease_expires_at_s,
             "dispatched_at_s": result.dispatched_at_s if result else None,
-            "first_token_at_s": result.first_token_at_s if result else None,
+            # While it runs: its first attempt's first token (kept through evictions).
+            "first_token_at_s": result.first_token_at_s if result else record.first_token_at_s,
             "finished_at_s": result.finished_at_s if result else None,
         },
         "result": None if result is None else _result_view(request, result),

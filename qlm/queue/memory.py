@@ -160,16 +160,20 @@ class MemoryQueue:
                 dispatches=record.dispatches + 1,
             )
             self._records[rid] = record
-            moved.append(Pulled(record.request, record.dispatches))
+            moved.append(Pulled(record.request, record.dispatches, record.first_token_at_s))
         return tuple(moved)
 
-    async def mark_running(self, request_id: str, instance_id: str) -> bool:
+    async def mark_running(
+        self, request_id: str, instance_id: str, first_token_at_s: float | None = None
+    ) -> bool:
         record = self._records.get(request_id)
-        if record is None or record.instance_id != instance_id:
+        if record is None or record.instance_id != instance_id or record.state not in IN_FLIGHT:
             return False
         if record.state is RequestState.DISPATCHED:
-            self._records[request_id] = self._set_state(record, RequestState.RUNNING)
-        return record.state in IN_FLIGHT
+            record = self._records[request_id] = self._set_state(record, RequestState.RUNNING)
+        if record.first_token_at_s is None and first_token_at_s is not None:
+            self._records[request_id] = replace(record, first_token_at_s=first_token_at_s)
+        return True
 
     async def renew_leases(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float

@@ -101,8 +101,12 @@ class GlobalQueue(Protocol):
         agent holds it as: its attempt)."""
         ...
 
-    async def mark_running(self, request_id: str, instance_id: str) -> bool:
-        """DISPATCHED -> RUNNING on the first token, if instance_id holds it."""
+    async def mark_running(
+        self, request_id: str, instance_id: str, first_token_at_s: float | None = None
+    ) -> bool:
+        """DISPATCHED -> RUNNING on the first token, if instance_id holds it. The first
+        token's time, when given, is kept as the record's `first_token_at_s` unless an earlier
+        attempt's is there already, and later pulls return it (`Pulled`)."""
         ...
 
     async def renew_leases(

@@ -74,6 +74,9 @@ class RequestRecord:
     dispatches: int = 0  # times pulled into an engine
     evictions: int = 0
     result: RequestResult | None = None
+    # Its first token's time, kept from the first attempt that made one (`mark_running`): a
+    # request evicted after its first token keeps it (the client saw that token).
+    first_token_at_s: float | None = None
 
     @property
     def id(self) -> str:
@@ -105,10 +108,13 @@ class RequestRecord:
 class Pulled:
     """A request an instance just pulled, and how many times it has been pulled in all
     (this pull included): the agent's attempt number, given back by the pull itself so that
-    holding a request costs no second read of its record."""
+    holding a request costs no second read of its record; and, when an earlier attempt made
+    its first token, that token's time (the request's result keeps it)."""
 
     request: Request
     dispatches: int
+    # The first token of an earlier attempt (`RequestRecord.first_token_at_s`), else None.
+    first_token_at_s: float | None = None
 
 
 class StreamKind(StrEnum):

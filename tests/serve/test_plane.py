@@ -138,7 +138,15 @@ async def test_blocked_interactive_request_evicts_batch_work() -> None:
         assert waited_s < 1.5  # without eviction it would wait ~3.5 s for a slot
         await assert_completed_once(plane, batch)
         records = await asyncio.gather(*(plane.queue.get(i) for i in batch))
-        assert any(r is not None and r.evictions >= 1 for r in records)
+        evicted = [r for r in records if r is not None and r.evictions >= 1]
+        assert evicted
+        for record in evicted:  # evicted while running: its first token is the first attempt's
+            assert record.result is not None
+            assert record.result.dispatched_at_s is not None
+            first_s = record.result.first_token_at_s
+            assert first_s is not None
+            assert first_s < record.result.dispatched_at_s
+            assert record.first_token_at_s == first_s
 
 
 async def test_plan_asks_for_a_model_swap_and_the_agent_carries_it_out() -> None:

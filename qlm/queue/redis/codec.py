@@ -50,6 +50,7 @@ def record_from_fields(fields: Mapping[str, str]) -> RequestRecord:
         dispatches=int(fields.get("disp", 0)),
         evictions=int(fields.get("evic", 0)),
         result=None if result is None else RequestResult.from_dict(json.loads(result)),
+        first_token_at_s=_float(fields.get("first")),
     )
 
 

@@ -250,13 +250,17 @@ class RedisQueue:
             Pulled(
                 request_from_dict({**json.loads(flat[i + 1]), "state": RequestState.DISPATCHED}),
                 int(flat[i + 2]),
+                float(flat[i + 3]) if flat[i + 3] else None,
             )
-            for i in range(0, len(flat), 3)
+            for i in range(0, len(flat), 4)
         )
 
-    async def mark_running(self, request_id: str, instance_id: str) -> bool:
+    async def mark_running(
+        self, request_id: str, instance_id: str, first_token_at_s: float | None = None
+    ) -> bool:
         keys = [self._keys.record(request_id), self._keys.counts]
-        return bool(await self._turn.script(self._mark_running, keys, [instance_id], acked=False))
+        args = [instance_id, "" if first_token_at_s is None else num(first_token_at_s)]
+        return bool(await self._turn.script(self._mark_running, keys, args, acked=False))
 
     async def renew_leases(
         self, instance_id: str, request_ids: Sequence[str], lease_s: float, now_s: float

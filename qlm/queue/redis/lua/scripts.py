@@ -10,7 +10,8 @@ the transition table has one home.
 
 Record hash fields: req (request JSON without its state), state, seq (arrival order), ten
 (tenant), inst (holder), lease (expiry, caller's clock), disp (dispatches), evic (evictions),
-group, wait, result (result JSON).
+group, wait, result (result JSON), first (the first token's time, kept from the first attempt
+that made one).
 
 The `tenants` hash counts QUEUED requests per tenant (a tenant at 0 is deleted): every script
 that moves a request into or out of QUEUED updates it in the same step, so ENQUEUE can bound
@@ -80,15 +81,15 @@ return 1
 
 # KEYS: queued, leases, counts, tenants, record...
 # ARGV: instance, lease expiry, id... (parallel to the records)
-# Returns id, request JSON, dispatch count (this pull included), id, ... for the requests
-# moved to DISPATCHED.
+# Returns id, request JSON, dispatch count (this pull included), an earlier attempt's first
+# token time ('' for none), id, ... for the requests moved to DISPATCHED.
 PULL = (
     _HELPERS
     + """
 local moved = {}
 for i = 5, #KEYS do
   local id = ARGV[i - 2]
-  local f = redis.call('HMGET', KEYS[i], 'state', 'req', 'ten')
+  local f = redis.call('HMGET', KEYS[i], 'state', 'req', 'ten', 'first')
   if f[1] == 'queued' then
     redis.call('HSET', KEYS[i], 'state', 'dispatched', 'inst', ARGV[1], 'lease', ARGV[2])
     local disp = redis.call('HINCRBY', KEYS[i], 'disp', 1)
@@ -98,15 +99,16 @@ for i = 5, #KEYS do
     moved[#moved + 1] = id
     moved[#moved + 1] = f[2]
     moved[#moved + 1] = disp
+    moved[#moved + 1] = f[4] or ''
   end
 end
-if #moved > 0 then move(KEYS[3], 'queued', 'dispatched', #moved / 3) end
+if #moved > 0 then move(KEYS[3], 'queued', 'dispatched', #moved / 4) end
 return moved
 """
 )
 
 # KEYS: record, counts
-# ARGV: instance
+# ARGV: instance, first token time ('' for none: kept unless an earlier attempt's is there)
 # Returns 1 when the instance holds the request (now RUNNING), else 0.
 MARK_RUNNING = (
     _HELPERS
@@ -117,6 +119,7 @@ if f[1] == 'dispatched' then
   redis.call('HSET', KEYS[1], 'state', 'running')
   move(KEYS[2], 'dispatched', 'running', 1)
 end
+if ARGV[2] ~= '' then redis.call('HSETNX', KEYS[1], 'first', ARGV[2]) end
 return 1
 """
 )
