@@ -14,7 +14,9 @@ alike. The rules, in order:
    slots and KV room for their prompts.
 4. When the head group is blocked for lack of room and outranks running requests, the
    lowest-priority ones (least progress first) are swapped to CPU when the engine supports it
-   and KV swapping is on, else evicted back to the global queue.
+   and KV swapping is on, else evicted back to the global queue. With the engine's timing,
+   only when room would not free on its own in time for the head's first member, and only
+   as many as seat the members whose first token would otherwise come after its deadline.
 5. Swapped-out requests come back (SwapKv to GPU) when nothing queued outranks them and there
    is room.
 """
@@ -161,7 +163,8 @@ def _preempt_for(
 ) -> tuple[Action, ...]:
     """Free room for the head group's most urgent members by preempting lower-priority
     requests, if they are blocked and room would not free on its own before their deadline.
-    Victims go lowest priority first, least progress first, until those members fit."""
+    Victims go lowest priority first, least progress first, until the members that need it
+    (`_needy`) fit, and no further than the last victim that seats one more of them."""
     head_rank = head.top_rank(priority)
 
     def is_urgent(item: QueuedItem) -> bool:
@@ -176,22 +179,29 @@ def _preempt_for(
     urgent = tuple(it for it in head.items if is_urgent(it))
     if timing is not None and _room_in_time(obs, budget, urgent, timing):
         return ()
+    needy = urgent if timing is None else _needy(obs, budget, urgent, head_rank, timing)
     victims = sorted(
         (r for r in obs.active if rank_of(priority, r.slo_class) < head_rank),
         key=lambda r: (rank_of(priority, r.slo_class), r.output_tokens, r.request_id),
     )
-    chosen: list[str] = []
     probe = copy.copy(budget)
-    for victim in victims:
-        if _fits_all(probe, urgent):
+    taken, seated = 0, _seated(probe, needy)
+    for k, victim in enumerate(victims, 1):
+        if seated == len(needy):
             break
         probe.release(victim)
-        chosen.append(victim.request_id)
+        if (now_seated := _seated(probe, needy)) > seated:
+            taken, seated = k, now_seated  # a victim past the last that seats one is spared
+    chosen = victims[:taken]
+    probe = copy.copy(budget)
+    for victim in chosen:
+        probe.release(victim)
     if not chosen or not probe.admits(first):
         return ()  # even evicting all it may would not seat the first: evict nothing
-    for victim in victims[: len(chosen)]:
+    for victim in chosen:
         budget.release(victim)
-    ids, for_ids = tuple(chosen), tuple(it.request_id for it in urgent)
+    ids = tuple(v.request_id for v in chosen)
+    for_ids = tuple(it.request_id for it in urgent)
     if opts.allow_kv_swap and obs.supports_kv_swap:
         return (SwapKv(obs.instance_id, ids, KvDirection.TO_CPU, for_ids),)
     reason = f"group {head.group_id} ({_class_named(priority, head_rank)}) blocked"
@@ -221,15 +231,49 @@ def _room_in_time(
     return False
 
 
-def _fits_all(budget: Budget, items: tuple[QueuedItem, ...]) -> bool:
+def _needy(
+    obs: EngineObservation,
+    budget: Budget,
+    urgent: tuple[QueuedItem, ...],
+    rank: int,
+    timing: EngineTiming,
+) -> tuple[QueuedItem, ...]:
+    """The urgent members a preemption is for: those up to the last one whose first token
+    would come after its deadline if it waited for room to free on its own. The running
+    requests end in the order of their tokens left (one per decode iteration), each freeing
+    its room, which the members take in order as it frees. A member that the end of every
+    running request would not seat is left out: evicting the lower-priority ones frees no
+    more. (Preempting for the whole group evicted every lower-priority request, however
+    near its end, when the group was a model's whole dispatch queue.)"""
+    probe = copy.copy(budget)
+    running = sorted(obs.active, key=lambda r: r.max_output_tokens - r.output_tokens)
+    seated = late = 0
+    for request in running:
+        probe.release(request)
+        left_tokens = max(0, request.max_output_tokens - request.output_tokens)
+        free_at_s = timing.now_s + left_tokens * timing.decode_step_s
+        while seated < len(urgent) and probe.admits(urgent[seated]):
+            item = urgent[seated]
+            probe.spend(item, rank)
+            seated += 1
+            if (
+                free_at_s + item.prompt_tokens / timing.prefill_tokens_per_s
+                > item.ttft_deadline_at_s
+            ):
+                late = seated
+    return urgent[:late]
+
+
+def _seated(budget: Budget, items: tuple[QueuedItem, ...]) -> int:
+    """How many of `items`, in order, the budget's room seats."""
     slots, kv_tokens, empty = budget.slots, budget.kv_tokens, budget.empty
-    for item in items:
+    for n, item in enumerate(items):
         slots -= 1
         kv_tokens -= budget.need(item)
         if slots < 0 or (kv_tokens < 0 and not empty):
-            return False
+            return n
         empty = False
-    return True
+    return len(items)
 
 
 def _swap_in(
