@@ -192,12 +192,11 @@ def _preempt_for(
         probe.release(victim)
         if (now_seated := _seated(probe, needy)) > seated:
             taken, seated = k, now_seated  # a victim past the last that seats one is spared
+    # `needy` starts with `first`, which the budget does not seat: a victim that seats one
+    # more of them seats `first`, so none taken means evicting all it may would not.
+    if taken == 0:
+        return ()  # evict nothing
     chosen = victims[:taken]
-    probe = copy.copy(budget)
-    for victim in chosen:
-        probe.release(victim)
-    if not chosen or not probe.admits(first):
-        return ()  # even evicting all it may would not seat the first: evict nothing
     for victim in chosen:
         budget.release(victim)
     ids = tuple(v.request_id for v in chosen)
